@@ -1,0 +1,1 @@
+"""Dataset preparation commands (`python -m data.prepare`) and shipped data files."""

@@ -1,0 +1,270 @@
+"""Build each paper's training set as JSONL rows {"problem", "answer", "solution"}.
+
+    python -m data.prepare edge      --output data/deepscaler_random_1k.jsonl
+    python -m data.prepare egpo      --tokenizer Qwen/Qwen2.5-Math-1.5B --output data/openr1_egpo.jsonl
+    python -m data.prepare cw        --output data/open_rs.jsonl
+    python -m data.prepare pro       --output data/dapo_math_17k.jsonl
+    python -m data.prepare synthetic --output data/synthetic_arith_train.jsonl
+
+`--source` defaults to the paper's hub dataset; without a network pass a local
+copy (.jsonl / .json / .parquet, or a directory of them): the hub dataset's
+field mapping is applied to it (override with --problem_field etc.).
+
+- edge (EDGE-GRPO, paper 000): DeepScaleR rows whose reference solution puts
+  its final answer in \\boxed{}, then a seeded random 1K = DeepScaleR-Random-1K.
+  The paper's second set, DeepScaleR-Hard-1K (the 1K questions Qwen2.5-Math-7B
+  answers least often in 8 samples), needs a model to build and is made by a
+  separate command, not by this data-only script.
+- egpo (EGPO, paper 002): OpenR1-Math-220k rows with a single-value, non-empty
+  answer (`is_single_value_answer`), exact duplicates removed, and prompts of at
+  most 1024 tokens once rendered with the training template. The paper's
+  MinHash near-duplicate removal, test-set decontamination, boxed-match check
+  and difficulty-bucket sampling to a 10K pool are not reproduced; `--n 10000`
+  draws a uniform seeded 10K.
+- cw (CW-GRPO, paper 003): Open-RS as is (7,000 rows), minus rows without answer.
+- pro (Pro-GRPO, paper 004): DAPO-Math-17k with the "Answer:"-format
+  instruction wrapper stripped from the prompt and the ~100x repeated problems
+  deduplicated (~17K left).
+- synthetic: the generated arithmetic task (no download), excluding the
+  problems of the shipped evaluation set data/synthetic_arith_eval.jsonl.
+
+Every step prints its row counts before and after.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import re
+from typing import Any, Iterable
+
+from common.data import (SYNTHETIC_EVAL_SIZE, TEMPLATES, format_prompt, iter_math_dataset,
+                         strip_dapo_instruction, synthetic_arithmetic, synthetic_eval_set,
+                         write_jsonl)
+
+DEFAULT_SOURCES = {
+    "edge": "agentica-org/DeepScaleR-Preview-Dataset",
+    "egpo": "open-r1/OpenR1-Math-220k",
+    "cw": "knoveleng/open-rs",
+    "pro": "BytedTsinghua-SIA/DAPO-Math-17k",
+}
+
+
+def _report(name: str, before: int, after: int) -> None:
+    print(f"  {name}: {before} -> {after} rows")
+
+
+def _complete(rows: list[dict]) -> list[dict]:
+    """Drop rows with an empty problem or answer: they cannot be rewarded."""
+    kept = [r for r in rows if r["problem"].strip() and r["answer"].strip()]
+    _report("non-empty problem and answer", len(rows), len(kept))
+    return kept
+
+
+def _seeded_subset(rows: list[dict], n: int | None, seed: int) -> list[dict]:
+    if n is None:
+        return rows
+    if len(rows) < n:
+        print(f"  warning: only {len(rows)} rows left, fewer than --n {n}; keeping them all")
+        return rows
+    kept = random.Random(seed).sample(rows, n)
+    _report(f"seeded random {n} (seed {seed})", len(rows), len(kept))
+    return kept
+
+
+def _dedup(rows: Iterable[dict], name: str = "deduplicate problems") -> list[dict]:
+    """Keep the first row of each problem (compared with whitespace collapsed)."""
+    seen: dict[str, str] = {}
+    kept, total, conflicts = [], 0, 0
+    for r in rows:
+        total += 1
+        key = " ".join(r["problem"].split())
+        if key in seen:
+            conflicts += seen[key] != r["answer"]
+            continue
+        seen[key] = r["answer"]
+        kept.append(r)
+    _report(name, total, len(kept))
+    if conflicts:
+        print(f"  warning: {conflicts} duplicates disagreed with the first copy's answer; kept the first")
+    return kept
+
+
+# ---------------------------------------------------------------------------
+# EDGE-GRPO: DeepScaleR-Random-1K
+# ---------------------------------------------------------------------------
+
+def prepare_edge(rows: list[dict], n: int | None = 1000, seed: int = 42) -> list[dict]:
+    """Keep rows whose solution has a \\boxed{} final answer, then a seeded random `n`."""
+    from common.rewards import extract_boxed
+
+    print(f"edge: {len(rows)} rows loaded")
+    rows = _complete(rows)
+    kept = [r for r in rows if r["solution"] and (extract_boxed(r["solution"]) or "").strip()]
+    _report("solution with a \\boxed{} answer", len(rows), len(kept))
+    return _seeded_subset(kept, n, seed)
+
+
+# ---------------------------------------------------------------------------
+# EGPO: OpenR1-Math, single-value answers, prompts <= 1024 tokens
+# ---------------------------------------------------------------------------
+
+# OpenR1-Math marks problems without a checkable answer with these.
+_PLACEHOLDER_ANSWERS = {"proof", "notfound", "none", "null", "n/a", "-"}
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?")
+_CONJUNCTION = re.compile(r"\b(or|and)\b", re.IGNORECASE)
+
+
+def is_single_value_answer(answer: str) -> bool:
+    """Whether a gold answer is one value (EGPO's "single-value GT enforced").
+
+    Rejected: empty or placeholder answers ("proof", "notfound", ...), more than
+    one \\boxed, the words "or" / "and" (e.g. "x=1 \\text{ or } x=2"), and a
+    comma or semicolon outside brackets ("2, 3"; "x=1; y=2"). Kept: separators
+    inside brackets, since a tuple, interval or set is one object ("(1, 2)",
+    "[0, 1)", "\\{1,2\\}"), and thousands separators ("1,000").
+    """
+    a = answer.strip()
+    if not a or a.lower() in _PLACEHOLDER_ANSWERS:
+        return False
+    if a.count("\\boxed") > 1 or _CONJUNCTION.search(a):
+        return False
+    if _THOUSANDS.fullmatch(a):
+        return True
+    depth = 0
+    for ch in a:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(depth - 1, 0)  # half-open intervals "[0, 1)" close with the other kind
+        elif ch in ",;" and depth == 0:
+            return False
+    return True
+
+
+def load_tokenizer(tokenizer: Any):
+    """A tokenizer object, or load one from a path / hub name."""
+    if tokenizer is None:
+        raise ValueError("the EGPO prompt-length filter counts tokens: pass --tokenizer "
+                         "(a Hugging Face tokenizer path, e.g. the model you will train)")
+    if isinstance(tokenizer, str):
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(tokenizer)
+    return tokenizer
+
+
+def prompt_token_lengths(problems: list[str], tokenizer, template: str, batch_size: int = 1000) -> list[int]:
+    """Token count of each problem's rendered prompt (chat markup included, no extra BOS/EOS)."""
+    lengths = []
+    for i in range(0, len(problems), batch_size):
+        texts = [format_prompt(p, template) for p in problems[i: i + batch_size]]
+        lengths += [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return lengths
+
+
+def prepare_egpo(rows: list[dict], tokenizer: Any, template: str = "qwen_math",
+                 max_prompt_tokens: int = 1024, n: int | None = None, seed: int = 42) -> list[dict]:
+    """Single-value answers, exact dedup, rendered prompt <= `max_prompt_tokens`, optional seeded `n`."""
+    tokenizer = load_tokenizer(tokenizer)  # fail before the slow steps
+    print(f"egpo: {len(rows)} rows loaded")
+    rows = _complete(rows)
+    kept = [r for r in rows if is_single_value_answer(r["answer"])]
+    _report("single-value answer", len(rows), len(kept))
+    rows = _dedup(kept)
+    lengths = prompt_token_lengths([r["problem"] for r in rows], tokenizer, template)
+    kept = [r for r, length in zip(rows, lengths) if length <= max_prompt_tokens]
+    _report(f"prompt <= {max_prompt_tokens} tokens ({template} template)", len(rows), len(kept))
+    return _seeded_subset(kept, n, seed)
+
+
+# ---------------------------------------------------------------------------
+# CW-GRPO: Open-RS as is
+# ---------------------------------------------------------------------------
+
+def prepare_cw(rows: list[dict]) -> list[dict]:
+    """Open-RS unchanged except rows without an answer."""
+    print(f"cw: {len(rows)} rows loaded")
+    return _complete(rows)
+
+
+# ---------------------------------------------------------------------------
+# Pro-GRPO: DAPO-Math-17k, unwrapped and deduplicated
+# ---------------------------------------------------------------------------
+
+def prepare_pro(rows: Iterable[dict]) -> list[dict]:
+    """Strip DAPO's instruction wrapper and keep one row per distinct problem.
+
+    Streams: the hub copy has ~1.8M rows (each problem ~100 times).
+    """
+    def unwrapped():
+        for r in rows:
+            yield {**r, "problem": strip_dapo_instruction(r["problem"])}
+
+    print("pro: streaming rows")
+    return _complete(_dedup(unwrapped(), "deduplicate repeated problems"))
+
+
+def prepare_synthetic(n: int = 5000, seed: int = 42, max_operand: int = 99, ops: str = "+") -> list[dict]:
+    """The synthetic arithmetic training set, disjoint from the shipped eval set."""
+    rows = synthetic_arithmetic(n, seed, max_operand, ops, exclude=[r["problem"] for r in synthetic_eval_set()])
+    print(f"synthetic: {len(rows)} problems (ops {ops!r}, operands 0..{max_operand}, "
+          f"excluding the {SYNTHETIC_EVAL_SIZE} eval problems)")
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset", choices=["edge", "egpo", "cw", "pro", "synthetic"])
+    p.add_argument("--output", required=True, help="JSONL file to write")
+    p.add_argument("--source", default=None, help="local file/directory or hub name (default: the paper's)")
+    p.add_argument("--split", default="train")
+    p.add_argument("--config", default=None,
+                   help="hub config(s), comma-separated (egpo: 'default', or 'default,extended' as in the paper)")
+    p.add_argument("--problem_field", default=None)
+    p.add_argument("--answer_field", default=None)
+    p.add_argument("--solution_field", default=None)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--n", type=int, default=None,
+                   help="rows to sample at the end (edge: 1000, synthetic: 5000, others: keep all)")
+    p.add_argument("--tokenizer", default=None, help="egpo: tokenizer that counts prompt tokens")
+    p.add_argument("--template", default="qwen_math", choices=sorted(TEMPLATES), help="egpo: prompt template")
+    p.add_argument("--max_prompt_tokens", type=int, default=1024, help="egpo: prompt length limit")
+    p.add_argument("--max_operand", type=int, default=99, help="synthetic: operands in [0, max_operand]")
+    p.add_argument("--ops", default="+", help="synthetic: operators among + - *, e.g. '+-'")
+    args = p.parse_args(argv)
+
+    if args.dataset == "synthetic":
+        rows = prepare_synthetic(args.n or 5000, args.seed, args.max_operand, args.ops)
+    else:
+        preset = DEFAULT_SOURCES[args.dataset]
+        source = args.source or preset
+        configs = args.config.split(",") if args.config else [None]
+
+        def stream():
+            for config in configs:
+                yield from iter_math_dataset(source, args.split, args.problem_field, args.answer_field,
+                                             args.solution_field, preset=preset, config=config)
+
+        if args.dataset == "edge":
+            rows = prepare_edge(list(stream()), n=args.n or 1000, seed=args.seed)
+        elif args.dataset == "egpo":
+            tokenizer = load_tokenizer(args.tokenizer)  # before loading 220K rows
+            rows = prepare_egpo(list(stream()), tokenizer, args.template, args.max_prompt_tokens,
+                                args.n, args.seed)
+        elif args.dataset == "cw":
+            rows = prepare_cw(list(stream()))
+        else:
+            rows = prepare_pro(stream())
+    n = write_jsonl(rows, args.output)
+    print(f"wrote {n} rows to {args.output}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, FileNotFoundError, RuntimeError) as e:  # user errors: message, no traceback
+        raise SystemExit(f"error: {e}")
