@@ -1,0 +1,36 @@
+"""Low-probability token selection (Pro-GRPO, arXiv 2602.05281, appendix eq. 12).
+
+For each sequence, T_low is the ceil(fraction * n) valid positions (at least
+one) whose sampled token has the lowest probability. Confidence is the
+geometric mean probability over that set: c = exp(mean_{t in T_low} logp_t).
+"""
+
+import math
+
+import torch
+
+
+def low_prob_mask(logp: torch.Tensor, mask: torch.Tensor, fraction: float = 0.2) -> torch.Tensor:
+    """Bool [B, L]: the ceil(fraction * n_valid) lowest-logp valid positions of each row.
+
+    Rows with no valid position select nothing. Ties are broken by position
+    (earliest first) so the selection is deterministic.
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    valid = mask.bool()
+    n_valid = valid.sum(-1)
+    k = torch.tensor([max(1, math.ceil(fraction * int(n))) if n > 0 else 0 for n in n_valid], device=logp.device)
+    # Invalid positions sort last; a stable sort keeps earlier positions first among ties.
+    keyed = logp.detach().float().masked_fill(~valid, float("inf"))
+    order = torch.sort(keyed, dim=-1, stable=True).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(logp.shape[-1], device=logp.device).expand_as(order))
+    return (rank < k[:, None]) & valid
+
+
+def low_prob_confidence(logp: torch.Tensor, mask: torch.Tensor, fraction: float = 0.2) -> torch.Tensor:
+    """c = exp(mean logp over the low-probability set), shape [B]; 1.0 for an empty row."""
+    low = low_prob_mask(logp, mask, fraction).to(logp.dtype)
+    mean_logp = (logp * low).sum(-1) / low.sum(-1).clamp(min=1)
+    return mean_logp.exp()

@@ -1,0 +1,24 @@
+"""Shared fixtures: tiny models built on the spot (no hub access here)."""
+
+import os
+
+import pytest
+
+# vLLM on CPU: a small KV cache is plenty for the tiny models and keeps memory low.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_random_dir(tmp_path_factory):
+    """A random (untrained) tiny Qwen2 checkpoint directory with its tokenizer."""
+    from common.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-random", sft_steps=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_random_model(tiny_random_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir).eval()
+    return model, AutoTokenizer.from_pretrained(tiny_random_dir)

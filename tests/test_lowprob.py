@@ -1,0 +1,47 @@
+"""Low-probability token selection (Pro-GRPO appendix eq. 12)."""
+
+import math
+
+import pytest
+import torch
+
+from common.lowprob import low_prob_confidence, low_prob_mask
+
+
+def test_selects_ceil_fraction_of_valid_positions():
+    torch.manual_seed(0)
+    logp = -torch.rand(3, 12) * 5
+    mask = torch.zeros(3, 12)
+    mask[0, :10] = 1  # ceil(0.2 * 10) = 2
+    mask[1, :3] = 1  # ceil(0.6) = 1
+    mask[2, :11] = 1  # ceil(2.2) = 3
+    sel = low_prob_mask(logp, mask, 0.2)
+    assert sel.sum(-1).tolist() == [2, 1, 3]
+    assert not (sel & ~mask.bool()).any()  # never a padding position
+    for row in range(3):
+        valid = logp[row][mask[row].bool()]
+        chosen = logp[row][sel[row]]
+        assert chosen.max() <= valid.sort().values[len(chosen) - 1]  # the lowest ones
+
+
+def test_at_least_one_and_empty_rows():
+    logp = torch.tensor([[-1.0, -2.0, 0.0], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1, 0, 0], [0, 0, 0]])
+    sel = low_prob_mask(logp, mask, 0.2)
+    assert sel.tolist() == [[True, False, False], [False, False, False]]
+    conf = low_prob_confidence(logp, mask, 0.2)
+    assert conf[0].item() == pytest.approx(math.exp(-1.0))
+    assert conf[1].item() == 1.0  # nothing to be unsure about
+
+
+def test_confidence_is_geometric_mean_probability():
+    logp = torch.log(torch.tensor([[0.9, 0.1, 0.5, 0.8, 0.2, 0.7, 0.6, 0.95, 0.3, 0.4]]))
+    conf = low_prob_confidence(logp, torch.ones_like(logp), 0.2)
+    assert conf.item() == pytest.approx(math.sqrt(0.1 * 0.2))
+
+
+def test_ties_and_bad_fraction():
+    logp = torch.full((1, 5), -1.0)
+    assert low_prob_mask(logp, torch.ones(1, 5), 0.4)[0].tolist() == [True, True, False, False, False]
+    with pytest.raises(ValueError, match="fraction"):
+        low_prob_mask(logp, torch.ones(1, 5), 0.0)
