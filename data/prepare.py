@@ -37,7 +37,7 @@ import random
 import re
 from typing import Any, Iterable
 
-from common.data import (SYNTHETIC_EVAL_SIZE, TEMPLATES, format_prompt, iter_math_dataset,
+from common.data import (SYNTHETIC_EVAL_SIZE, SYNTHETIC_MAX_OPERAND, SYNTHETIC_TRAIN_SIZE, TEMPLATES, format_prompt, iter_math_dataset,
                          strip_dapo_instruction, synthetic_arithmetic, synthetic_eval_set,
                          write_jsonl)
 
@@ -203,7 +203,7 @@ def prepare_pro(rows: Iterable[dict]) -> list[dict]:
     return _complete(_dedup(unwrapped(), "deduplicate repeated problems"))
 
 
-def prepare_synthetic(n: int = 5000, seed: int = 42, max_operand: int = 99, ops: str = "+") -> list[dict]:
+def prepare_synthetic(n: int = SYNTHETIC_TRAIN_SIZE, seed: int = 42, max_operand: int = SYNTHETIC_MAX_OPERAND, ops: str = "+") -> list[dict]:
     """The synthetic arithmetic training set, disjoint from the shipped eval set."""
     rows = synthetic_arithmetic(n, seed, max_operand, ops, exclude=[r["problem"] for r in synthetic_eval_set()])
     print(f"synthetic: {len(rows)} problems (ops {ops!r}, operands 0..{max_operand}, "
@@ -229,16 +229,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--solution_field", default=None)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--n", type=int, default=None,
-                   help="rows to sample at the end (edge: 1000, synthetic: 5000, others: keep all)")
+                   help="rows to sample at the end (edge: 1000, synthetic: all non-eval problems, others: keep all)")
     p.add_argument("--tokenizer", default=None, help="egpo: tokenizer that counts prompt tokens")
     p.add_argument("--template", default="qwen_math", choices=sorted(TEMPLATES), help="egpo: prompt template")
     p.add_argument("--max_prompt_tokens", type=int, default=1024, help="egpo: prompt length limit")
-    p.add_argument("--max_operand", type=int, default=99, help="synthetic: operands in [0, max_operand]")
+    p.add_argument("--max_operand", type=int, default=SYNTHETIC_MAX_OPERAND, help="synthetic: operands in [0, max_operand]")
     p.add_argument("--ops", default="+", help="synthetic: operators among + - *, e.g. '+-'")
     args = p.parse_args(argv)
 
     if args.dataset == "synthetic":
-        rows = prepare_synthetic(args.n or 5000, args.seed, args.max_operand, args.ops)
+        rows = prepare_synthetic(args.n or SYNTHETIC_TRAIN_SIZE, args.seed, args.max_operand, args.ops)
     else:
         preset = DEFAULT_SOURCES[args.dataset]
         source = args.source or preset

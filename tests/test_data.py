@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from common.data import (DAPO_PREFIX, DAPO_SUFFIX, SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SEED,
-                         SYNTHETIC_EVAL_SIZE, PromptSampler, format_prompt, load_math_dataset,
+                         SYNTHETIC_EVAL_SIZE, SYNTHETIC_MAX_OPERAND, SYNTHETIC_TRAIN_SIZE, PromptSampler, synthetic_eval_set, format_prompt, load_math_dataset,
                          synthetic_arithmetic, write_jsonl)
 from data import prepare
 
@@ -230,10 +230,12 @@ def test_synthetic_deterministic_and_correct():
 
 def test_shipped_eval_set_and_synthetic_source():
     shipped = load_math_dataset(str(SYNTHETIC_EVAL_PATH))
-    assert shipped == synthetic_arithmetic(SYNTHETIC_EVAL_SIZE, seed=SYNTHETIC_EVAL_SEED)
+    assert shipped == synthetic_eval_set()
     assert load_math_dataset("synthetic-arith", split="test") == shipped
-    train = load_math_dataset("synthetic-arith", limit=1000)
-    assert len(train) == 1000 and not {r["problem"] for r in train} & {r["problem"] for r in shipped}
+    train = load_math_dataset("synthetic-arith")
+    assert len(train) == SYNTHETIC_TRAIN_SIZE and not {r["problem"] for r in train} & {r["problem"] for r in shipped}
+    # Together they cover the whole problem space: the train set is every non-eval problem.
+    assert len(train) + len(shipped) == (SYNTHETIC_MAX_OPERAND + 1) ** 2
 
 
 # ---------------------------------------------------------------------------

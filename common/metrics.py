@@ -1,0 +1,67 @@
+"""Per-step metrics: one JSON line per step in the run directory, a tqdm bar on the console."""
+
+import json
+import math
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from tqdm import tqdm
+
+
+class RunLogger:
+    """Writes `metrics.jsonl` (and `config.json`) under run_dir; silent when not enabled (non-zero ranks)."""
+
+    # Figures shown next to the progress bar.
+    SHOWN = ("reward", "accuracy", "response_len", "entropy", "step_s")
+
+    def __init__(self, run_dir: str | Path, total_steps: int, config: dict, enabled: bool = True, initial_step: int = 0):
+        self.enabled = enabled
+        if not enabled:
+            return
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        self.file = open(self.run_dir / "metrics.jsonl", "a")
+        self.bar = tqdm(total=total_steps, initial=initial_step, dynamic_ncols=True, desc=self.run_dir.name)
+
+    def log(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, "time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        self.bar.set_postfix({k: f"{row[k]:.3g}" for k in self.SHOWN if isinstance(row.get(k), float)}, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.bar.close()
+            self.file.close()
+
+
+def _plain(v):
+    """Tensors and numpy scalars -> JSON numbers; NaN/inf -> null (JSON has neither)."""
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class PhaseTimer:
+    """Wall-clock seconds per phase of a step: `with timer("rollout"): ...`."""
+
+    def __init__(self, sync=None):
+        self.seconds: dict[str, float] = {}
+        self.sync = sync  # e.g. torch.cuda.synchronize, so GPU work is charged to its phase
+
+    @contextmanager
+    def __call__(self, phase: str):
+        if self.sync:
+            self.sync()
+        start = time.perf_counter()
+        yield
+        if self.sync:
+            self.sync()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start

@@ -1,0 +1,124 @@
+"""A tiny Qwen2 model and tokenizer built on the spot, for the CPU demo and tests.
+
+No model can be downloaded here, so the demo builds its own: a byte-level BPE
+tokenizer trained on the synthetic arithmetic task's text (digits split one
+by one, Qwen chat markup as special tokens) and a ~1M-parameter Qwen2 model,
+briefly supervised-fine-tuned on the task so that RL starts from a policy
+that is right some of the time (RL cannot learn from all-zero rewards).
+head_dim is 32 because vLLM's CPU attention kernels accept only 32 or 64.
+
+    python -m common.tiny_model --output DIR    # build (or rebuild) one
+"""
+
+import argparse
+import json
+import os
+import random
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from common.data import TEMPLATES, format_prompt, load_math_dataset
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+VERSION = 1  # bump when the recipe changes so cached models are rebuilt
+DEFAULT_DIR = Path(os.environ.get("GRPO_ZOO_CACHE", Path.home() / ".cache" / "grpo-zoo")) / f"tiny-arith-v{VERSION}"
+
+
+def build_tokenizer(corpus: list[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    # Digits one per token: arithmetic is then learnable digit by digit.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", additional_special_tokens=SPECIAL_TOKENS[1:]
+    )
+
+
+def tiny_qwen2_config(vocab_size: int, eos_id: int, pad_id: int, hidden: int = 128, layers: int = 4) -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 32,
+        num_key_value_heads=max(1, hidden // 64),
+        head_dim=32,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        torch_dtype="float32",
+    )
+
+
+def sft(model, tokenizer, rows: list[dict], template: str, steps: int, lr: float, batch_size: int, seed: int) -> None:
+    """Supervised warm-start on prompt -> solution<eos>, loss on the solution only."""
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    examples = []
+    for r in rows:
+        p = tokenizer(format_prompt(r["problem"], template), add_special_tokens=False).input_ids
+        c = tokenizer(r["solution"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        examples.append((p + c, [-100] * len(p) + c))
+    model.train()
+    for _ in range(steps):
+        seqs, labels = zip(*rng.sample(examples, batch_size))
+        width = max(map(len, seqs))
+        ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in seqs])
+        lab = torch.tensor([l + [-100] * (width - len(l)) for l in labels])
+        loss = model(input_ids=ids, attention_mask=(lab != -100) | (ids != tokenizer.pad_token_id), labels=lab).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def build_tiny_model(
+    output: str | Path, sft_steps: int = 300, sft_lr: float = 3e-3, seed: int = 0, template: str = "qwen_math"
+) -> Path:
+    """Build tokenizer + model (+ SFT warm-start) and save them as a HF checkpoint directory."""
+    output = Path(output)
+    torch.manual_seed(seed)
+    rows = load_math_dataset("synthetic-arith")  # the RL training problems; the eval set stays unseen
+    corpus = [format_prompt(r["problem"], t) for r in rows[:200] for t in TEMPLATES] + [r["solution"] for r in rows]
+    corpus += ["Wait! Something is wrong here. After verification, the correct answer is \\boxed{}.", "<think></think><answer></answer>"]
+    tokenizer = build_tokenizer(corpus)
+    config = tiny_qwen2_config(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
+    model = Qwen2ForCausalLM(config)
+    if sft_steps:
+        sft(model, tokenizer, rows, template, sft_steps, sft_lr, batch_size=32, seed=seed)
+    tmp = output.with_name(output.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(tmp)
+    (tmp / "tiny_model.json").write_text(json.dumps({"version": VERSION, "sft_steps": sft_steps, "seed": seed}))
+    tmp.rename(output)  # atomic: a half-built directory is never reused
+    return output
+
+
+def ensure_tiny_model(path: str | Path = DEFAULT_DIR, **kwargs) -> Path:
+    """Reuse the model at `path` if it was built by this recipe, else build it."""
+    path = Path(path)
+    if (path / "tiny_model.json").exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return build_tiny_model(path, **kwargs)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output", default=str(DEFAULT_DIR))
+    p.add_argument("--sft_steps", type=int, default=300)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    print(build_tiny_model(a.output, sft_steps=a.sft_steps, seed=a.seed))

@@ -1,0 +1,270 @@
+"""Vanilla GRPO (DeepSeekMath, Shao et al. 2024, arXiv 2402.03300), one file, top to bottom.
+
+Each step: sample prompts -> G completions per prompt (vLLM) -> rewards ->
+old log-probs -> group-normalised advantages -> clipped-surrogate updates ->
+push the new weights into vLLM -> log.
+
+    A_i  = (r_i - mean(r)) / (std(r) + 1e-6)                       (unbiased std)
+    rho  = exp(logp_theta - logp_old)                              (per token)
+    loss = -min(rho * A_i, clip(rho, 1 - eps_low, 1 + eps_high) * A_i) [+ beta * k3 KL to ref]
+
+aggregated over tokens as `--loss_agg` says (default: the GRPO paper's
+1/G sum_i 1/|o_i| sum_t). The other four scripts are this file plus their idea:
+`diff grpo_base.py egpo.py` shows it.
+
+    python grpo_base.py                  # CPU demo: tiny model, synthetic arithmetic
+    accelerate launch grpo_base.py --model Qwen/Qwen2.5-Math-1.5B --dataset data/deepscaler.jsonl ...
+"""
+
+import math
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+from accelerate.utils import set_seed
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from common.batching import pack, pad_right
+from common.checkpoint import save_checkpoint
+from common.cli import arg, parse_args
+from common.data import PromptSampler, format_prompt, load_math_dataset
+from common.distributed import global_sum, make_accelerator, reduce_metrics, state_dict_for_sync
+from common.logprobs import masked_mean, sequence_logprobs
+from common.metrics import PhaseTimer, RunLogger
+from common.rewards import MathVerifier, compute_rewards
+from common.rollout import HFEngine, VLLMEngine, vllm_available
+from common.tiny_model import ensure_tiny_model
+
+
+@dataclass
+class Args:
+    # What to train. Defaults run the CPU demo; the README gives each paper's real setting.
+    model: str = arg("tiny", "HF hub name or local path; 'tiny' builds (or reuses) the CPU demo model")
+    dataset: str = arg("synthetic-arith", "hub name, local .jsonl/.parquet, or 'synthetic-arith'")
+    problem_field: str | None = arg(None, "dataset column holding the problem (default: known per dataset)")
+    answer_field: str | None = arg(None, "dataset column holding the gold answer")
+    solution_field: str | None = arg(None, "dataset column holding a reference solution")
+    template: str = arg("qwen_math", "prompt template", ["qwen_math", "r1", "plain"])
+    rewards: str = arg("accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format")
+    output_dir: str = arg("runs/grpo_base", "run directory: metrics.jsonl, config.json, checkpoints")
+    steps: int = arg(60, "optimisation steps (one rollout batch each)")
+    epochs: float | None = arg(None, "if set, overrides --steps: passes over the dataset")
+    prompts_per_step: int = arg(16, "prompts per step over all ranks; each gets --group_size completions")
+    max_prompt_len: int = arg(512, "prompts longer than this (tokens) are dropped at load time")
+    max_completion_len: int = arg(48, "max new tokens per completion")
+    lr: float = arg(2e-4, "AdamW learning rate (the papers use 1e-6 on 1.5B-7B models)")
+    warmup_steps: int = arg(0, "linear learning-rate warm-up steps")
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    grad_clip: float = arg(1.0, "max global grad norm")
+    micro_batch_size: int = arg(32, "sequences per forward/backward (gradient accumulation beyond)")
+    seed: int = arg(0, "random seed (data order, sampling, init)")
+    save_steps: int = arg(0, "save a checkpoint every N steps (0: only at the end)")
+    # The method. Defaults: ALGORITHMS.md section 0.
+    group_size: int = arg(8, "G: completions per prompt")
+    temperature: float = arg(1.0, "sampling temperature T; log-probs are computed from logits / T")
+    top_p: float = arg(1.0, "nucleus sampling")
+    eps_low: float = arg(0.2, "clip range: rho >= 1 - eps_low")
+    eps_high: float = arg(0.2, "clip range: rho <= 1 + eps_high")
+    beta: float = arg(0.0, "k3 KL weight to the initial model (0: no reference model is loaded)")
+    loss_agg: str = arg("seq-mean-token-mean", "loss aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
+    mu: int = arg(1, "optimisation passes over each rollout batch")
+    num_minibatches: int = arg(1, "optimiser steps per pass (the rollout batch split in this many)")
+    # Systems.
+    rollout: str = arg("vllm" if vllm_available() else "hf", "rollout engine", ["vllm", "hf"])
+    dtype: str = arg("auto", "training dtype: auto = bfloat16 on GPU, float32 on CPU", ["auto", "bfloat16", "float32"])
+    vllm_gpu_memory_utilization: float = arg(0.3, "share of GPU memory vLLM may take (weights + KV cache)")
+    vllm_sleep: bool = arg(False, "release vLLM's GPU memory during the update (GPU only)")
+    gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
+
+
+def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.Tensor:
+    """A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G (GRPO eq. 3 of the papers).
+
+    A group whose rewards are all equal gets A = 0 ("advantage collapse").
+    """
+    r = rewards.view(-1, G)
+    return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)).view(-1)
+
+
+def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=None):
+    """Clipped surrogate (PPO/GRPO), per token, aggregated with global denominators.
+
+    logp/old_logp/mask: [n, C]; adv: [n] or [n, C] (token-level advantages).
+    num_seqs/num_tokens: sizes of the whole mini-batch this micro-batch belongs to,
+    so summing micro-batch losses gives exactly the mini-batch loss.
+    """
+    adv = adv[:, None] if adv.dim() == 1 else adv
+    ratio = torch.exp(logp - old_logp)
+    clipped = torch.clamp(ratio, 1 - args.eps_low, 1 + args.eps_high)
+    per_token = -torch.min(ratio * adv, clipped * adv)
+    if args.beta > 0:
+        d = ref_logp - logp
+        per_token = per_token + args.beta * (torch.exp(d) - d - 1)  # k3 estimator
+    masked = per_token * mask
+    if args.loss_agg == "token-mean":
+        loss = masked.sum() / num_tokens
+    elif args.loss_agg == "seq-mean-token-mean":
+        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / num_seqs
+    else:  # seq-mean-token-sum-norm (Dr. GRPO): a constant denominator
+        loss = masked.sum() / (num_seqs * args.max_completion_len)
+    with torch.no_grad():
+        is_clipped = ((ratio < 1 - args.eps_low) & (adv < 0)) | ((ratio > 1 + args.eps_high) & (adv > 0))
+        stats = {
+            "clip_frac": masked_mean(is_clipped.float(), mask).item(),
+            "approx_kl": masked_mean(ratio - 1 - (logp - old_logp), mask).item(),  # k3 KL(pi_old || pi_theta)
+        }
+    return loss, stats
+
+
+def score(model, batch, args, ref_model=None):
+    """No-grad pass over the rollout batch: log-probs (and entropy) under pi_old, micro-batch by micro-batch."""
+    C = batch["completion_mask"].shape[1]
+    out = {"logp": [], "entropy": [], "ref_logp": []}
+    with torch.no_grad():
+        for i in range(0, len(batch["input_ids"]), args.micro_batch_size):
+            ids = batch["input_ids"][i : i + args.micro_batch_size]
+            attn = batch["attention_mask"][i : i + args.micro_batch_size]
+            logp, ent = sequence_logprobs(model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True)
+            out["logp"].append(logp)
+            out["entropy"].append(ent)
+            if ref_model is not None:
+                out["ref_logp"].append(sequence_logprobs(ref_model, ids, attn, args.temperature, logits_to_keep=C)[0])
+    return {k: torch.cat(v) if v else None for k, v in out.items()}
+
+
+def main(args: Args) -> None:
+    accelerator = make_accelerator("bf16" if torch.cuda.is_available() and args.dtype != "float32" else "no")
+    rank, world = accelerator.process_index, accelerator.num_processes
+    set_seed(args.seed + rank)
+    dtype = {"auto": torch.bfloat16 if torch.cuda.is_available() else torch.float32, "bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    model_path = str(ensure_tiny_model()) if args.model == "tiny" else args.model
+
+    # Policy, optimiser, data.
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    ref_model = None
+    if args.beta > 0:  # only then: all four papers train without it
+        ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(accelerator.device).eval()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+
+    rows = load_math_dataset(args.dataset, problem_field=args.problem_field, answer_field=args.answer_field, solution_field=args.solution_field)
+    for r in rows:
+        r["prompt_ids"] = tokenizer(format_prompt(r["problem"], args.template), add_special_tokens=False).input_ids
+    n_rows = len(rows)
+    rows = [r for r in rows if len(r["prompt_ids"]) <= args.max_prompt_len]
+    if len(rows) < n_rows and accelerator.is_main_process:
+        print(f"dropped {n_rows - len(rows)} of {n_rows} prompts longer than --max_prompt_len={args.max_prompt_len}")
+    sampler = PromptSampler(rows, args.prompts_per_step, seed=args.seed, rank=rank, world_size=world)
+    total_steps = math.ceil(args.epochs * len(rows) / args.prompts_per_step) if args.epochs else args.steps
+
+    # Rollout engine, rewards, logging.
+    stop_ids = sorted({tokenizer.eos_token_id, *(model.config.eos_token_id if isinstance(model.config.eos_token_id, list) else [model.config.eos_token_id])} - {None})
+    if args.rollout == "vllm":
+        engine = VLLMEngine(
+            model_path, stop_ids, max_model_len=args.max_prompt_len + args.max_completion_len, seed=args.seed + rank,
+            dtype=str(dtype).removeprefix("torch."), gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            enable_sleep_mode=args.vllm_sleep, distributed=world > 1,
+        )
+    else:
+        engine = HFEngine(accelerator.unwrap_model(model), stop_ids, tokenizer.pad_token_id)
+    verifier = MathVerifier()
+    reward_names = args.rewards.split(",")
+    logger = RunLogger(args.output_dir, total_steps, asdict(args), enabled=accelerator.is_main_process)
+    G = args.group_size
+
+    for step in range(total_steps):
+        timer = PhaseTimer(sync=torch.cuda.synchronize if torch.cuda.is_available() else None)
+        batch_rows = sampler.next_batch()
+
+        # 1. Rollout: G completions per prompt from pi_old.
+        with timer("rollout"):
+            engine.wake_up()
+            groups = engine.generate([r["prompt_ids"] for r in batch_rows], G, args.max_completion_len, args.temperature, args.top_p, seed=args.seed + 1000 * step + rank)
+        rollout_rows = [r for r in batch_rows for _ in range(G)]
+        completions = [c for g in groups for c in g]
+        texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+
+        # 2. Rewards.
+        with timer("scoring"):
+            rewards, accuracy = compute_rewards(texts, [r["answer"] for r in rollout_rows], reward_names, verifier)
+            rewards = torch.tensor(rewards, device=accelerator.device)
+            accuracy = torch.tensor(accuracy, device=accelerator.device)
+
+        # 3. Old log-probs (and token entropy) from the trainer, before any update.
+        with timer("old_logp"):
+            engine.sleep()
+            batch = pack([r["prompt_ids"] for r in rollout_rows], [c.token_ids for c in completions], tokenizer.pad_token_id, accelerator.device)
+            mask = batch["completion_mask"]
+            old = score(model, batch, args, ref_model)
+            rollout_logp = pad_right([c.logprobs for c in completions], mask.shape[1], device=accelerator.device)
+
+        # 4. Advantages.
+        advantages = group_advantages(rewards, G)
+
+        # 5. Clipped-surrogate updates: mu passes, num_minibatches optimiser steps each.
+        with timer("update"):
+            model.train()
+            n = len(completions)
+            mb_size = n // args.num_minibatches
+            update_stats = []
+            for _ in range(args.mu):
+                order = torch.randperm(n, device=accelerator.device) if args.num_minibatches > 1 else torch.arange(n, device=accelerator.device)
+                for start in range(0, n - mb_size + 1, mb_size):
+                    idx_mb = order[start : start + mb_size]
+                    # Global denominators: DDP averages gradients over ranks, so per-rank
+                    # losses are divided by (global count / world) to make the mean exact.
+                    num_tokens = global_sum(accelerator, mask[idx_mb].sum().item()) / world
+                    for i in range(0, len(idx_mb), args.micro_batch_size):
+                        idx = idx_mb[i : i + args.micro_batch_size]
+                        logp, _ = sequence_logprobs(model, batch["input_ids"][idx], batch["attention_mask"][idx], args.temperature, logits_to_keep=mask.shape[1])
+                        ref = old["ref_logp"][idx] if ref_model is not None else None
+                        loss, stats = policy_loss(logp, old["logp"][idx], advantages[idx], mask[idx], args, len(idx_mb), num_tokens, ref)
+                        accelerator.backward(loss)
+                        update_stats.append(stats | {"loss": loss.item()})
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad()
+
+        # 6. Sync: the rollout engine samples from the new policy next step.
+        with timer("sync"):
+            engine.wake_up()
+            engine.load_weights(state_dict_for_sync(accelerator, model))
+
+        # 7. Log.
+        r_grp = rewards.view(-1, G)
+        lengths = mask.sum(-1)
+        step_s = sum(timer.seconds.values())
+        metrics = {
+            "reward": rewards.mean(),
+            "accuracy": accuracy.mean(),
+            "response_len": lengths.mean(),
+            "truncated_frac": sum(not c.finished for c in completions) / n,
+            "entropy": masked_mean(old["entropy"], mask),
+            "zero_adv_group_frac": (r_grp.max(1).values == r_grp.min(1).values).float().mean(),
+            "adv_var_within_group": advantages.view(-1, G).var(1).mean(),
+            "rollout_logp_gap": masked_mean((rollout_logp - old["logp"]).abs(), mask),
+            "grad_norm": grad_norm,
+            "lr": scheduler.get_last_lr()[0],
+            **{k: sum(s[k] for s in update_stats) / len(update_stats) for k in ("clip_frac", "approx_kl")},
+            "loss": sum(s["loss"] for s in update_stats) / (args.mu * args.num_minibatches),
+            **{f"{k}_s": v for k, v in timer.seconds.items()},
+            "step_s": step_s,
+            "tokens_per_s": lengths.sum() / step_s,
+        }
+        metrics = reduce_metrics(accelerator, {k: float(v) for k, v in metrics.items()})
+        metrics["epoch"] = sampler.epoch
+        logger.log(step + 1, metrics)
+        if (args.save_steps and (step + 1) % args.save_steps == 0) or step + 1 == total_steps:
+            save_checkpoint(accelerator, model, tokenizer, os.path.join(args.output_dir, f"checkpoint-{step + 1}"))
+
+    logger.close()
+    verifier.close()
+
+
+if __name__ == "__main__":
+    main(parse_args(Args, description=__doc__))

