@@ -17,7 +17,6 @@ aggregated over tokens as `--loss_agg` says (default: the GRPO paper's
 """
 
 import math
-import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -25,8 +24,8 @@ from accelerate.utils import set_seed
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.batching import pack, pad_right
-from common.checkpoint import save_checkpoint
-from common.cli import arg, parse_args
+from common.checkpoint import load_checkpoint, save_checkpoint
+from common.cli import arg, parse_args, require
 from common.data import PromptSampler, format_prompt, load_math_dataset
 from common.distributed import global_sum, make_accelerator, reduce_metrics, state_dict_for_sync
 from common.logprobs import masked_mean, sequence_logprobs
@@ -59,6 +58,8 @@ class Args:
     micro_batch_size: int = arg(32, "sequences per forward/backward (gradient accumulation beyond)")
     seed: int = arg(0, "random seed (data order, sampling, init)")
     save_steps: int = arg(0, "save a checkpoint every N steps (0: only at the end)")
+    keep_last: int = arg(2, "checkpoints kept on disk (0: all)")
+    resume: bool = arg(False, "continue from the latest complete checkpoint in --output_dir")
     # The method. Defaults: ALGORITHMS.md section 0.
     group_size: int = arg(8, "G: completions per prompt")
     temperature: float = arg(1.0, "sampling temperature T; log-probs are computed from logits / T")
@@ -75,6 +76,17 @@ class Args:
     vllm_gpu_memory_utilization: float = arg(0.3, "share of GPU memory vLLM may take (weights + KV cache)")
     vllm_sleep: bool = arg(False, "release vLLM's GPU memory during the update (GPU only)")
     gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
+
+
+def validate(args: Args) -> None:
+    """Refuse flag combinations that would fail deep inside torch or train silently wrong."""
+    require(args.group_size >= 2, f"--group_size must be >= 2 (got {args.group_size}): GRPO compares completions within a group")
+    require(args.prompts_per_step >= 1 and args.max_completion_len >= 1 and args.micro_batch_size >= 1, "--prompts_per_step, --max_completion_len and --micro_batch_size must be >= 1")
+    n = args.prompts_per_step * args.group_size
+    require(n % args.num_minibatches == 0, f"--num_minibatches={args.num_minibatches} must divide prompts_per_step * group_size = {n}")
+    require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps_low must be in [0, 1) and --eps_high >= 0")
+    require(args.temperature > 0, "--temperature must be > 0 (log-probs are computed from logits / T)")
+    require(args.mu >= 1, "--mu must be >= 1")
 
 
 def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.Tensor:
@@ -133,6 +145,7 @@ def score(model, batch, args, ref_model=None):
 
 
 def main(args: Args) -> None:
+    validate(args)
     accelerator = make_accelerator("bf16" if torch.cuda.is_available() and args.dtype != "float32" else "no")
     rank, world = accelerator.process_index, accelerator.num_processes
     set_seed(args.seed + rank)
@@ -149,7 +162,8 @@ def main(args: Args) -> None:
         ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(accelerator.device).eval()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
 
     rows = load_math_dataset(args.dataset, problem_field=args.problem_field, answer_field=args.answer_field, solution_field=args.solution_field)
     for r in rows:
@@ -171,12 +185,18 @@ def main(args: Args) -> None:
         )
     else:
         engine = HFEngine(accelerator.unwrap_model(model), stop_ids, tokenizer.pad_token_id)
+    start_step = 0
+    if args.resume:  # weights, optimiser, scheduler, RNG; then the data order and vLLM's copy
+        state = load_checkpoint(accelerator, args.output_dir)
+        start_step = state["step"]
+        sampler.load_state_dict(state["sampler"])
+        engine.load_weights(state_dict_for_sync(accelerator, model))
     verifier = MathVerifier()
     reward_names = args.rewards.split(",")
-    logger = RunLogger(args.output_dir, total_steps, asdict(args), enabled=accelerator.is_main_process)
+    logger = RunLogger(args.output_dir, total_steps, asdict(args), enabled=accelerator.is_main_process, initial_step=start_step)
     G = args.group_size
 
-    for step in range(total_steps):
+    for step in range(start_step, total_steps):
         timer = PhaseTimer(sync=torch.cuda.synchronize if torch.cuda.is_available() else None)
         batch_rows = sampler.next_batch()
 
@@ -260,7 +280,7 @@ def main(args: Args) -> None:
         metrics["epoch"] = sampler.epoch
         logger.log(step + 1, metrics)
         if (args.save_steps and (step + 1) % args.save_steps == 0) or step + 1 == total_steps:
-            save_checkpoint(accelerator, model, tokenizer, os.path.join(args.output_dir, f"checkpoint-{step + 1}"))
+            save_checkpoint(accelerator, model, tokenizer, args.output_dir, step + 1, {"sampler": sampler.state_dict()}, args.keep_last)
 
     logger.close()
     verifier.close()

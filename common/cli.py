@@ -43,3 +43,9 @@ def parse_args(cls, argv: list[str] | None = None, description: str | None = Non
             **extra,
         )
     return cls(**vars(parser.parse_args(argv)))
+
+
+def require(condition: bool, message: str) -> None:
+    """Stop with a one-line message naming the bad flag (no traceback)."""
+    if not condition:
+        raise SystemExit(f"error: {message}")

@@ -12,6 +12,8 @@ Both return the engine's log-prob of each sampled token under logits / T,
 which the scripts compare with the trainer's (the `rollout_logp_gap` metric).
 """
 
+import importlib.util
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,11 +29,8 @@ class Completion:
 
 
 def vllm_available() -> bool:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Is vLLM installed? (Checked without importing it: that takes seconds.)"""
+    return importlib.util.find_spec("vllm") is not None
 
 
 def _reload_weights(worker, items):
@@ -54,7 +53,14 @@ class VLLMEngine:
         # In-process engine core: collective_rpc then reaches the model with no
         # serialisation of the weights (ALGORITHMS.md, "Shared pieces").
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no INFO lines on every weight sync
         from vllm import LLM
+
+        # Every reload warns that RotaryEmbedding got no weights: its cos/sin cache
+        # is computed, not a checkpoint tensor, and vLLM keeps its own. Expected.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
+            lambda record: "RotaryEmbedding" not in record.getMessage()
+        )
 
         kwargs = {}
         if distributed:  # one engine per accelerate rank, TRL's colocate mode

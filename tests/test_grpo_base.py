@@ -1,0 +1,103 @@
+"""grpo_base.py's algorithm pieces against hand-computed numbers."""
+
+import math
+
+import pytest
+import torch
+
+from grpo_base import Args, group_advantages, policy_loss
+
+
+def test_group_advantages_hand_computed():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])  # two groups of 4
+    a = group_advantages(r, G=4)
+    std = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 1]
+    torch.testing.assert_close(a[:4], torch.tensor([0.5, -0.5, -0.5, 0.5]) / (std + 1e-6))
+    std2 = math.sqrt(0.25)  # [1, 1, 0, 1]: mean 0.75, unbiased var 0.25
+    torch.testing.assert_close(a[4:], torch.tensor([0.25, 0.25, -0.75, 0.25]) / (std2 + 1e-6))
+
+
+@pytest.mark.parametrize("value", [0.0, 1.0, 0.37])
+def test_all_equal_group_has_zero_advantage_not_nan(value):
+    a = group_advantages(torch.full((8,), value), G=8)
+    assert torch.isfinite(a).all() and (a == 0).all()
+
+
+def test_group_of_one_is_refused_by_args_not_nan():
+    # torch.std of one element is NaN; G = 1 is meaningless for GRPO.
+    with pytest.raises(SystemExit):
+        from grpo_base import validate
+
+        validate(Args(group_size=1))
+
+
+def loss_of(agg, adv, mask, logp=None, old=None, **kw):
+    args = Args(loss_agg=agg, max_completion_len=mask.shape[1], **kw)
+    logp = torch.zeros(mask.shape) if logp is None else logp
+    old = torch.zeros(mask.shape) if old is None else old
+    n_tok = mask.sum().item()
+    return policy_loss(logp, old, adv, mask, args, num_seqs=mask.shape[0], num_tokens=n_tok)
+
+
+# Two sequences: 3 valid tokens with A = 1, 1 valid token with A = -2; ratio = 1,
+# so the per-token losses are -1, -1, -1 and +2.
+MASK = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0]])
+ADV = torch.tensor([1.0, -2.0])
+
+
+def test_token_mean():
+    assert loss_of("token-mean", ADV, MASK)[0].item() == pytest.approx((-3 + 2) / 4)
+
+
+def test_seq_mean_token_mean():
+    assert loss_of("seq-mean-token-mean", ADV, MASK)[0].item() == pytest.approx((-1 + 2) / 2)
+
+
+def test_seq_mean_token_sum_norm():
+    assert loss_of("seq-mean-token-sum-norm", ADV, MASK)[0].item() == pytest.approx((-3 + 2) / (2 * 4))
+
+
+def test_micro_batches_sum_to_the_full_batch_loss():
+    torch.manual_seed(0)
+    mask = (torch.rand(6, 5) > 0.3).float()
+    mask[:, 0] = 1
+    logp, old, adv = -torch.rand(6, 5), -torch.rand(6, 5), torch.randn(6)
+    for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        args = Args(loss_agg=agg, max_completion_len=5)
+        full = policy_loss(logp, old, adv, mask, args, 6, mask.sum().item())[0]
+        parts = sum(policy_loss(logp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], args, 6, mask.sum().item())[0] for i in (0, 2, 4))
+        torch.testing.assert_close(parts, full)
+
+
+@pytest.mark.parametrize(
+    "ratio, adv, expected_loss, has_grad",
+    [
+        (1.5, 1.0, -1.2, False),  # A > 0, ratio above 1 + eps: clipped, no gradient
+        (0.5, 1.0, -0.5, True),  # A > 0, ratio below 1 - eps: the unclipped term is the min
+        (0.5, -1.0, 0.8, False),  # A < 0, ratio below 1 - eps: clipped, no gradient
+        (1.5, -1.0, 1.5, True),  # A < 0, ratio above 1 + eps: unclipped, pushed back down
+        (1.1, 1.0, -1.1, True),  # inside the trust region
+    ],
+)
+def test_clipping(ratio, adv, expected_loss, has_grad):
+    logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
+    loss, stats = loss_of("token-mean", torch.tensor([adv]), torch.ones(1, 1), logp=logp)
+    assert loss.item() == pytest.approx(expected_loss, rel=1e-5)
+    loss.backward()
+    assert (logp.grad.abs().item() > 0) == has_grad
+    assert stats["clip_frac"] == (0.0 if has_grad else 1.0)
+
+
+def test_asymmetric_clip_range():
+    logp = torch.tensor([[math.log(1.25)]])
+    loss, stats = loss_of("token-mean", torch.tensor([1.0]), torch.ones(1, 1), logp=logp, eps_high=0.28)
+    assert loss.item() == pytest.approx(-1.25) and stats["clip_frac"] == 0.0  # inside [0.8, 1.28]
+
+
+def test_k3_kl_term():
+    logp = torch.tensor([[-1.0]])
+    ref = torch.tensor([[-1.5]])
+    args = Args(beta=0.1, loss_agg="token-mean")
+    loss, _ = policy_loss(logp, logp.clone(), torch.tensor([0.0]), torch.ones(1, 1), args, 1, 1, ref_logp=ref)
+    d = -0.5
+    assert loss.item() == pytest.approx(0.1 * (math.exp(d) - d - 1))
