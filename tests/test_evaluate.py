@@ -1,0 +1,338 @@
+"""Tests for common/evaluate.py: pass@k, averages, benchmark loading, end-to-end runs, re-scoring."""
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common import evaluate as ev
+from common.data import SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SIZE, load_math_dataset, write_jsonl
+from common.rewards import MathVerifier
+from common.rollout import Completion, HFEngine
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from common.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("evalmodel") / "tiny", sft_steps=0)  # random weights: fast
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    with MathVerifier(timeout_s=5.0) as v:
+        yield v
+
+
+# ---------------------------------------------------------------------------
+# pass@k
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n, c, k, expected", [
+    (5, 2, 2, 1 - 3 / 10),     # 1 - C(3,2)/C(5,2)
+    (10, 3, 1, 0.3),           # pass@1 = c / n
+    (4, 1, 2, 1 - 3 / 6),      # 1 - C(3,2)/C(4,2)
+    (8, 2, 4, 1 - 15 / 70),    # 1 - C(6,4)/C(8,4)
+    (4, 1, 4, 1.0),            # n = k: solved if any sample is
+    (4, 0, 4, 0.0),            # n = k, none correct
+    (16, 0, 8, 0.0),           # c = 0
+    (16, 16, 1, 1.0),          # c = n
+    (16, 16, 16, 1.0),
+    (16, 10, 8, 1.0),          # n - c < k: every k-subset holds a correct one
+    (1, 1, 1, 1.0),
+])
+def test_pass_at_k_hand_computed(n, c, k, expected):
+    assert ev.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_matches_binomial_form_and_is_stable():
+    for n in range(1, 13):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                exact = 1 - math.comb(n - c, k) / math.comb(n, k)
+                assert ev.pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
+    # Large n: the product form needs no huge binomials.
+    assert ev.pass_at_k(5000, 1, 1) == pytest.approx(1 / 5000)
+    assert ev.pass_at_k(5000, 2500, 1000) == pytest.approx(1.0)
+    assert 0 < ev.pass_at_k(1024, 3, 32) < 1
+
+
+@pytest.mark.parametrize("n, c, k", [(4, 5, 1), (4, -1, 1), (4, 2, 5), (4, 2, 0), (0, 0, 1)])
+def test_pass_at_k_rejects_invalid(n, c, k):
+    with pytest.raises(ValueError):
+        ev.pass_at_k(n, c, k)
+
+
+def test_default_ks():
+    assert ev.default_ks(1) == [1]
+    assert ev.default_ks(8) == [1, 2, 4, 8]
+    assert ev.default_ks(12) == [1, 2, 4, 8]
+
+
+# ---------------------------------------------------------------------------
+# Averages
+# ---------------------------------------------------------------------------
+
+def _record(bench, correct, tokens=10, finished=True):
+    return {"benchmark": bench, "answer": "1", "completions": [""] * len(correct), "correct": list(correct),
+            "num_tokens": [tokens] * len(correct), "finished": [finished] * len(correct)}
+
+
+def test_summary_weighted_overall_and_unweighted_mean():
+    records = [_record("small", [True, True])] + [_record("big", [False, True] if i == 0 else [False, False], tokens=20)
+                                                   for i in range(3)]
+    s = ev.summarize(records)
+    assert s["eval/small/pass@1"] == 1.0
+    assert s["eval/big/pass@1"] == pytest.approx(0.5 / 3)
+    assert s["eval/big/pass@2"] == pytest.approx(1 / 3)
+    # overall = total correct / total problems (EDGE-GRPO): (1 + 0.5) / 4 problems.
+    assert s["eval/overall/pass@1"] == pytest.approx(1.5 / 4)
+    assert s["eval/overall/pass@2"] == pytest.approx(2 / 4)
+    assert s["eval/mean/pass@1"] == pytest.approx((1.0 + 0.5 / 3) / 2)
+    assert s["eval/overall/num_problems"] == 4 and s["eval/big/num_problems"] == 3
+    assert s["eval/overall/response_len"] == pytest.approx((2 * 10 + 6 * 20) / 8)
+    assert all(isinstance(v, (int, float)) for v in s.values())  # flat, loggable
+
+
+def test_summary_skips_k_above_n():
+    s = ev.summarize([_record("a", [True, False])], ks=[1, 2, 4])
+    assert "eval/a/pass@2" in s and "eval/a/pass@4" not in s
+
+
+def test_format_table_lists_benchmarks_and_averages():
+    s = ev.summarize([_record("math500", [True, False]), _record("aime24", [False, False], finished=False)])
+    table = ev.format_table(s)
+    lines = table.splitlines()
+    assert lines[0].startswith("| benchmark | problems | pass@1 (%) | pass@2 (%)")
+    assert any(line.startswith("| math500 | 1 | 50.0 | 100.0") for line in lines)
+    assert any(line.startswith("| aime24 | 1 | 0.0 | 0.0 | 10 | 100.0") for line in lines)
+    assert lines[-2].startswith("| overall") and lines[-1].startswith("| mean")
+
+
+# ---------------------------------------------------------------------------
+# Benchmark loading
+# ---------------------------------------------------------------------------
+
+def test_registry_covers_the_papers_benchmarks():
+    for name in ("math500", "aime24", "aime25", "amc23", "amc", "minerva", "olympiadbench", "gsm8k", "synthetic"):
+        assert name in ev.BENCHMARKS
+    assert ev.BENCHMARKS["gsm8k"][:3] == ("openai/gsm8k", "main", "test")
+
+
+def test_synthetic_benchmark_is_the_shipped_file():
+    rows = ev.load_benchmark("synthetic")
+    assert len(rows) == SYNTHETIC_EVAL_SIZE
+    assert rows == [{"problem": r["problem"], "answer": r["answer"]} for r in load_math_dataset(str(SYNTHETIC_EVAL_PATH))]
+
+
+def test_local_raw_dumps_use_the_hub_fields(tmp_path):
+    write_jsonl([{"question": "Q1", "answer": "She pays 3 * 4 = 12.\n#### 1,200"}], tmp_path / "gsm8k.jsonl")
+    write_jsonl([{"problem": "P", "solution": r"So $v = \boxed{7.5 \times 10^{-4}}$ m/s.", "type": "x", "idx": 0}],
+                tmp_path / "minerva.jsonl")
+    write_jsonl([{"id": 1, "problem": "A", "answer": 27.0, "url": "u"}], tmp_path / "amc.jsonl")
+    write_jsonl([{"id": 1, "question": "O", "answer": r"$\frac{1}{2}$", "final_answer": ["x"]}],
+                tmp_path / "olympiadbench.jsonl")
+    got = ev.load_benchmarks("gsm8k,minerva,amc,olympiadbench", data_dir=str(tmp_path))
+    assert got["gsm8k"] == [{"problem": "Q1", "answer": "1200"}]
+    assert got["minerva"] == [{"problem": "P", "answer": r"7.5 \times 10^{-4}"}]
+    assert got["amc"] == [{"problem": "A", "answer": "27"}]
+    assert got["olympiadbench"] == [{"problem": "O", "answer": r"$\frac{1}{2}$"}]
+
+
+def test_local_file_in_our_format_and_explicit_source(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    write_jsonl([{"problem": "What is 1 + 1?", "answer": "2"}, {"problem": "Q", "answer": "#### 5"}], path)
+    got = ev.load_benchmarks(f"gsm8k={path},custom={path}", limit=1)
+    assert got == {"gsm8k": [{"problem": "What is 1 + 1?", "answer": "2"}],
+                   "custom": [{"problem": "What is 1 + 1?", "answer": "2"}]}
+
+
+def test_unknown_benchmark_and_bad_names(tmp_path):
+    with pytest.raises(ValueError, match="unknown benchmark 'nope'.*--benchmarks nope="):
+        ev.load_benchmark("nope")
+    with pytest.raises(ValueError, match="invalid benchmark name"):
+        ev.load_benchmark("overall", source=str(SYNTHETIC_EVAL_PATH))
+    bad = tmp_path / "bad.jsonl"
+    write_jsonl([{"text": "no problem field"}], bad)
+    with pytest.raises(ValueError, match=r"benchmark 'olympiadbench': .*bad.jsonl needs the fields problem, answer "
+                                         r"or question, answer \(.*its fields: text\)"):
+        ev.load_benchmark("olympiadbench", source=str(bad))
+    with pytest.raises(ValueError, match="named twice"):
+        ev.load_benchmarks("synthetic,synthetic")
+
+
+def test_hub_unreachable_says_to_pass_a_local_file(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'HuggingFaceH4/MATH-500' on the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(RuntimeError, match=r"(?s)HuggingFaceH4/MATH-500.*--benchmarks math500=path/to/math500.jsonl"):
+        ev.load_benchmark("math500")
+
+
+# ---------------------------------------------------------------------------
+# evaluate() with a scripted engine: known answers, known scores
+# ---------------------------------------------------------------------------
+
+class ScriptedEngine:
+    """Returns fixed completion texts per prompt (cycled to n), as a rollout engine would."""
+
+    def __init__(self, tokenizer, texts_by_problem):
+        self.tokenizer, self.texts = tokenizer, texts_by_problem
+        self.calls = []
+
+    def generate(self, prompts, n, max_tokens, temperature, top_p=1.0, seed=None):
+        self.calls.append((len(prompts), n, max_tokens, temperature, top_p, seed))
+        out = []
+        for p in prompts:
+            problem = next(k for k in self.texts if k in self.tokenizer.decode(p))
+            texts = (self.texts[problem] * n)[:n]
+            ids = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+            out.append([Completion(i, [0.0] * len(i), finished=True) for i in ids])
+        return out
+
+
+def test_evaluate_scores_and_records(tokenizer, verifier):
+    benchmarks = {"a": [{"problem": "What is 1 + 1?", "answer": "2"}, {"problem": "What is 2 + 2?", "answer": "4"}],
+                  "b": [{"problem": "What is 3 + 3?", "answer": "6"}]}
+    engine = ScriptedEngine(tokenizer, {
+        "1 + 1": [r"\boxed{2}", r"\boxed{3}", "no answer", r"\boxed{2}"],  # 2 of 4
+        "2 + 2": [r"\boxed{5}"],                                             # 0 of 4
+        "3 + 3": [r"\boxed{6}"],                                             # 4 of 4
+    })
+    summary, records = ev.evaluate(engine, tokenizer, benchmarks, "qwen_math", n=4, temperature=0.6,
+                                   max_tokens=32, top_p=0.95, seed=7, verifier=verifier)
+    assert engine.calls == [(2, 4, 32, 0.6, 0.95, 7), (1, 4, 32, 0.6, 0.95, 7)]
+    assert summary["eval/a/pass@1"] == pytest.approx((0.5 + 0) / 2)
+    assert summary["eval/a/pass@2"] == pytest.approx((1 - 1 / 6) / 2)
+    assert summary["eval/b/pass@4"] == 1.0
+    assert summary["eval/overall/pass@1"] == pytest.approx(1.5 / 3)
+    assert summary["eval/mean/pass@1"] == pytest.approx((0.25 + 1.0) / 2)
+    assert [r["benchmark"] for r in records] == ["a", "a", "b"]
+    first = records[0]
+    assert first["completions"] == [r"\boxed{2}", r"\boxed{3}", "no answer", r"\boxed{2}"]
+    assert first["predictions"] == ["2", "3", None, "2"]
+    assert first["correct"] == [True, False, False, True]
+    assert first["prompt_tokens"] > 0 and len(first["num_tokens"]) == 4
+
+
+def test_evaluate_counts_overlong_prompts_as_wrong(tokenizer, verifier):
+    rows = [{"problem": "What is 1 + 1?", "answer": "2"}, {"problem": "What is 1 + 1? " * 50, "answer": "2"}]
+    engine = ScriptedEngine(tokenizer, {"1 + 1": [r"\boxed{2}"]})
+    summary, records = ev.evaluate(engine, tokenizer, {"a": rows}, "qwen_math", n=2, temperature=1.0,
+                                   max_tokens=8, verifier=verifier, max_prompt_len=100)
+    assert engine.calls[0][0] == 1  # only the short prompt was generated
+    assert summary["eval/a/pass@1"] == 0.5 and summary["eval/a/num_problems"] == 2
+    assert "max_prompt_len" in records[1]["skipped"] and records[1]["correct"] == [False, False]
+    assert summary["eval/a/truncated_frac"] == 0.0  # lengths describe generated completions only
+
+
+# ---------------------------------------------------------------------------
+# End to end with the tiny model (HF engine), then re-scoring
+# ---------------------------------------------------------------------------
+
+def test_cli_end_to_end_hf_then_rescore(tiny_model, tmp_path, capsys):
+    bench = tmp_path / "tiny_bench.jsonl"
+    write_jsonl([{"question": f"What is {a} + {a}?", "answer": f"work\n#### {2 * a}"} for a in range(3)], bench)
+    out = tmp_path / "out"
+    args = ev.Args(model=str(tiny_model), benchmarks=f"gsm8k={bench},synthetic", limit=2, n=4, k="1,2,4,8",
+                   temperature=1.0, max_tokens=12, rollout="hf", output_dir=str(out), seed=3)
+    ev.main(args)
+    printed = capsys.readouterr().out
+    assert "| gsm8k | 2 |" in printed and "| synthetic | 2 |" in printed
+
+    results = json.loads((out / ev.RESULTS_FILE).read_text())
+    summary = results["summary"]
+    assert summary["eval/overall/num_problems"] == 4
+    assert {"eval/gsm8k/pass@4", "eval/synthetic/pass@1", "eval/mean/pass@2"} <= set(summary)
+    assert "eval/gsm8k/pass@8" not in summary  # k > n
+    assert results["config"]["n"] == 4 and results["config"]["rollout"] == "hf"
+    records = [json.loads(line) for line in (out / ev.RECORDS_FILE).read_text().splitlines()]
+    assert len(records) == 4 and all(len(r["completions"]) == 4 for r in records)
+    assert records[0]["answer"] == "0" and all(0 < t <= 12 for r in records for t in r["num_tokens"])
+
+    # Re-score without generating: make two completions of the first problem right.
+    records[0]["completions"][:2] = [r"\boxed{0}", r"so \boxed{0}."]
+    write_jsonl(records, out / ev.RECORDS_FILE)
+    summary2, rescored = ev.rescore(out / ev.RECORDS_FILE)
+    assert rescored[0]["correct"][:2] == [True, True]
+    assert rescored[0]["correct"][2:] == records[0]["correct"][2:]
+    first = sum(rescored[0]["correct"]) / 4
+    assert summary2["eval/gsm8k/pass@1"] == pytest.approx((first + sum(rescored[1]["correct"]) / 4) / 2)
+    assert summary2["eval/gsm8k/pass@1"] >= summary["eval/gsm8k/pass@1"] + 0.25 - 1e-9
+    # The CLI's --rescore writes next to the records and keeps the generation config.
+    ev.main(ev.Args(rescore=str(out / ev.RECORDS_FILE)))
+    rewritten = json.loads((out / ev.RESULTS_FILE).read_text())
+    assert rewritten["summary"] == summary2
+    assert rewritten["config"]["n"] == 4 and rewritten["config"]["rescored_from"].endswith(ev.RECORDS_FILE)
+
+
+def test_rescore_rejects_a_non_record_file(tmp_path):
+    path = tmp_path / "x.jsonl"
+    write_jsonl([{"problem": "p", "answer": "1"}], path)
+    with pytest.raises(ValueError, match=r"x.jsonl:1: not an evaluation record \(missing benchmark, completions"):
+        ev.rescore(path)
+    with pytest.raises(SystemExit, match="not an evaluation record"):
+        ev.main(ev.Args(rescore=str(path)))
+
+
+def test_hf_engine_refuses_greedy(tiny_model, tokenizer):
+    engine = HFEngine(model=None, stop_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
+    with pytest.raises(ValueError, match="temperature > 0"):
+        ev.evaluate(engine, tokenizer, {"a": [{"problem": "p", "answer": "1"}]}, "qwen_math", n=1,
+                    temperature=0.0, max_tokens=4)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+def test_cli_vllm_backend(tiny_model, tmp_path):
+    out = tmp_path / "out"
+    env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.evaluate", "--model", str(tiny_model), "--benchmarks", "synthetic",
+         "--limit", "3", "--n", "2", "--max_tokens", "8", "--rollout", "vllm", "--output_dir", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / ev.RESULTS_FILE).read_text())["summary"]
+    assert summary["eval/synthetic/num_problems"] == 3 and "eval/synthetic/pass@2" in summary
+    records = [json.loads(line) for line in (out / ev.RECORDS_FILE).read_text().splitlines()]
+    assert all(len(r["completions"]) == 2 and all(0 < t <= 8 for t in r["num_tokens"]) for r in records)
+
+
+def test_resolve_model_finds_the_checkpoint_and_the_run_dir(tmp_path):
+    run = tmp_path / "runs" / "grpo_base"
+    for step, complete in ((2, True), (4, True), (6, False)):  # checkpoint-6 is half-written
+        (run / f"checkpoint-{step}" / "model").mkdir(parents=True)
+        (run / f"checkpoint-{step}" / "model" / "config.json").write_text("{}")
+        if complete:
+            (run / f"checkpoint-{step}" / "COMPLETE").write_text("ok\n")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "config.json").write_text('{"dtype": "auto"}')  # the run's flags, not a model config
+    model4 = str(run / "checkpoint-4" / "model")
+    assert ev.resolve_model(str(run)) == (model4, run)
+    assert ev.resolve_model(str(run / "checkpoint-4")) == (model4, run)
+    assert ev.resolve_model(model4) == (model4, run)
+    plain = tmp_path / "my-model"
+    plain.mkdir()
+    assert ev.resolve_model(str(plain)) == (str(plain), Path("runs/eval/my-model"))
+    assert ev.resolve_model("Qwen/Qwen2.5-Math-7B") == ("Qwen/Qwen2.5-Math-7B", Path("runs/eval/Qwen__Qwen2.5-Math-7B"))
+    empty_run = tmp_path / "empty_run"
+    empty_run.mkdir()
+    (empty_run / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(SystemExit, match="no complete checkpoint"):
+        ev.resolve_model(str(empty_run))
