@@ -28,10 +28,11 @@ from common.checkpoint import load_checkpoint, save_checkpoint
 from common.cli import arg, parse_args, require
 from common.data import PromptSampler, format_prompt, load_math_dataset
 from common.distributed import global_sum, make_accelerator, reduce_metrics, state_dict_for_sync
+from common.evaluate import evaluate, load_benchmarks, write_results
 from common.logprobs import masked_mean, sequence_logprobs
 from common.metrics import PhaseTimer, RunLogger
 from common.rewards import MathVerifier, compute_rewards
-from common.rollout import HFEngine, VLLMEngine, vllm_available
+from common.rollout import HFEngine, VLLMEngine, stop_token_ids, vllm_available
 from common.tiny_model import ensure_tiny_model
 
 
@@ -72,10 +73,15 @@ class Args:
     num_minibatches: int = arg(1, "optimiser steps per pass (the rollout batch split in this many)")
     # Systems.
     rollout: str = arg("vllm" if vllm_available() else "hf", "rollout engine", ["vllm", "hf"])
-    dtype: str = arg("auto", "training dtype: auto = bfloat16 on GPU, float32 on CPU", ["auto", "bfloat16", "float32"])
+    precision: str = arg("auto", "auto: fp32 weights + bf16 autocast on GPU, fp32 on CPU; bf16: bf16 weights too (half the memory, but lr-1e-6 updates round away)", ["auto", "bf16", "fp32"])
     vllm_gpu_memory_utilization: float = arg(0.3, "share of GPU memory vLLM may take (weights + KV cache)")
     vllm_sleep: bool = arg(False, "release vLLM's GPU memory during the update (GPU only)")
     gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
+    # Periodic evaluation (common/evaluate.py), logged as eval/<benchmark>/pass@k.
+    eval_steps: int = arg(0, "evaluate every N steps and after the last (0: never)")
+    eval_benchmarks: str = arg("synthetic", "comma-separated benchmark names (common.evaluate.BENCHMARKS) or name=FILE")
+    eval_n: int = arg(4, "samples per eval problem: pass@1 is their mean, pass@k for k = 1, 2, 4 .. <= n")
+    eval_temperature: float = arg(0.6, "eval sampling temperature")
 
 
 def validate(args: Args) -> None:
@@ -87,6 +93,7 @@ def validate(args: Args) -> None:
     require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps_low must be in [0, 1) and --eps_high >= 0")
     require(args.temperature > 0, "--temperature must be > 0 (log-probs are computed from logits / T)")
     require(args.mu >= 1, "--mu must be >= 1")
+    require(args.eval_steps >= 0 and args.eval_n >= 1 and args.eval_temperature > 0, "--eval_steps must be >= 0, --eval_n >= 1, --eval_temperature > 0")
 
 
 def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.Tensor:
@@ -146,20 +153,23 @@ def score(model, batch, args, ref_model=None):
 
 def main(args: Args) -> None:
     validate(args)
-    accelerator = make_accelerator("bf16" if torch.cuda.is_available() and args.dtype != "float32" else "no")
+    gpu = torch.cuda.is_available()
+    accelerator = make_accelerator("bf16" if gpu and args.precision != "fp32" else "no")
     rank, world = accelerator.process_index, accelerator.num_processes
     set_seed(args.seed + rank)
-    dtype = {"auto": torch.bfloat16 if torch.cuda.is_available() else torch.float32, "bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # master weights
     model_path = str(ensure_tiny_model()) if args.model == "tiny" else args.model
 
     # Policy, optimiser, data.
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token_id is None:  # padding is masked out; any id will do
+        tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     ref_model = None
     if args.beta > 0:  # only then: all four papers train without it
-        ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(accelerator.device).eval()
+        ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if gpu else torch.float32).to(accelerator.device).eval()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -174,13 +184,14 @@ def main(args: Args) -> None:
         print(f"dropped {n_rows - len(rows)} of {n_rows} prompts longer than --max_prompt_len={args.max_prompt_len}")
     sampler = PromptSampler(rows, args.prompts_per_step, seed=args.seed, rank=rank, world_size=world)
     total_steps = math.ceil(args.epochs * len(rows) / args.prompts_per_step) if args.epochs else args.steps
+    eval_sets = load_benchmarks(args.eval_benchmarks) if args.eval_steps else {}  # fail fast, before training
 
     # Rollout engine, rewards, logging.
-    stop_ids = sorted({tokenizer.eos_token_id, *(model.config.eos_token_id if isinstance(model.config.eos_token_id, list) else [model.config.eos_token_id])} - {None})
+    stop_ids = stop_token_ids(tokenizer, accelerator.unwrap_model(model).config)
     if args.rollout == "vllm":
         engine = VLLMEngine(
             model_path, stop_ids, max_model_len=args.max_prompt_len + args.max_completion_len, seed=args.seed + rank,
-            dtype=str(dtype).removeprefix("torch."), gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            dtype="bfloat16" if gpu and args.precision != "fp32" else "float32", gpu_memory_utilization=args.vllm_gpu_memory_utilization,
             enable_sleep_mode=args.vllm_sleep, distributed=world > 1,
         )
     else:
@@ -197,7 +208,7 @@ def main(args: Args) -> None:
     G = args.group_size
 
     for step in range(start_step, total_steps):
-        timer = PhaseTimer(sync=torch.cuda.synchronize if torch.cuda.is_available() else None)
+        timer = PhaseTimer(sync=torch.cuda.synchronize if gpu else None)
         batch_rows = sampler.next_batch()
 
         # 1. Rollout: G completions per prompt from pi_old.
@@ -276,6 +287,12 @@ def main(args: Args) -> None:
             "step_s": step_s,
             "tokens_per_s": lengths.sum() / step_s,
         }
+        if args.eval_steps and ((step + 1) % args.eval_steps == 0 or step + 1 == total_steps):
+            with timer("eval"):  # every rank evaluates with its own engine; means are logged
+                summary, records = evaluate(engine, tokenizer, eval_sets, args.template, args.eval_n, args.eval_temperature, args.max_completion_len, args.top_p, seed=args.seed + rank, verifier=verifier, max_prompt_len=args.max_prompt_len)
+            metrics |= summary | {"eval_s": timer.seconds["eval"]}
+            if step + 1 == total_steps and accelerator.is_main_process:
+                write_results(args.output_dir, summary, records, {"step": step + 1, "benchmarks": args.eval_benchmarks, "n": args.eval_n})
         metrics = reduce_metrics(accelerator, {k: float(v) for k, v in metrics.items()})
         metrics["epoch"] = sampler.epoch
         logger.log(step + 1, metrics)

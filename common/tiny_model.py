@@ -2,10 +2,14 @@
 
 No model can be downloaded here, so the demo builds its own: a byte-level BPE
 tokenizer trained on the synthetic arithmetic task's text (digits split one
-by one, Qwen chat markup as special tokens) and a ~1M-parameter Qwen2 model,
-briefly supervised-fine-tuned on the task so that RL starts from a policy
-that is right some of the time (RL cannot learn from all-zero rewards).
+by one, Qwen chat markup as special tokens) and a ~1M-parameter Qwen2 model.
 head_dim is 32 because vLLM's CPU attention kernels accept only 32 or 64.
+
+The warm-start SFT is deliberately noisy: half of its solutions are off by
+one ("3 + 4 = 8"), so the SFT policy knows both the right sum and a wrong
+one and is right well under half the time. RL from the verifiable reward
+must find and reinforce the right answer: the RLVR effect in miniature
+(sharpening what the policy can already produce), not new arithmetic.
 
     python -m common.tiny_model --output DIR    # build (or rebuild) one
 """
@@ -18,7 +22,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from common.data import TEMPLATES, format_prompt, load_math_dataset
 
@@ -61,18 +65,27 @@ def tiny_qwen2_config(vocab_size: int, eos_id: int, pad_id: int, hidden: int = 1
     )
 
 
-def sft(model, tokenizer, rows: list[dict], template: str, steps: int, lr: float, batch_size: int, seed: int) -> None:
-    """Supervised warm-start on prompt -> solution<eos>, loss on the solution only."""
+def off_by_one(row: dict) -> str:
+    """The row's solution with a sum one too large: "a + b = c+1. The answer is \\boxed{c+1}."."""
+    wrong = str(int(row["answer"]) + 1)
+    return row["solution"].split(" = ")[0] + f" = {wrong}. The answer is \\boxed{{{wrong}}}."
+
+
+def sft(model, tokenizer, rows: list[dict], template: str, steps: int, lr: float, batch_size: int, seed: int, noise: float) -> None:
+    """Supervised warm-start on prompt -> solution<eos> (loss on the solution only); a `noise` share is off by one."""
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     examples = []
     for r in rows:
         p = tokenizer(format_prompt(r["problem"], template), add_special_tokens=False).input_ids
-        c = tokenizer(r["solution"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-        examples.append((p + c, [-100] * len(p) + c))
+        for solution in (r["solution"], off_by_one(r)):
+            c = tokenizer(solution, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+            examples.append((p + c, [-100] * len(p) + c))
     model.train()
     for _ in range(steps):
-        seqs, labels = zip(*rng.sample(examples, batch_size))
+        # examples alternate right / off-by-one for each problem
+        picks = [2 * rng.randrange(len(rows)) + (rng.random() < noise) for _ in range(batch_size)]
+        seqs, labels = zip(*(examples[i] for i in picks))
         width = max(map(len, seqs))
         ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in seqs])
         lab = torch.tensor([l + [-100] * (width - len(l)) for l in labels])
@@ -84,24 +97,24 @@ def sft(model, tokenizer, rows: list[dict], template: str, steps: int, lr: float
 
 
 def build_tiny_model(
-    output: str | Path, sft_steps: int = 300, sft_lr: float = 3e-3, seed: int = 0, template: str = "qwen_math"
+    output: str | Path, sft_steps: int = 500, sft_lr: float = 3e-3, sft_noise: float = 0.5, seed: int = 0, template: str = "qwen_math"
 ) -> Path:
     """Build tokenizer + model (+ SFT warm-start) and save them as a HF checkpoint directory."""
     output = Path(output)
     torch.manual_seed(seed)
     rows = load_math_dataset("synthetic-arith")  # the RL training problems; the eval set stays unseen
-    corpus = [format_prompt(r["problem"], t) for r in rows[:200] for t in TEMPLATES] + [r["solution"] for r in rows]
+    corpus = [format_prompt(r["problem"], t) for r in rows for t in TEMPLATES] + [r["solution"] for r in rows]
     corpus += ["Wait! Something is wrong here. After verification, the correct answer is \\boxed{}.", "<think></think><answer></answer>"]
     tokenizer = build_tokenizer(corpus)
     config = tiny_qwen2_config(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
     model = Qwen2ForCausalLM(config)
     if sft_steps:
-        sft(model, tokenizer, rows, template, sft_steps, sft_lr, batch_size=32, seed=seed)
+        sft(model, tokenizer, rows, template, sft_steps, sft_lr, batch_size=32, seed=seed, noise=sft_noise)
     tmp = output.with_name(output.name + ".tmp")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(tmp)
-    (tmp / "tiny_model.json").write_text(json.dumps({"version": VERSION, "sft_steps": sft_steps, "seed": seed}))
+    (tmp / "tiny_model.json").write_text(json.dumps({"version": VERSION, "sft_steps": sft_steps, "sft_noise": sft_noise, "seed": seed}))
     tmp.rename(output)  # atomic: a half-built directory is never reused
     return output
 
@@ -118,7 +131,8 @@ def ensure_tiny_model(path: str | Path = DEFAULT_DIR, **kwargs) -> Path:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default=str(DEFAULT_DIR))
-    p.add_argument("--sft_steps", type=int, default=300)
+    p.add_argument("--sft_steps", type=int, default=500)
+    p.add_argument("--sft_noise", type=float, default=0.5, help="share of off-by-one SFT solutions")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    print(build_tiny_model(a.output, sft_steps=a.sft_steps, seed=a.seed))
+    print(build_tiny_model(a.output, sft_steps=a.sft_steps, sft_noise=a.sft_noise, seed=a.seed))
