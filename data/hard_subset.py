@@ -55,10 +55,9 @@ def make_engine(args, tokenizer):
     import torch
     from transformers import AutoConfig
 
-    from common.rollout import HFEngine, VLLMEngine
+    from common.rollout import HFEngine, VLLMEngine, stop_token_ids
 
-    eos = AutoConfig.from_pretrained(args.model).eos_token_id
-    stop_ids = sorted({tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None})
+    stop_ids = stop_token_ids(tokenizer, AutoConfig.from_pretrained(args.model))
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     if args.rollout == "vllm":
         return VLLMEngine(args.model, stop_ids, max_model_len=args.max_prompt_len + args.max_tokens, seed=args.seed,

@@ -1,0 +1,387 @@
+"""EGPO (Know What You Know: Metacognitive Entropy Calibration, arXiv 2602.22751), one file.
+
+grpo_base.py plus one idea: each completion's group advantage is rescaled by
+how sure pi_old was of it, asymmetrically by outcome, and entirely-incorrect
+groups get a damped negative signal instead of none (`diff grpo_base.py egpo.py`).
+
+    H_i     = -1/|o_i| sum_t log pi_old(o_it | q, o_<t)       (eq. 5: entropy proxy, the old log-probs)
+    w_i     = mean_group(H) / (H_i + 1e-6)                     (eq. 7)
+    w_i     = clamp(w_i, 1, lambda_max)  if r_i > 0            (eq. 8: a correct answer is never down-weighted,
+              clamp(w_i, lambda_min, 1)  otherwise                      an incorrect one never up-weighted)
+    A_i     = GRPO advantage; -1 in an entirely-incorrect group (eq. 13: negative sample reinforcement, NSR)
+    A_hat_i = w_i * A_i                                        (replaces A_i in the clipped surrogate, eq. 12)
+
+Entirely-correct groups keep A = 0. Ablations of Table 2 (`--variant`):
+
+    egpo  asymmetric clamp, NSR with w, no renorm (the paper's EGPO row; default)
+    c1    symmetric clamp: every w in [lambda_min, lambda_max]
+    c2    clamp only the negative side: incorrect clamp(w, lambda_min, 1), correct keep the raw w
+    c3    clamp only the positive side: correct clamp(w, 1, lambda_max), incorrect keep the raw w
+    c4    asymmetric clamp, but NSR with w = 1 (a flat -1 on entirely-incorrect groups)
+    c5    asymmetric clamp, then w / mean_group(w) (eq. 9, "renorm after clamp")
+    c6    w / mean_group(w) on the raw w, then the asymmetric clamp ("renorm before clamp")
+
+Decisions (ALGORITHMS.md section 2 and where the paper is silent):
+- lambda_max = 2.0, lambda_min = 0.5: the authors' code defaults (the paper's values were lost in extraction).
+- "Correct" is r_i > 0 under the paper's binary outcome reward (eq. 1), so `--rewards` must be
+  `accuracy` alone: a format term would make a wrong but well-formatted answer "correct".
+- H uses the same temperature-scaled old log-probs as the ratio (logits / T), so it costs nothing.
+- c2 / c3: the unclamped side keeps the raw w_i, which eq. 7 bounds by mean(H) / 1e-6 (finite, possibly large).
+- c5 / c6 renormalise over the whole group of G, NSR groups included (eq. 9 keeps "the mean weight equal to 1").
+- A group whose proxies are all 0 (a deterministic policy) gets w = 0 before the clamp, as eq. 7 says
+  (c6's renorm of those zeros gives 1: nothing to tell them apart).
+
+    python egpo.py                       # CPU demo: tiny model, synthetic arithmetic
+    python egpo.py --variant c5          # an ablation row of Table 2
+    accelerate launch egpo.py --model Qwen/Qwen2.5-Math-1.5B --dataset data/openr1_egpo.jsonl --lr 1e-6 ...  (docs/algorithms/egpo.md)
+"""
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from accelerate.utils import set_seed
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from common.batching import pack, pad_right
+from common.checkpoint import load_checkpoint, save_checkpoint
+from common.cli import arg, parse_args, require
+from common.data import PromptSampler, format_prompt, load_math_dataset
+from common.distributed import global_sum, make_accelerator, reduce_metrics, state_dict_for_sync
+from common.evaluate import evaluate, load_benchmarks, write_results
+from common.logprobs import masked_mean, sequence_logprobs, sequence_nll
+from common.metrics import PhaseTimer, RunLogger
+from common.rewards import MathVerifier, compute_rewards
+from common.rollout import HFEngine, VLLMEngine, stop_token_ids, vllm_available
+from common.tiny_model import ensure_tiny_model
+
+
+@dataclass
+class Args:
+    # What to train. Defaults run the CPU demo; the README gives each paper's real setting.
+    model: str = arg("tiny", "HF hub name or local path; 'tiny' builds (or reuses) the CPU demo model")
+    dataset: str = arg("synthetic-arith", "hub name, local .jsonl/.parquet, or 'synthetic-arith'")
+    problem_field: str | None = arg(None, "dataset column holding the problem (default: known per dataset)")
+    answer_field: str | None = arg(None, "dataset column holding the gold answer")
+    solution_field: str | None = arg(None, "dataset column holding a reference solution")
+    template: str = arg("qwen_math", "prompt template", ["qwen_math", "r1", "plain"])
+    rewards: str = arg("accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format")
+    output_dir: str = arg("runs/egpo", "run directory: metrics.jsonl, config.json, checkpoints")
+    steps: int = arg(60, "optimisation steps (one rollout batch each)")
+    epochs: float | None = arg(None, "if set, overrides --steps: passes over the dataset")
+    prompts_per_step: int = arg(16, "prompts per step over all ranks; each gets --group_size completions")
+    max_prompt_len: int = arg(512, "prompts longer than this (tokens) are dropped at load time")
+    max_completion_len: int = arg(48, "max new tokens per completion")
+    lr: float = arg(2e-4, "AdamW learning rate (the papers use 1e-6 on 1.5B-7B models)")
+    warmup_steps: int = arg(0, "linear learning-rate warm-up steps")
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    grad_clip: float = arg(1.0, "max global grad norm")
+    micro_batch_size: int = arg(32, "sequences per forward/backward (gradient accumulation beyond)")
+    seed: int = arg(0, "random seed (data order, sampling, init)")
+    save_steps: int = arg(0, "save a checkpoint every N steps (0: only at the end)")
+    keep_last: int = arg(2, "checkpoints kept on disk (0: all)")
+    resume: bool = arg(False, "continue from the latest complete checkpoint in --output_dir")
+    # The method. Defaults: ALGORITHMS.md section 2 (EGPO paper, authors' code, verl).
+    group_size: int = arg(8, "G: completions per prompt")
+    temperature: float = arg(1.0, "sampling temperature T; log-probs are computed from logits / T")
+    top_p: float = arg(1.0, "nucleus sampling")
+    eps_low: float = arg(0.2, "clip range: rho >= 1 - eps_low")
+    eps_high: float = arg(0.2, "clip range: rho <= 1 + eps_high")
+    beta: float = arg(0.0, "k3 KL weight to the initial model (0: no reference model is loaded)")
+    loss_agg: str = arg("token-mean", "loss aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
+    mu: int = arg(1, "optimisation passes over each rollout batch")
+    lambda_max: float = arg(2.0, "upper clamp bound of a correct completion's weight (eq. 8)")
+    lambda_min: float = arg(0.5, "lower clamp bound of an incorrect completion's weight (eq. 8)")
+    variant: str = arg("egpo", "Table 2 row: egpo, or ablation c1..c6 (see the docstring)", ["egpo", "c1", "c2", "c3", "c4", "c5", "c6"])
+    num_minibatches: int = arg(1, "optimiser steps per pass (the rollout batch split in this many)")
+    # Systems.
+    rollout: str = arg("vllm" if vllm_available() else "hf", "rollout engine", ["vllm", "hf"])
+    precision: str = arg("auto", "auto: fp32 weights + bf16 autocast on GPU, fp32 on CPU; bf16: bf16 weights too (half the memory, but lr-1e-6 updates round away)", ["auto", "bf16", "fp32"])
+    vllm_gpu_memory_utilization: float = arg(0.3, "share of GPU memory vLLM may take (weights + KV cache)")
+    vllm_sleep: bool = arg(False, "release vLLM's GPU memory during the update (GPU only)")
+    gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
+    # Periodic evaluation (common/evaluate.py), logged as eval/<benchmark>/pass@k.
+    eval_steps: int = arg(0, "evaluate every N steps and after the last (0: never)")
+    eval_benchmarks: str = arg("synthetic", "comma-separated benchmark names (common.evaluate.BENCHMARKS) or name=FILE")
+    eval_n: int = arg(4, "samples per eval problem: pass@1 is their mean, pass@k for k = 1, 2, 4 .. <= n")
+    eval_temperature: float = arg(0.6, "eval sampling temperature")
+
+
+def validate(args: Args) -> None:
+    """Refuse flag combinations that would fail deep inside torch or train silently wrong."""
+    require(args.group_size >= 2, f"--group_size must be >= 2 (got {args.group_size}): GRPO compares completions within a group")
+    require(args.prompts_per_step >= 1 and args.max_completion_len >= 1 and args.micro_batch_size >= 1, "--prompts_per_step, --max_completion_len and --micro_batch_size must be >= 1")
+    n = args.prompts_per_step * args.group_size
+    require(n % args.num_minibatches == 0, f"--num_minibatches={args.num_minibatches} must divide prompts_per_step * group_size = {n}")
+    require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps_low must be in [0, 1) and --eps_high >= 0")
+    require(args.temperature > 0, "--temperature must be > 0 (log-probs are computed from logits / T)")
+    require(args.mu >= 1, "--mu must be >= 1")
+    require(args.eval_steps >= 0 and args.eval_n >= 1 and args.eval_temperature > 0, "--eval_steps must be >= 0, --eval_n >= 1, --eval_temperature > 0")
+    require(0 < args.lambda_min <= 1 <= args.lambda_max, f"need 0 < --lambda_min <= 1 <= --lambda_max (got {args.lambda_min}, {args.lambda_max}): eq. 8 clamps correct answers to [1, lambda_max], incorrect to [lambda_min, 1]")
+    require(args.rewards == "accuracy", f"--rewards must be 'accuracy' (got {args.rewards!r}): EGPO reads correctness as r_i > 0 from the binary outcome reward (eq. 1)")
+
+
+def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.Tensor:
+    """A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G (GRPO eq. 3 of the papers).
+
+    A group whose rewards are all equal gets A = 0 ("advantage collapse").
+    """
+    r = rewards.view(-1, G)
+    return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)).view(-1)
+
+
+def renorm(w: torch.Tensor) -> torch.Tensor:
+    """w / mean_group(w) (eq. 9); a group of all-zero weights (every H = 0) is a tie: all 1."""
+    mean = w.mean(1, keepdim=True)
+    return torch.where(mean > 0, w / mean.clamp(min=1e-30), 1.0)
+
+
+def egpo_advantages(rewards: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, G: int, args: Args, eps: float = 1e-6):
+    """Entropy-calibrated advantages A_hat = w * A (eqs. 5, 7, 8, 13; ablations C1-C6 of Table 2).
+
+    rewards: [N] binary outcomes, N = groups * G; old_logp, mask: [N, C] under pi_old.
+    Returns A_hat [N] and per-completion diagnostics: the proxy H, the final weight w,
+    whether the completion is in an NSR group, and which clamp bound its weight hit (nan: none).
+    """
+    r = rewards.view(-1, G)
+    correct = r > 0
+    nsr = ~correct.any(1, keepdim=True).expand_as(r)  # entirely-incorrect group
+    adv = torch.where(nsr, -1.0, group_advantages(rewards, G).view(-1, G))  # eq. 13; all-correct keep A = 0
+    H = sequence_nll(old_logp, mask).view(-1, G)  # eq. 5
+    w = H.mean(1, keepdim=True) / (H + eps)  # eq. 7
+    if args.variant == "c6":
+        w = renorm(w)
+    one, inf = torch.ones_like(w), torch.full_like(w, math.inf)
+    lo = torch.where(correct, one, args.lambda_min * one)  # eq. 8: asymmetric
+    hi = torch.where(correct, args.lambda_max * one, one)
+    if args.variant == "c1":  # symmetric
+        lo, hi = args.lambda_min * one, args.lambda_max * one
+    elif args.variant == "c2":  # only incorrect answers are constrained
+        lo, hi = torch.where(correct, -inf, lo), torch.where(correct, inf, hi)
+    elif args.variant == "c3":  # only correct answers are constrained
+        lo, hi = torch.where(correct, lo, -inf), torch.where(correct, hi, inf)
+    bound = torch.where(w > hi, hi, torch.where(w < lo, lo, math.nan))
+    w = torch.clamp(w, lo, hi)
+    if args.variant == "c5":
+        w = renorm(w)
+    if args.variant == "c4":  # NSR without entropy damping
+        w, bound = torch.where(nsr, 1.0, w), torch.where(nsr, math.nan, bound)
+    info = {"H": H.view(-1), "w": w.view(-1), "nsr": nsr.reshape(-1), "bound": bound.view(-1)}
+    return (w * adv).view(-1), info
+
+
+def weight_stats(egpo: dict, rewards: torch.Tensor, G: int, args: Args) -> dict:
+    """Weights of the completions that are trained (entirely-correct groups have A = 0): range and clamp shares."""
+    trained = ~(rewards.view(-1, G) > 0).all(1, keepdim=True).expand(-1, G).reshape(-1)
+    w, bound = egpo["w"][trained], egpo["bound"][trained]
+    if w.numel() == 0:
+        return dict.fromkeys(["w_min", "w_mean", "w_max", "w_at_lambda_max_frac", "w_at_one_frac", "w_at_lambda_min_frac"], math.nan)
+    bounds = {"lambda_max": args.lambda_max, "one": 1.0, "lambda_min": args.lambda_min}
+    return {"w_min": w.min(), "w_mean": w.mean(), "w_max": w.max(), **{f"w_at_{k}_frac": (bound == v).float().mean() for k, v in bounds.items()}}
+
+
+def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=None):
+    """Clipped surrogate (PPO/GRPO), per token, aggregated with global denominators.
+
+    logp/old_logp/mask: [n, C]; adv: [n] or [n, C] (token-level advantages).
+    num_seqs/num_tokens: sizes of the whole mini-batch this micro-batch belongs to,
+    so summing micro-batch losses gives exactly the mini-batch loss.
+    """
+    adv = adv[:, None] if adv.dim() == 1 else adv
+    ratio = torch.exp(logp - old_logp)
+    clipped = torch.clamp(ratio, 1 - args.eps_low, 1 + args.eps_high)
+    per_token = -torch.min(ratio * adv, clipped * adv)
+    if args.beta > 0:
+        d = ref_logp - logp
+        per_token = per_token + args.beta * (torch.exp(d) - d - 1)  # k3 estimator
+    masked = per_token * mask
+    if args.loss_agg == "token-mean":
+        loss = masked.sum() / num_tokens
+    elif args.loss_agg == "seq-mean-token-mean":
+        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / num_seqs
+    else:  # seq-mean-token-sum-norm (Dr. GRPO): a constant denominator
+        loss = masked.sum() / (num_seqs * args.max_completion_len)
+    with torch.no_grad():
+        is_clipped = ((ratio < 1 - args.eps_low) & (adv < 0)) | ((ratio > 1 + args.eps_high) & (adv > 0))
+        stats = {
+            "clip_frac": masked_mean(is_clipped.float(), mask).item(),
+            "approx_kl": masked_mean(ratio - 1 - (logp - old_logp), mask).item(),  # k3 KL(pi_old || pi_theta)
+        }
+    return loss, stats
+
+
+def score(model, batch, args, ref_model=None):
+    """No-grad pass over the rollout batch: log-probs (and entropy) under pi_old, micro-batch by micro-batch."""
+    C = batch["completion_mask"].shape[1]
+    out = {"logp": [], "entropy": [], "ref_logp": []}
+    with torch.no_grad():
+        for i in range(0, len(batch["input_ids"]), args.micro_batch_size):
+            ids = batch["input_ids"][i : i + args.micro_batch_size]
+            attn = batch["attention_mask"][i : i + args.micro_batch_size]
+            logp, ent = sequence_logprobs(model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True)
+            out["logp"].append(logp)
+            out["entropy"].append(ent)
+            if ref_model is not None:
+                out["ref_logp"].append(sequence_logprobs(ref_model, ids, attn, args.temperature, logits_to_keep=C)[0])
+    return {k: torch.cat(v) if v else None for k, v in out.items()}
+
+
+def main(args: Args) -> None:
+    validate(args)
+    gpu = torch.cuda.is_available()
+    accelerator = make_accelerator("bf16" if gpu and args.precision != "fp32" else "no")
+    rank, world = accelerator.process_index, accelerator.num_processes
+    set_seed(args.seed + rank)
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # master weights
+    model_path = str(ensure_tiny_model()) if args.model == "tiny" else args.model
+
+    # Policy, optimiser, data.
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token_id is None:  # padding is masked out; any id will do
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    ref_model = None
+    if args.beta > 0:  # only then: all four papers train without it
+        ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if gpu else torch.float32).to(accelerator.device).eval()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
+
+    rows = load_math_dataset(args.dataset, problem_field=args.problem_field, answer_field=args.answer_field, solution_field=args.solution_field)
+    for r in rows:
+        r["prompt_ids"] = tokenizer(format_prompt(r["problem"], args.template), add_special_tokens=False).input_ids
+    n_rows = len(rows)
+    rows = [r for r in rows if len(r["prompt_ids"]) <= args.max_prompt_len]
+    if len(rows) < n_rows and accelerator.is_main_process:
+        print(f"dropped {n_rows - len(rows)} of {n_rows} prompts longer than --max_prompt_len={args.max_prompt_len}")
+    sampler = PromptSampler(rows, args.prompts_per_step, seed=args.seed, rank=rank, world_size=world)
+    total_steps = math.ceil(args.epochs * len(rows) / args.prompts_per_step) if args.epochs else args.steps
+    eval_sets = load_benchmarks(args.eval_benchmarks) if args.eval_steps else {}  # fail fast, before training
+
+    # Rollout engine, rewards, logging.
+    stop_ids = stop_token_ids(tokenizer, accelerator.unwrap_model(model).config)
+    if args.rollout == "vllm":
+        engine = VLLMEngine(
+            model_path, stop_ids, max_model_len=args.max_prompt_len + args.max_completion_len, seed=args.seed + rank,
+            dtype="bfloat16" if gpu and args.precision != "fp32" else "float32", gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            enable_sleep_mode=args.vllm_sleep, distributed=world > 1,
+        )
+    else:
+        engine = HFEngine(accelerator.unwrap_model(model), stop_ids, tokenizer.pad_token_id)
+    start_step = 0
+    if args.resume:  # weights, optimiser, scheduler, RNG; then the data order and vLLM's copy
+        state = load_checkpoint(accelerator, args.output_dir)
+        start_step = state["step"]
+        sampler.load_state_dict(state["sampler"])
+        engine.load_weights(state_dict_for_sync(accelerator, model))
+    verifier = MathVerifier()
+    reward_names = args.rewards.split(",")
+    logger = RunLogger(args.output_dir, total_steps, asdict(args), enabled=accelerator.is_main_process, initial_step=start_step)
+    G = args.group_size
+
+    for step in range(start_step, total_steps):
+        timer = PhaseTimer(sync=torch.cuda.synchronize if gpu else None)
+        batch_rows = sampler.next_batch()
+
+        # 1. Rollout: G completions per prompt from pi_old.
+        with timer("rollout"):
+            engine.wake_up()
+            groups = engine.generate([r["prompt_ids"] for r in batch_rows], G, args.max_completion_len, args.temperature, args.top_p, seed=args.seed + 1000 * step + rank)
+        rollout_rows = [r for r in batch_rows for _ in range(G)]
+        completions = [c for g in groups for c in g]
+        texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+
+        # 2. Rewards.
+        with timer("scoring"):
+            rewards, accuracy = compute_rewards(texts, [r["answer"] for r in rollout_rows], reward_names, verifier)
+            rewards = torch.tensor(rewards, device=accelerator.device)
+            accuracy = torch.tensor(accuracy, device=accelerator.device)
+
+        # 3. Old log-probs (and token entropy) from the trainer, before any update.
+        with timer("old_logp"):
+            engine.sleep()
+            batch = pack([r["prompt_ids"] for r in rollout_rows], [c.token_ids for c in completions], tokenizer.pad_token_id, accelerator.device)
+            mask = batch["completion_mask"]
+            old = score(model, batch, args, ref_model)
+            rollout_logp = pad_right([c.logprobs for c in completions], mask.shape[1], device=accelerator.device)
+
+        # 4. Advantages: GRPO's (-1 in entirely-incorrect groups), scaled by the entropy weights.
+        advantages, egpo = egpo_advantages(rewards, old["logp"], mask, G, args)
+
+        # 5. Clipped-surrogate updates: mu passes, num_minibatches optimiser steps each.
+        with timer("update"):
+            model.train()
+            n = len(completions)
+            mb_size = n // args.num_minibatches
+            update_stats = []
+            for _ in range(args.mu):
+                order = torch.randperm(n, device=accelerator.device) if args.num_minibatches > 1 else torch.arange(n, device=accelerator.device)
+                for start in range(0, n - mb_size + 1, mb_size):
+                    idx_mb = order[start : start + mb_size]
+                    # Global denominators: DDP averages gradients over ranks, so per-rank
+                    # losses are divided by (global count / world) to make the mean exact.
+                    num_tokens = global_sum(accelerator, mask[idx_mb].sum().item()) / world
+                    for i in range(0, len(idx_mb), args.micro_batch_size):
+                        idx = idx_mb[i : i + args.micro_batch_size]
+                        logp, _ = sequence_logprobs(model, batch["input_ids"][idx], batch["attention_mask"][idx], args.temperature, logits_to_keep=mask.shape[1])
+                        ref = old["ref_logp"][idx] if ref_model is not None else None
+                        loss, stats = policy_loss(logp, old["logp"][idx], advantages[idx], mask[idx], args, len(idx_mb), num_tokens, ref)
+                        accelerator.backward(loss)
+                        update_stats.append(stats | {"loss": loss.item()})
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad()
+
+        # 6. Sync: the rollout engine samples from the new policy next step.
+        with timer("sync"):
+            engine.wake_up()
+            engine.load_weights(state_dict_for_sync(accelerator, model))
+
+        # 7. Log.
+        r_grp = rewards.view(-1, G)
+        lengths = mask.sum(-1)
+        step_s = sum(timer.seconds.values())
+        metrics = {
+            "reward": rewards.mean(),
+            "accuracy": accuracy.mean(),
+            "response_len": lengths.mean(),
+            "truncated_frac": sum(not c.finished for c in completions) / n,
+            "entropy": masked_mean(old["entropy"], mask),
+            "zero_adv_group_frac": (r_grp.max(1).values == r_grp.min(1).values).float().mean(),
+            "adv_var_within_group": advantages.view(-1, G).var(1).mean(),
+            "rollout_logp_gap": masked_mean((rollout_logp - old["logp"]).abs(), mask),
+            # EGPO: the proxy by outcome (Fig. 3; nan -> null when a step has none), NSR share, weights.
+            "entropy_proxy_correct": egpo["H"][rewards > 0].mean(),
+            "entropy_proxy_incorrect": egpo["H"][rewards <= 0].mean(),
+            "nsr_group_frac": egpo["nsr"].view(-1, G)[:, 0].float().mean(),
+            **weight_stats(egpo, rewards, G, args),
+            "grad_norm": grad_norm,
+            "lr": scheduler.get_last_lr()[0],
+            **{k: sum(s[k] for s in update_stats) / len(update_stats) for k in ("clip_frac", "approx_kl")},
+            "loss": sum(s["loss"] for s in update_stats) / (args.mu * args.num_minibatches),
+            **{f"{k}_s": v for k, v in timer.seconds.items()},
+            "step_s": step_s,
+            "tokens_per_s": lengths.sum() / step_s,
+        }
+        if args.eval_steps and ((step + 1) % args.eval_steps == 0 or step + 1 == total_steps):
+            with timer("eval"):  # every rank evaluates with its own engine; means are logged
+                summary, records = evaluate(engine, tokenizer, eval_sets, args.template, args.eval_n, args.eval_temperature, args.max_completion_len, args.top_p, seed=args.seed + rank, verifier=verifier, max_prompt_len=args.max_prompt_len)
+            metrics |= summary | {"eval_s": timer.seconds["eval"]}
+            if step + 1 == total_steps and accelerator.is_main_process:
+                write_results(args.output_dir, summary, records, {"step": step + 1, "benchmarks": args.eval_benchmarks, "n": args.eval_n})
+        metrics = reduce_metrics(accelerator, {k: float(v) for k, v in metrics.items()})
+        metrics["epoch"] = sampler.epoch
+        logger.log(step + 1, metrics)
+        if (args.save_steps and (step + 1) % args.save_steps == 0) or step + 1 == total_steps:
+            save_checkpoint(accelerator, model, tokenizer, args.output_dir, step + 1, {"sampler": sampler.state_dict()}, args.keep_last)
+
+    logger.close()
+    verifier.close()
+
+
+if __name__ == "__main__":
+    main(parse_args(Args, description=__doc__))

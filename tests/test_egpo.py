@@ -1,0 +1,154 @@
+"""egpo.py: the entropy-calibrated advantage (eqs. 5, 7, 8, 13), every Table 2 ablation, and the CLI."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from train_utils import ROOT, run_script
+
+from common.cli import parse_args
+from common.rollout import vllm_available
+from egpo import Args, egpo_advantages, validate, weight_stats
+
+A0 = 0.5 / (math.sqrt(1 / 3) + 1e-6)  # GRPO advantage magnitude in a 2-correct / 2-incorrect group of 4
+
+
+def rollout(H_rows, pad=2):
+    """Per-token old log-probs and mask whose per-completion mean NLL is H (padding holds junk that must be ignored)."""
+    H = torch.tensor(H_rows, dtype=torch.float32).view(-1, 1)
+    logp = torch.cat([-H.expand(-1, 3), torch.full((len(H), pad), -50.0)], 1)  # three valid tokens, then padding
+    mask = torch.cat([torch.ones(len(H), 3), torch.zeros(len(H), pad)], 1)
+    return logp, mask
+
+
+def run(rewards, H, variant="egpo", **kw):
+    logp, mask = rollout(H)
+    return egpo_advantages(torch.tensor(rewards, dtype=torch.float32), logp, mask, G=4, args=Args(variant=variant, **kw))
+
+
+# Mixed group: rewards [1, 1, 0, 0], H = [0.4, 1.25, 0.25, 2.1] (mean 1), so the raw weights of eq. 7 are
+# [2.5, 0.8, 4.0, 1/2.1]: a correct answer above lambda_max and one below 1, an incorrect one above 1
+# (and above lambda_max) and one below lambda_min. NSR group: rewards 0, H = [0.5, 1.5, 5, 1] (mean 2),
+# raw weights [4, 4/3, 0.4, 2].
+MIXED_R, MIXED_H = [1, 1, 0, 0], [0.4, 1.25, 0.25, 2.1]
+NSR_R, NSR_H = [0, 0, 0, 0], [0.5, 1.5, 5.0, 1.0]
+RAW_MIXED, RAW_NSR = [2.5, 0.8, 4.0, 1 / 2.1], [4.0, 4 / 3, 0.4, 2.0]
+M6_MIXED, M6_NSR = sum(RAW_MIXED) / 4, sum(RAW_NSR) / 4  # group means of the raw weights (c6)
+EXPECTED_W = {  # variant: (final w of the mixed group, final w of the NSR group)
+    "egpo": ([2.0, 1.0, 1.0, 0.5], [1.0, 1.0, 0.5, 1.0]),
+    "c1": ([2.0, 0.8, 2.0, 0.5], [2.0, 4 / 3, 0.5, 2.0]),  # everything in [0.5, 2]
+    "c2": ([2.5, 0.8, 1.0, 0.5], [1.0, 1.0, 0.5, 1.0]),  # correct answers unconstrained
+    "c3": ([2.0, 1.0, 4.0, 1 / 2.1], [4.0, 4 / 3, 0.4, 2.0]),  # incorrect answers unconstrained
+    "c4": ([2.0, 1.0, 1.0, 0.5], [1.0, 1.0, 1.0, 1.0]),  # NSR undamped
+    "c5": ([w / 1.125 for w in (2.0, 1.0, 1.0, 0.5)], [w / 0.875 for w in (1.0, 1.0, 0.5, 1.0)]),  # egpo's w / its mean
+    "c6": ([2.5 / M6_MIXED, 1.0, 1.0, 0.5], [1.0, (4 / 3) / M6_NSR, 0.5, 1.0]),  # raw / mean, then the asymmetric clamp
+}
+
+
+@pytest.mark.parametrize("variant", list(EXPECTED_W))
+def test_every_table2_variant_on_hand_computed_groups(variant):
+    adv, info = run(MIXED_R + NSR_R, MIXED_H + NSR_H, variant)
+    w_mixed, w_nsr = EXPECTED_W[variant]
+    expected_w = torch.tensor(w_mixed + w_nsr)
+    torch.testing.assert_close(info["w"], expected_w, rtol=1e-4, atol=0)
+    base = torch.tensor([A0, A0, -A0, -A0, -1, -1, -1, -1])  # GRPO in the mixed group, -1 by NSR (eq. 13)
+    torch.testing.assert_close(adv, expected_w * base, rtol=1e-4, atol=0)
+    assert info["nsr"].tolist() == [False] * 4 + [True] * 4
+
+
+def test_entropy_proxy_is_the_mean_nll_of_valid_tokens_only():
+    _, info = run(MIXED_R, MIXED_H)
+    torch.testing.assert_close(info["H"], torch.tensor(MIXED_H))  # the -50 padding is ignored
+
+
+def test_eps_enters_eq7():
+    _, info = run([1, 1, 1, 1], [1.0, 1.0, 1.0, 1.0], "c3")  # incorrect side unconstrained, correct clamped up to 1
+    assert (info["w"] == 1.0).all()
+    _, info = run([0, 0, 0, 0], [1.0, 1.0, 1.0, 1.0], "c3")  # raw w = 1 / (1 + 1e-6)
+    torch.testing.assert_close(info["w"], torch.full((4,), 1 / (1 + 1e-6)), rtol=1e-7, atol=0)
+
+
+def test_entirely_correct_group_keeps_zero_advantage():
+    for variant in EXPECTED_W:
+        adv, _ = run([1, 1, 1, 1], [0.1, 1.0, 3.0, 0.0], variant)
+        assert (adv == 0).all(), variant
+
+
+def test_ties_give_grpo_advantages():
+    # Equal proxies: w = 1 up to eps; the clamp lifts correct ones to exactly 1.
+    adv, info = run([1, 0, 0, 1], [0.7, 0.7, 0.7, 0.7])
+    torch.testing.assert_close(adv, torch.tensor([A0, -A0, -A0, A0]), rtol=1e-5, atol=0)
+    assert info["w"][0] == info["w"][3] == 1.0
+
+
+@pytest.mark.parametrize("variant", list(EXPECTED_W))
+def test_zero_entropy_is_finite(variant):
+    # A deterministic policy: H = 0 for a whole group (w = 0 before the clamp) or for one completion
+    # in a mixed group (w = mean / 1e-6 before the clamp). Never NaN or inf.
+    adv, info = run([0, 0, 0, 0, 1, 0, 1, 0], [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 1.0], variant)
+    assert torch.isfinite(adv).all() and torch.isfinite(info["w"]).all()
+    if variant == "egpo":
+        torch.testing.assert_close(info["w"], torch.tensor([0.5, 0.5, 0.5, 0.5, 2.0, 1.0, 1.0, 1.0]))
+    if variant == "c6":  # renorm of an all-zero group: a tie, all 1
+        assert (info["w"][:4] == 1).all()
+
+
+def test_clamp_bounds_follow_the_flags():
+    torch.manual_seed(0)
+    r = (torch.rand(64) > 0.5).float()
+    H = (10 ** (4 * torch.rand(64) - 2)).tolist()  # log-uniform in [0.01, 100]: raw weights far outside the bounds
+    logp, mask = rollout(H)
+    args = Args(lambda_max=3.0, lambda_min=0.25)
+    _, info = egpo_advantages(r, logp, mask, 8, args)
+    w, correct = info["w"], r > 0
+    assert (w[correct] >= 1).all() and (w[correct] <= 3.0).all() and (w[~correct] >= 0.25).all() and (w[~correct] <= 1).all()
+    assert (w[correct] == 3.0).any() and (w[~correct] == 0.25).any()  # the bounds are reached, not only respected
+
+
+def test_weight_stats_count_the_clamps_of_trained_groups():
+    _, info = run(MIXED_R + [1, 1, 1, 1], MIXED_H + [0.1, 0.2, 5.0, 9.0])  # the all-correct group is left out
+    rewards = torch.tensor(MIXED_R + [1, 1, 1, 1], dtype=torch.float32)
+    stats = {k: float(v) for k, v in weight_stats(info, rewards, 4, Args()).items()}
+    # raw [2.5, 0.8, 4.0, 0.476] -> lambda_max, 1, 1, lambda_min
+    assert stats == pytest.approx({"w_min": 0.5, "w_mean": 1.125, "w_max": 2.0, "w_at_lambda_max_frac": 0.25, "w_at_one_frac": 0.5, "w_at_lambda_min_frac": 0.25})
+    only_correct = weight_stats(info, torch.ones(8), 4, Args())
+    assert all(math.isnan(v) for v in only_correct.values())  # nothing trained: null in the log, no crash
+
+
+def test_validate_names_the_flag():
+    for bad, flag in [(dict(rewards="accuracy,boxed_format"), "--rewards"), (dict(lambda_min=1.5), "--lambda_min"), (dict(lambda_max=0.9), "--lambda_max")]:
+        with pytest.raises(SystemExit, match=flag):
+            validate(Args(**bad))
+    validate(Args(variant="c5"))
+    assert parse_args(Args, ["--variant", "c4"]).variant == "c4"
+
+
+# ---------------------------------------------------------------- CLI
+
+EXTRA_METRICS = {"entropy_proxy_correct", "entropy_proxy_incorrect", "nsr_group_frac", "w_min", "w_mean", "w_max",
+                 "w_at_lambda_max_frac", "w_at_one_frac", "w_at_lambda_min_frac"}
+
+
+@pytest.mark.parametrize("rollout_engine", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vllm not installed")])])
+def test_two_steps_log_the_extra_metrics(rollout_engine, tiny_random_dir, tmp_path):
+    rows = run_script("egpo.py", tmp_path, "--model", str(tiny_random_dir), "--rollout", rollout_engine, "--steps", "2",
+                      "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "16")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert EXTRA_METRICS <= set(r), EXTRA_METRICS - set(r)
+        # A random model is always wrong: every group is entirely incorrect, so GRPO would have
+        # no signal; NSR gives every completion -w with w in [lambda_min, 1], and a positive loss.
+        assert r["accuracy"] == 0 and r["nsr_group_frac"] == 1.0 and r["entropy_proxy_correct"] is None
+        assert r["entropy_proxy_incorrect"] > 0 and 0.5 <= r["w_min"] <= r["w_mean"] <= r["w_max"] <= 1.0
+        assert r["loss"] > 0 and r["grad_norm"] > 0
+    assert (tmp_path / "checkpoint-2" / "COMPLETE").exists()
+    assert json.loads((tmp_path / "config.json").read_text())["variant"] == "egpo"
+
+
+def test_bad_flags_get_a_clear_message(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "egpo.py"), "--rewards", "accuracy,think_format", "--output_dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "--rewards must be 'accuracy'" in proc.stderr and "Traceback" not in proc.stderr
