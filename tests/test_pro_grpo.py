@@ -1,0 +1,193 @@
+"""pro_grpo.py: the re-weighted advantage (eq. 4, Table 7), the confidences (eqs. 5-6) and the CLI."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from train_utils import ROOT, run_script
+
+import grpo_base
+from common.batching import pack
+from common.lowprob import low_prob_mask
+from common.rollout import vllm_available
+from pro_grpo import Args, group_advantages, pro_advantages, prompt_confidence, score, validate
+
+ALPHA = 0.3
+A_STD = 1 / (math.sqrt(1 / 3) + 1e-6)  # 1 / (unbiased std of [1, 0, 0, 1] + eps)
+
+
+def test_mixed_group_hand_computed():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    c_o = torch.tensor([0.9, 0.2, 0.4, 0.6])
+    adv, mixed = pro_advantages(r, torch.tensor([0.5]), c_o, G=4, alpha=ALPHA)
+    base = torch.tensor([0.5, -0.5, -0.5, 0.5]) * A_STD
+    # c(q) - c(o) = [-0.4, 0.3, 0.1, -0.1]: the confident correct answer gets less credit than
+    # the unsure one, the confident wrong answer more blame than the unsure one.
+    torch.testing.assert_close(adv, base + ALPHA * torch.tensor([-0.4, 0.3, 0.1, -0.1]))
+    assert adv[0] < adv[3] and adv[2] < adv[1] and mixed.tolist() == [True]
+
+
+@pytest.mark.parametrize(
+    "rule, bonus",
+    [
+        ("cq-co", [0.5 - 0.9, 0.5 - 0.2, 0.5 - 0.4, 0.5 - 0.6]),
+        ("1-co", [0.1, 0.8, 0.6, 0.4]),
+        ("1-cq-co", [1 - 0.5 - 0.9, 1 - 0.5 - 0.2, 1 - 0.5 - 0.4, 1 - 0.5 - 0.6]),
+    ],
+)
+def test_each_confidence_rule(rule, bonus):
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    adv, _ = pro_advantages(r, torch.tensor([0.5]), torch.tensor([0.9, 0.2, 0.4, 0.6]), G=4, alpha=ALPHA, rule=rule)
+    torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, -0.5, 0.5]) * A_STD + ALPHA * torch.tensor(bonus))
+
+
+def test_rules_are_table_7s_rows():
+    assert next(f for f in Args.__dataclass_fields__.values() if f.name == "confidence_rule").metadata["choices"] == ["cq-co", "1-co", "1-cq-co"]
+    assert Args().confidence_rule == "cq-co" and Args().alpha == 0.3
+
+
+@pytest.mark.parametrize("rule", ["cq-co", "1-co", "1-cq-co"])
+def test_uniform_groups_keep_grpo_advantage(rule):
+    # Groups of 3: all correct, all incorrect, all equal non-binary, mixed with a tie, a 0/1 extreme.
+    r = torch.tensor([1.0, 1, 1, 0, 0, 0, 0.5, 0.5, 0.5, 1, 1, 0, 0, 0, 1])
+    c_o = torch.tensor([0.9, 0.1, 1.0, 0.0, 0.3, 1.0, 0.5, 0.2, 0.7, 0.8, 0.8, 1.0, 0.0, 1.0, 1e-30])
+    c_q = torch.tensor([0.7, 0.2, 0.4, 0.6, 1.0])
+    adv, mixed = pro_advantages(r, c_q, c_o, G=3, alpha=ALPHA, rule=rule)
+    assert torch.isfinite(adv).all()
+    assert mixed.tolist() == [False, False, False, True, True]
+    assert (adv[:9] == 0).all()  # A = 0 stays 0: no signal made up in an uniform group
+    base = group_advantages(r, 3)
+    assert adv[9] == adv[10]  # equal reward and equal confidence: still tied
+    assert not torch.equal(adv[9:], base[9:])
+
+
+def test_alpha_zero_is_grpo():
+    torch.manual_seed(0)
+    r = (torch.rand(32) > 0.5).float()
+    adv, _ = pro_advantages(r, torch.rand(4), torch.rand(32), G=8, alpha=0.0)
+    torch.testing.assert_close(adv, group_advantages(r, 8))
+
+
+def test_bad_hyperparameters_are_refused():
+    for bad in (Args(alpha=-0.1), Args(alpha=float("nan")), Args(low_prob_frac=0.0), Args(low_prob_frac=1.5)):
+        with pytest.raises(SystemExit):
+            validate(bad)
+
+
+# --- confidences from the no-grad scoring pass ---------------------------------------------------
+
+PROMPTS = ["What is 12 + 34? Think it through.", "Compute 7 + 8, then 3 + 4, and add them up."]
+COMPLETIONS = ["46", "The sum is 22"]
+
+
+def scored(model, tok, prompts=PROMPTS, completions=COMPLETIONS, micro_batch_size=8):
+    p = [tok(t, add_special_tokens=False).input_ids for t in prompts]
+    c = [tok(t, add_special_tokens=False).input_ids for t in completions]
+    batch = pack(p, c, tok.pad_token_id)
+    return batch, score(model, batch, Args(micro_batch_size=micro_batch_size))
+
+
+def test_prompt_confidence_hand_computed_with_left_padding():
+    # Columns of prompt_logp predict prompt columns 1..7. Row 0: 2 pads, 6 real tokens, of which the
+    # first is "predicted" from a pad (-100, must be ignored): 5 predicted, ceil(0.2 * 5) = 1 -> 0.3.
+    # Row 1: 8 real tokens, 7 predicted, ceil(1.4) = 2 -> sqrt(0.1 * 0.2). Row 2: one token, nothing
+    # predicted -> 1.0.
+    pm = torch.tensor([[0.0, 0, 1, 1, 1, 1, 1, 1], [1] * 8, [0] * 7 + [1]])
+    logp = torch.log(torch.tensor([
+        [1e-9, 1e-40, 0.9, 0.5, 0.8, 0.3, 0.95],
+        [0.9, 0.1, 0.8, 0.7, 0.6, 0.2, 0.95],
+        [1e-9] * 7,
+    ]))
+    c_q = prompt_confidence(logp, pm, 0.2)
+    torch.testing.assert_close(c_q, torch.tensor([0.3, math.sqrt(0.1 * 0.2), 1.0]))
+
+
+def test_completion_part_matches_grpo_base(tiny_random_model):
+    model, tok = tiny_random_model
+    batch, old = scored(model, tok)
+    base = grpo_base.score(model, batch, grpo_base.Args(micro_batch_size=8))
+    mask = batch["completion_mask"].bool()
+    torch.testing.assert_close(old["logp"][mask], base["logp"][mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(old["entropy"][mask], base["entropy"][mask], atol=1e-5, rtol=1e-5)
+    assert old["prompt_logp"].shape == (2, batch["prompt_mask"].shape[1] - 1)
+
+
+def test_prompt_confidence_uses_prompt_positions_only(tiny_random_model):
+    model, tok = tiny_random_model
+    batch, old = scored(model, tok)
+    c_q = prompt_confidence(old["prompt_logp"], batch["prompt_mask"])
+    assert ((c_q > 0) & (c_q <= 1)).all()
+    batch1, other_completions = scored(model, tok, completions=["13 and 99 and 5", "x"])
+    torch.testing.assert_close(prompt_confidence(other_completions["prompt_logp"], batch1["prompt_mask"]), c_q)
+    batch2, other_prompt = scored(model, tok, prompts=[PROMPTS[0].replace("12", "19"), PROMPTS[1]])
+    c_q2 = prompt_confidence(other_prompt["prompt_logp"], batch2["prompt_mask"])
+    assert not torch.allclose(c_q2[0], c_q[0], rtol=1e-3, atol=0)  # a few per cent for the random model
+    torch.testing.assert_close(c_q2[1], c_q[1])
+
+
+def test_left_padding_does_not_change_prompt_confidence(tiny_random_model):
+    model, tok = tiny_random_model
+    alone_batch, alone = scored(model, tok, prompts=PROMPTS[:1], completions=COMPLETIONS[:1])
+    padded_batch, padded = scored(model, tok, prompts=[PROMPTS[1] * 2, PROMPTS[0]], completions=COMPLETIONS)
+    assert padded_batch["prompt_mask"][1, 0] == 0  # the short prompt really is left-padded
+    c_alone = prompt_confidence(alone["prompt_logp"], alone_batch["prompt_mask"])[0]
+    c_padded = prompt_confidence(padded["prompt_logp"], padded_batch["prompt_mask"])[1]
+    torch.testing.assert_close(c_padded, c_alone, atol=1e-5, rtol=1e-5)
+
+
+def test_low_probability_set_is_ceil_20_percent_of_predicted_prompt_tokens(tiny_random_model):
+    model, tok = tiny_random_model
+    batch, old = scored(model, tok)
+    pm = batch["prompt_mask"]
+    predicted = pm[:, 1:] * pm[:, :-1]
+    n_prompt = pm.sum(-1)
+    assert predicted.sum(-1).tolist() == (n_prompt - 1).tolist()  # every prompt token but the first
+    sel = low_prob_mask(old["prompt_logp"], predicted, 0.2)
+    assert sel.sum(-1).tolist() == [max(1, math.ceil(0.2 * (n - 1))) for n in n_prompt.tolist()]
+    # c(q) is exp(mean log p) over exactly that set
+    expected = torch.stack([old["prompt_logp"][i][sel[i]].mean().exp() for i in range(2)])
+    torch.testing.assert_close(prompt_confidence(old["prompt_logp"], pm), expected)
+
+
+def test_prompt_confidence_is_equal_across_the_group(tiny_random_model):
+    model, tok = tiny_random_model
+    G = 4
+    batch, old = scored(model, tok, prompts=[p for p in PROMPTS for _ in range(G)],
+                        completions=["1", "22 22", "The sum is 46", "", "x", "9 + 9", "15", "7"], micro_batch_size=3)
+    c_q = prompt_confidence(old["prompt_logp"], batch["prompt_mask"]).view(-1, G)
+    torch.testing.assert_close(c_q, c_q[:, :1].expand_as(c_q), atol=1e-6, rtol=1e-6)
+
+
+# --- the CLI, two steps with each rollout backend -------------------------------------------------
+
+PRO_METRICS = {
+    "conf_prompt", "conf_answer_correct", "conf_answer_incorrect", "lowprob_token_prob", "mixed_group_frac", "bonus_abs",
+    "adv_sign_flip_frac", "reward", "accuracy", "entropy", "zero_adv_group_frac", "clip_frac", "rollout_logp_gap",
+}
+
+
+@pytest.mark.parametrize("rollout", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vllm not installed")])])
+def test_two_steps_log_the_confidence_metrics(rollout, tiny_random_dir, tmp_path):
+    rows = run_script(
+        "pro_grpo.py", tmp_path, "--model", str(tiny_random_dir), "--rollout", rollout, "--steps", "2",
+        "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "16",
+    )
+    assert [r["step"] for r in rows] == [1, 2]
+    assert PRO_METRICS <= set(rows[-1]), PRO_METRICS - set(rows[-1])
+    for r in rows:
+        assert 0 < r["conf_prompt"] <= 1 and 0 < r["lowprob_token_prob"] <= 1 and 0 <= r["mixed_group_frac"] <= 1
+        if r["accuracy"] < 1:  # the random model is wrong nearly always
+            assert 0 < r["conf_answer_incorrect"] <= 1
+    assert rows[-1]["rollout_logp_gap"] < 1e-3  # completion log-probs split correctly out of the full pass
+    assert (tmp_path / "checkpoint-2" / "COMPLETE").exists()
+
+
+def test_bad_alpha_gets_a_clear_message(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "pro_grpo.py"), "--alpha", "-1", "--output_dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "--alpha must be" in proc.stderr and "Traceback" not in proc.stderr
