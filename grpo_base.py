@@ -47,7 +47,7 @@ class Args:
     template: str = arg("qwen_math", "prompt template", ["qwen_math", "r1", "plain"])
     rewards: str = arg("accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format")
     output_dir: str = arg("runs/grpo_base", "run directory: metrics.jsonl, config.json, checkpoints")
-    steps: int = arg(60, "optimisation steps (one rollout batch each)")
+    steps: int = arg(30, "optimisation steps (one rollout batch each)")
     epochs: float | None = arg(None, "if set, overrides --steps: passes over the dataset")
     prompts_per_step: int = arg(16, "prompts per step over all ranks; each gets --group_size completions")
     max_prompt_len: int = arg(512, "prompts longer than this (tokens) are dropped at load time")
@@ -207,6 +207,12 @@ def main(args: Args) -> None:
     logger = RunLogger(args.output_dir, total_steps, asdict(args), enabled=accelerator.is_main_process, initial_step=start_step)
     G = args.group_size
 
+    def run_eval():  # every rank evaluates with its own engine; the logged numbers are means over ranks
+        return evaluate(engine, tokenizer, eval_sets, args.template, args.eval_n, args.eval_temperature, args.max_completion_len, args.top_p, seed=args.seed + rank, verifier=verifier, max_prompt_len=args.max_prompt_len)
+
+    if args.eval_steps and start_step == 0:  # step 0: the policy before training, every curve's starting point
+        logger.log(0, reduce_metrics(accelerator, run_eval()[0]), advance=False)
+
     for step in range(start_step, total_steps):
         timer = PhaseTimer(sync=torch.cuda.synchronize if gpu else None)
         batch_rows = sampler.next_batch()
@@ -288,8 +294,8 @@ def main(args: Args) -> None:
             "tokens_per_s": lengths.sum() / step_s,
         }
         if args.eval_steps and ((step + 1) % args.eval_steps == 0 or step + 1 == total_steps):
-            with timer("eval"):  # every rank evaluates with its own engine; means are logged
-                summary, records = evaluate(engine, tokenizer, eval_sets, args.template, args.eval_n, args.eval_temperature, args.max_completion_len, args.top_p, seed=args.seed + rank, verifier=verifier, max_prompt_len=args.max_prompt_len)
+            with timer("eval"):
+                summary, records = run_eval()
             metrics |= summary | {"eval_s": timer.seconds["eval"]}
             if step + 1 == total_steps and accelerator.is_main_process:
                 write_results(args.output_dir, summary, records, {"step": step + 1, "benchmarks": args.eval_benchmarks, "n": args.eval_n})

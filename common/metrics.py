@@ -25,14 +25,14 @@ class RunLogger:
         self.file = open(self.run_dir / "metrics.jsonl", "a")
         self.bar = tqdm(total=total_steps, initial=initial_step, dynamic_ncols=True, desc=self.run_dir.name)
 
-    def log(self, step: int, metrics: dict) -> None:
+    def log(self, step: int, metrics: dict, advance: bool = True) -> None:
         if not self.enabled:
             return
         row = {"step": step, "time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         self.bar.set_postfix({k: f"{row[k]:.3g}" for k in self.SHOWN if isinstance(row.get(k), float)}, refresh=False)
-        self.bar.update(1)
+        self.bar.update(1 if advance else 0)
 
     def close(self) -> None:
         if self.enabled:

@@ -5,13 +5,12 @@ tokenizer trained on the synthetic arithmetic task's text (digits split one
 by one, Qwen chat markup as special tokens) and a ~1M-parameter Qwen2 model.
 head_dim is 32 because vLLM's CPU attention kernels accept only 32 or 64.
 
-The warm-start SFT is deliberately noisy: half of its solutions are off by
-one ("3 + 4 = 8"), so the SFT policy knows both the right sum and a wrong
-one and is right well under half the time. RL from the verifiable reward
-must find and reinforce the right answer: the RLVR effect in miniature
-(sharpening what the policy can already produce), not new arithmetic.
-
-    python -m common.tiny_model --output DIR    # build (or rebuild) one
+The warm-start SFT is deliberately noisy: half of its solutions state the sum
+without `\\boxed{}` ("3 + 4 = 7. The answer is 7."), which the verifier
+cannot read, so the SFT policy is right well under half the time although it
+mostly knows the sums. RL from the verifiable reward must find and reinforce
+the boxed answer: the RLVR effect in miniature (sharpening what the policy
+can already produce, as in the first steps of real runs), not new arithmetic.
 """
 
 import argparse
@@ -27,7 +26,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config,
 from common.data import TEMPLATES, format_prompt, load_math_dataset
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-VERSION = 1  # bump when the recipe changes so cached models are rebuilt
+VERSION = 2  # bump when the recipe changes so cached models are rebuilt
 DEFAULT_DIR = Path(os.environ.get("GRPO_ZOO_CACHE", Path.home() / ".cache" / "grpo-zoo")) / f"tiny-arith-v{VERSION}"
 
 
@@ -65,25 +64,24 @@ def tiny_qwen2_config(vocab_size: int, eos_id: int, pad_id: int, hidden: int = 1
     )
 
 
-def off_by_one(row: dict) -> str:
-    """The row's solution with a sum one too large: "a + b = c+1. The answer is \\boxed{c+1}."."""
-    wrong = str(int(row["answer"]) + 1)
-    return row["solution"].split(" = ")[0] + f" = {wrong}. The answer is \\boxed{{{wrong}}}."
+def unboxed(row: dict) -> str:
+    """The row's solution with the answer left out of \\boxed{}: right, but unverifiable."""
+    return row["solution"].replace(f"\\boxed{{{row['answer']}}}", row["answer"])
 
 
 def sft(model, tokenizer, rows: list[dict], template: str, steps: int, lr: float, batch_size: int, seed: int, noise: float) -> None:
-    """Supervised warm-start on prompt -> solution<eos> (loss on the solution only); a `noise` share is off by one."""
+    """Supervised warm-start on prompt -> solution<eos> (loss on the solution only); a `noise` share is unboxed."""
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     examples = []
     for r in rows:
         p = tokenizer(format_prompt(r["problem"], template), add_special_tokens=False).input_ids
-        for solution in (r["solution"], off_by_one(r)):
+        for solution in (r["solution"], unboxed(r)):
             c = tokenizer(solution, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
             examples.append((p + c, [-100] * len(p) + c))
     model.train()
     for _ in range(steps):
-        # examples alternate right / off-by-one for each problem
+        # examples alternate boxed / unboxed for each problem
         picks = [2 * rng.randrange(len(rows)) + (rng.random() < noise) for _ in range(batch_size)]
         seqs, labels = zip(*(examples[i] for i in picks))
         width = max(map(len, seqs))
@@ -132,7 +130,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default=str(DEFAULT_DIR))
     p.add_argument("--sft_steps", type=int, default=500)
-    p.add_argument("--sft_noise", type=float, default=0.5, help="share of off-by-one SFT solutions")
+    p.add_argument("--sft_noise", type=float, default=0.5, help="share of SFT solutions without \\boxed{}")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     print(build_tiny_model(a.output, sft_steps=a.sft_steps, sft_noise=a.sft_noise, seed=a.seed))
