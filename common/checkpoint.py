@@ -3,15 +3,20 @@
     output_dir/checkpoint-<step>/
         model/               HF model + tokenizer: loadable by vLLM, `--model`, evaluation
         accelerate/          accelerator.save_state: weights, optimiser, scheduler, RNG states
-                             (sharded the way DeepSpeed / FSDP keep them)
-        trainer_state.json   step and the prompt sampler's position
+                             (one RNG file per rank; weights and optimiser sharded the
+                             way DeepSpeed / FSDP keep them)
+        trainer_state.json   step, number of processes, the prompt sampler's position
         COMPLETE             written last: a checkpoint without it is never used
 
-Everything is written under `checkpoint-<step>.tmp` and renamed at the end,
-so a crash while saving leaves the previous checkpoint as the latest one.
+Everything is written under `checkpoint-<step>.tmp`, flushed to disk, and renamed
+at the end, so a crash while saving leaves the previous checkpoint as the latest.
+On `--resume` the newest checkpoint that is whole and loads is used; a broken one
+is reported and skipped. Multi-node: `output_dir` must be on a filesystem every
+node sees (every rank writes its own RNG / optimiser shard files).
 """
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -25,28 +30,47 @@ _NAME = re.compile(r"^checkpoint-(\d+)$")
 def save_checkpoint(
     accelerator: Accelerator, model: torch.nn.Module, tokenizer, output_dir: str | Path, step: int, trainer_state: dict, keep_last: int = 0
 ) -> Path:
-    """Save everything needed to resume after `step`; keep only the newest `keep_last` (0: all)."""
+    """Save everything needed to resume after `step`; keep only the newest `keep_last` complete ones (0: all).
+
+    Every rank must call it (the states are sharded, the HF weights gathered).
+    """
     output_dir = Path(output_dir)
     final = output_dir / f"checkpoint-{step}"
     tmp = output_dir / f"checkpoint-{step}.tmp"
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in output_dir.glob("checkpoint-*.tmp"):  # left by a save that was killed
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp / "accelerate"))  # every rank takes part (sharded states)
+    accelerator.save_state(str(tmp / "accelerate"))
+    accelerator.wait_for_everyone()  # save_state does not wait: every rank's files are in before the rename
     state_dict = accelerator.get_state_dict(model)  # gathered in full on rank 0 under ZeRO-3 / FSDP
     if accelerator.is_main_process:
         accelerator.unwrap_model(model).save_pretrained(tmp / "model", state_dict=state_dict)
         tokenizer.save_pretrained(tmp / "model")
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}))
+        state = {"step": step, "num_processes": accelerator.num_processes, **trainer_state}
+        (tmp / "trainer_state.json").write_text(json.dumps(state))
+        _fsync([*tmp.rglob("*"), tmp])  # the data is on disk before COMPLETE says so
         (tmp / "COMPLETE").write_text("ok\n")
+        _fsync([tmp / "COMPLETE", tmp])
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
+        _fsync([output_dir])  # the rename itself
         if keep_last > 0:
-            for old in list_checkpoints(output_dir)[keep_last:]:
+            complete = [p for p in list_checkpoints(output_dir) if checkpoint_problem(p) is None]
+            for old in complete[keep_last:]:
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def _fsync(paths) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)  # directories too: that persists the entries in them
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -64,9 +88,11 @@ def checkpoint_problem(path: Path) -> str | None:
         return "no COMPLETE marker (the save was interrupted)"
     try:
         state = json.loads((path / "trainer_state.json").read_text())
-        int(state["step"])
+        step = int(state["step"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"unreadable trainer_state.json ({e})"
+        return f"unreadable trainer_state.json ({type(e).__name__}: {e})"
+    if step != int(_NAME.match(path.name).group(1)):
+        return f"trainer_state.json says step {step}, the directory name another"
     if not (path / "accelerate").is_dir() or not any((path / "accelerate").iterdir()):
         return "missing accelerate/ state"
     if not (path / "model" / "config.json").exists():
@@ -74,26 +100,61 @@ def checkpoint_problem(path: Path) -> str | None:
     return None
 
 
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest checkpoint that passes `checkpoint_problem`; broken ones are reported and skipped."""
+def load_checkpoint(accelerator: Accelerator, output_dir: str | Path) -> dict:
+    """Restore weights, optimiser, scheduler and RNG from the newest good checkpoint; return its trainer state.
+
+    A checkpoint that looks whole but fails to load (a truncated or corrupted file)
+    is skipped too, on every rank alike, and the one before it is tried. The
+    metrics.jsonl rows of steps after the restored one (logged by the killed run
+    after its last save) are dropped, so the resumed run's rows follow on.
+    """
+    main = accelerator.is_main_process
+    errors = []
     for path in list_checkpoints(output_dir):
         problem = checkpoint_problem(path)
         if problem is None:
-            return path
-        print(f"skipping {path}: {problem}")
-    return None
+            try:
+                accelerator.load_state(str(path / "accelerate"))
+            except Exception as e:  # one rank's failure is everyone's: they must pick the same checkpoint
+                problem = f"cannot load it ({type(e).__name__}: {str(e)[:300]})"
+        if accelerator.num_processes > 1:
+            failed = torch.tensor(float(problem is not None), device=accelerator.device)
+            if accelerator.reduce(failed, reduction="sum").item() > 0 and problem is None:
+                problem = "another rank could not load it"
+        if problem is None:
+            state = json.loads((path / "trainer_state.json").read_text())
+            break
+        errors.append(f"{path.name}: {problem}")
+        if main:
+            print(f"--resume: skipping {path}: {problem}")
+    else:
+        detail = "; ".join(errors) if errors else "none found"
+        raise SystemExit(f"--resume: no usable checkpoint under {output_dir} ({detail}); run without --resume to start fresh")
 
-
-def load_checkpoint(accelerator: Accelerator, output_dir: str | Path) -> dict:
-    """Restore weights, optimiser, scheduler and RNG from the latest good checkpoint; return its trainer state."""
-    path = latest_checkpoint(output_dir)
-    if path is None:
-        raise SystemExit(f"--resume: no complete checkpoint under {output_dir}; run without --resume to start fresh")
-    try:
-        accelerator.load_state(str(path / "accelerate"))
-    except Exception as e:  # a checkpoint from another model or world size
-        raise SystemExit(f"--resume: cannot load {path} ({type(e).__name__}: {e}); was it written by this model and setup?") from e
-    state = json.loads((path / "trainer_state.json").read_text())
-    if accelerator.is_main_process:
+    saved_world = state.get("num_processes", accelerator.num_processes)
+    if saved_world != accelerator.num_processes and main:
+        print(f"--resume: {path} was written by {saved_world} processes, this run has {accelerator.num_processes}: "
+              "ranks without a saved RNG state start from a fresh one")
+    if main:
+        _drop_metrics_after(Path(output_dir) / "metrics.jsonl", state["step"])
         print(f"resumed from {path} (step {state['step']})")
+    accelerator.wait_for_everyone()
     return state
+
+
+def _drop_metrics_after(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if _row_step(line) is not None and _row_step(line) <= step]
+    if len(kept) != len(lines):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+
+
+def _row_step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None  # a half-written last line from the kill

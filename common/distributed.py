@@ -2,16 +2,70 @@
 
 One process per GPU (or one CPU process); each rank owns whole prompt groups,
 has its own colocated rollout engine, and averages gradients with the others.
+Launch commands and the shipped accelerate configs: docs/SCALING.md.
+
+The weight sync works in every mode accelerate can train in: plain / DDP
+(the parameters are already whole), DeepSpeed ZeRO-3 (each parameter is
+gathered on its own, then released) and FSDP2 (each DTensor parameter is
+all-gathered on its own). At no point is a second full copy of the model on
+one device: the rollout engine takes the pieces in bounded batches.
 """
 
+import contextlib
+import resource
+import sys
 from collections.abc import Iterator
 
 import torch
 from accelerate import Accelerator
 
+# Module-name segments that wrappers insert (FSDP1, torch.compile, activation
+# checkpointing), and DDP / DeepSpeed's leading `module.`: none is in an HF checkpoint.
+_WRAPPER_SEGMENTS = {"_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module"}
 
-def make_accelerator(mixed_precision: str = "no") -> Accelerator:
-    return Accelerator(mixed_precision=mixed_precision)
+# How reduce_metrics combines a metric over ranks (anything else: the mean).
+SUM_METRICS = {"tokens_per_s"}  # the run's throughput, all ranks together
+MAX_METRICS = {"peak_mem_gb"}  # the rank closest to running out
+
+
+def make_accelerator(mixed_precision: str = "no", grad_clip: float | None = None, micro_batch_size: int = 1) -> Accelerator:
+    """The Accelerator, with DeepSpeed told what the scripts do themselves.
+
+    The scripts feed no DataLoader to `prepare`, so DeepSpeed learns its micro-batch
+    size here; its clipping follows `--grad_clip` (DeepSpeed clips inside its own
+    step: accelerate's clip_grad_norm_ only reports the norm); ZeRO-3 gathers the
+    16-bit weights for `get_state_dict` (the HF copy in each checkpoint).
+    """
+    accelerator = Accelerator(mixed_precision=mixed_precision)
+    ds = getattr(accelerator.state, "deepspeed_plugin", None)
+    if ds is not None:
+        config = ds.deepspeed_config
+        # Bookkeeping only (the scripts feed their own micro-batches); it must be consistent.
+        config["gradient_accumulation_steps"] = 1  # the boundary is marked by `micro_batch` instead
+        config["train_micro_batch_size_per_gpu"] = micro_batch_size
+        config["train_batch_size"] = micro_batch_size * (torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1)
+        if grad_clip is not None:
+            config["gradient_clipping"] = grad_clip
+        if ds.zero_stage == 3:
+            config.setdefault("zero_optimization", {})["stage3_gather_16bit_weights_on_model_save"] = True
+    return accelerator
+
+
+@contextlib.contextmanager
+def micro_batch(accelerator: Accelerator, model: torch.nn.Module, last: bool):
+    """Gradient accumulation over the micro-batches of one optimiser step.
+
+    Only the last micro-batch's backward synchronises: DDP skips its all-reduce
+    before (no_sync), and DeepSpeed takes its optimiser step only on the last
+    (accelerate marks the accumulation boundary from `sync_gradients`). The
+    scripts' losses already use global denominators, so nothing is rescaled.
+    """
+    accelerator.sync_gradients = last
+    try:
+        with contextlib.nullcontext() if last else accelerator.no_sync(model):
+            yield
+    finally:
+        accelerator.sync_gradients = True
 
 
 def global_sum(accelerator: Accelerator, value: float) -> float:
@@ -21,16 +75,81 @@ def global_sum(accelerator: Accelerator, value: float) -> float:
 
 
 def reduce_metrics(accelerator: Accelerator, metrics: dict[str, float]) -> dict[str, float]:
-    """Mean of each metric over ranks (every rank holds the same number of groups)."""
+    """Each metric over ranks: the mean (every rank holds the same number of groups),
+    the sum for SUM_METRICS, the max for MAX_METRICS. Every rank gets the result."""
     if accelerator.num_processes == 1:
         return metrics
     keys = sorted(metrics)
-    t = torch.tensor([float(metrics[k]) for k in keys], device=accelerator.device)
-    t = accelerator.reduce(t, reduction="mean")
-    return dict(zip(keys, t.tolist()))
+    t = torch.tensor([float(metrics[k]) for k in keys], device=accelerator.device, dtype=torch.float64)
+    gathered = accelerator.gather(t[None]).view(accelerator.num_processes, len(keys))
+    out = {}
+    for i, k in enumerate(keys):
+        column = gathered[:, i]
+        out[k] = (column.sum() if k in SUM_METRICS else column.max() if k in MAX_METRICS else column.mean()).item()
+    return out
+
+
+def peak_memory_gb() -> float:
+    """Peak memory of this process so far: torch's GPU allocations on GPU
+    (vLLM's weights and KV cache included), the max resident set size on CPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / (2**30 if sys.platform == "darwin" else 2**20)
+
+
+def hf_name(name: str) -> str:
+    """A parameter name without wrapper segments: the name in the HF checkpoint."""
+    parts = [p for p in name.split(".") if p not in _WRAPPER_SEGMENTS]
+    while parts and parts[0] == "module":
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Are the parameters split over ranks (DeepSpeed ZeRO-3 or FSDP2)? Then every
+    rank must run each forward together (e.g. `generate(synced_gpus=True)`)."""
+    p = next(model.parameters(), None)
+    return p is not None and (hasattr(p, "ds_id") or _is_dtensor(p))
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor" and hasattr(t, "full_tensor")
 
 
 def state_dict_for_sync(accelerator: Accelerator, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, full tensor) pairs of the policy, for the rollout engine's reload."""
-    for name, param in accelerator.unwrap_model(model).state_dict().items():
-        yield name, param.detach()
+    """(HF name, full tensor) pairs of the policy, one at a time, for the rollout engine's reload.
+
+    - plain / DDP: the parameters themselves (no copy);
+    - DeepSpeed ZeRO-3: each parameter gathered alone and copied out, the gathered
+      buffer released before the next one;
+    - FSDP2: each DTensor parameter's `full_tensor()` (a fresh all-gathered tensor).
+    Under ZeRO-3 / FSDP2 this is a collective: every rank must consume the whole
+    iterator, in the same order (the scripts sync on every rank).
+    A tied weight comes under each of its names: vLLM 0.32 reloads the tied lm_head
+    as a layer of its own and puts the stale copy back if it gets nothing.
+    """
+    module = accelerator.unwrap_model(model)
+    if type(module).__name__ == "FullyShardedDataParallel":
+        raise ValueError("FSDP1 is not supported for the weight sync: set `fsdp_version: 2` in the accelerate config")
+    zero3_gather = None
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if hasattr(param, "ds_id"):  # ZeRO-3 partitioned
+            if zero3_gather is None:
+                import deepspeed
+
+                zero3_gather = deepspeed.zero.GatheredParameters
+            with zero3_gather([param], modifier_rank=None):
+                full = param.data.detach().clone()
+        elif _is_dtensor(param):  # FSDP2
+            full = param.detach().full_tensor()
+        else:
+            full = param.detach()
+        yield hf_name(name), full
+    # Persistent buffers are checkpoint tensors too (none in Qwen2/Llama: their
+    # rotary tables are non-persistent). ZeRO-3 / FSDP2 leave buffers whole.
+    for mod_name, mod in module.named_modules():
+        for buf_name, buf in mod.named_buffers(recurse=False):
+            if buf is not None and buf_name not in mod._non_persistent_buffers_set:
+                full = buf.detach().full_tensor() if _is_dtensor(buf) else buf.detach()
+                yield hf_name(f"{mod_name}.{buf_name}" if mod_name else buf_name), full

