@@ -27,12 +27,12 @@ from common.batching import pack, pad_right
 from common.checkpoint import load_checkpoint, save_checkpoint
 from common.cli import arg, parse_args, require
 from common.data import PromptSampler, format_prompt, load_math_dataset
-from common.distributed import global_sum, make_accelerator, reduce_metrics, state_dict_for_sync
+from common.distributed import global_sum, make_accelerator, micro_batch, peak_memory_gb, reduce_metrics, state_dict_for_sync
 from common.evaluate import evaluate, load_benchmarks, write_results
 from common.logprobs import masked_mean, sequence_logprobs
 from common.metrics import PhaseTimer, RunLogger
 from common.rewards import MathVerifier, compute_rewards
-from common.rollout import HFEngine, VLLMEngine, stop_token_ids, vllm_available
+from common.rollout import HFEngine, VLLMEngine, prompt_seeds, stop_token_ids, vllm_available
 from common.tiny_model import ensure_tiny_model
 
 
@@ -154,8 +154,9 @@ def score(model, batch, args, ref_model=None):
 def main(args: Args) -> None:
     validate(args)
     gpu = torch.cuda.is_available()
-    accelerator = make_accelerator("bf16" if gpu and args.precision != "fp32" else "no")
+    accelerator = make_accelerator("bf16" if gpu and args.precision != "fp32" else "no", args.grad_clip, args.micro_batch_size)
     rank, world = accelerator.process_index, accelerator.num_processes
+    require(args.prompts_per_step % world == 0, f"--prompts_per_step={args.prompts_per_step} must divide by the {world} processes: each rank owns whole prompt groups")
     set_seed(args.seed + rank)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # master weights
     model_path = str(ensure_tiny_model()) if args.model == "tiny" else args.model
@@ -220,7 +221,8 @@ def main(args: Args) -> None:
         # 1. Rollout: G completions per prompt from pi_old.
         with timer("rollout"):
             engine.wake_up()
-            groups = engine.generate([r["prompt_ids"] for r in batch_rows], G, args.max_completion_len, args.temperature, args.top_p, seed=args.seed + 1000 * step + rank)
+            seeds = prompt_seeds(args.seed, step, args.prompts_per_step, rank, len(batch_rows))  # the same samples on any number of ranks
+            groups = engine.generate([r["prompt_ids"] for r in batch_rows], G, args.max_completion_len, args.temperature, args.top_p, seed=seeds)
         rollout_rows = [r for r in batch_rows for _ in range(G)]
         completions = [c for g in groups for c in g]
         texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
@@ -257,10 +259,11 @@ def main(args: Args) -> None:
                     num_tokens = global_sum(accelerator, mask[idx_mb].sum().item()) / world
                     for i in range(0, len(idx_mb), args.micro_batch_size):
                         idx = idx_mb[i : i + args.micro_batch_size]
-                        logp, _ = sequence_logprobs(model, batch["input_ids"][idx], batch["attention_mask"][idx], args.temperature, logits_to_keep=mask.shape[1])
-                        ref = old["ref_logp"][idx] if ref_model is not None else None
-                        loss, stats = policy_loss(logp, old["logp"][idx], advantages[idx], mask[idx], args, len(idx_mb), num_tokens, ref)
-                        accelerator.backward(loss)
+                        with micro_batch(accelerator, model, last=i + args.micro_batch_size >= len(idx_mb)):  # grads sync on the last
+                            logp, _ = sequence_logprobs(model, batch["input_ids"][idx], batch["attention_mask"][idx], args.temperature, logits_to_keep=mask.shape[1])
+                            ref = old["ref_logp"][idx] if ref_model is not None else None
+                            loss, stats = policy_loss(logp, old["logp"][idx], advantages[idx], mask[idx], args, len(idx_mb), num_tokens, ref)
+                            accelerator.backward(loss)
                         update_stats.append(stats | {"loss": loss.item()})
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
                     optimizer.step()
@@ -292,6 +295,7 @@ def main(args: Args) -> None:
             **{f"{k}_s": v for k, v in timer.seconds.items()},
             "step_s": step_s,
             "tokens_per_s": lengths.sum() / step_s,
+            "peak_mem_gb": peak_memory_gb(),
         }
         if args.eval_steps and ((step + 1) % args.eval_steps == 0 or step + 1 == total_steps):
             with timer("eval"):

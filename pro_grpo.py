@@ -45,13 +45,13 @@ from common.batching import pack, pad_right
 from common.checkpoint import load_checkpoint, save_checkpoint
 from common.cli import arg, parse_args, require
 from common.data import PromptSampler, format_prompt, load_math_dataset
-from common.distributed import global_sum, make_accelerator, reduce_metrics, state_dict_for_sync
+from common.distributed import global_sum, make_accelerator, micro_batch, peak_memory_gb, reduce_metrics, state_dict_for_sync
 from common.evaluate import evaluate, load_benchmarks, write_results
 from common.logprobs import masked_mean, sequence_logprobs
 from common.lowprob import low_prob_confidence, low_prob_mask
 from common.metrics import PhaseTimer, RunLogger
 from common.rewards import MathVerifier, compute_rewards
-from common.rollout import HFEngine, VLLMEngine, stop_token_ids, vllm_available
+from common.rollout import HFEngine, VLLMEngine, prompt_seeds, stop_token_ids, vllm_available
 from common.tiny_model import ensure_tiny_model
 
 
@@ -66,7 +66,7 @@ class Args:
     template: str = arg("qwen_math", "prompt template", ["qwen_math", "r1", "plain"])
     rewards: str = arg("accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format")
     output_dir: str = arg("runs/pro_grpo", "run directory: metrics.jsonl, config.json, checkpoints")
-    steps: int = arg(60, "optimisation steps (one rollout batch each)")
+    steps: int = arg(30, "optimisation steps (one rollout batch each)")
     epochs: float | None = arg(None, "if set, overrides --steps: passes over the dataset")
     prompts_per_step: int = arg(16, "prompts per step over all ranks; each gets --group_size completions")
     max_prompt_len: int = arg(512, "prompts longer than this (tokens) are dropped at load time")
@@ -211,8 +211,9 @@ def score(model, batch, args, ref_model=None):
 def main(args: Args) -> None:
     validate(args)
     gpu = torch.cuda.is_available()
-    accelerator = make_accelerator("bf16" if gpu and args.precision != "fp32" else "no")
+    accelerator = make_accelerator("bf16" if gpu and args.precision != "fp32" else "no", args.grad_clip, args.micro_batch_size)
     rank, world = accelerator.process_index, accelerator.num_processes
+    require(args.prompts_per_step % world == 0, f"--prompts_per_step={args.prompts_per_step} must divide by the {world} processes: each rank owns whole prompt groups")
     set_seed(args.seed + rank)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # master weights
     model_path = str(ensure_tiny_model()) if args.model == "tiny" else args.model
@@ -264,6 +265,12 @@ def main(args: Args) -> None:
     logger = RunLogger(args.output_dir, total_steps, asdict(args), enabled=accelerator.is_main_process, initial_step=start_step)
     G = args.group_size
 
+    def run_eval():  # every rank evaluates with its own engine; the logged numbers are means over ranks
+        return evaluate(engine, tokenizer, eval_sets, args.template, args.eval_n, args.eval_temperature, args.max_completion_len, args.top_p, seed=args.seed + rank, verifier=verifier, max_prompt_len=args.max_prompt_len)
+
+    if args.eval_steps and start_step == 0:  # step 0: the policy before training, every curve's starting point
+        logger.log(0, reduce_metrics(accelerator, run_eval()[0]), advance=False)
+
     for step in range(start_step, total_steps):
         timer = PhaseTimer(sync=torch.cuda.synchronize if gpu else None)
         batch_rows = sampler.next_batch()
@@ -271,7 +278,8 @@ def main(args: Args) -> None:
         # 1. Rollout: G completions per prompt from pi_old.
         with timer("rollout"):
             engine.wake_up()
-            groups = engine.generate([r["prompt_ids"] for r in batch_rows], G, args.max_completion_len, args.temperature, args.top_p, seed=args.seed + 1000 * step + rank)
+            seeds = prompt_seeds(args.seed, step, args.prompts_per_step, rank, len(batch_rows))  # the same samples on any number of ranks
+            groups = engine.generate([r["prompt_ids"] for r in batch_rows], G, args.max_completion_len, args.temperature, args.top_p, seed=seeds)
         rollout_rows = [r for r in batch_rows for _ in range(G)]
         completions = [c for g in groups for c in g]
         texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
@@ -312,10 +320,11 @@ def main(args: Args) -> None:
                     num_tokens = global_sum(accelerator, mask[idx_mb].sum().item()) / world
                     for i in range(0, len(idx_mb), args.micro_batch_size):
                         idx = idx_mb[i : i + args.micro_batch_size]
-                        logp, _ = sequence_logprobs(model, batch["input_ids"][idx], batch["attention_mask"][idx], args.temperature, logits_to_keep=mask.shape[1])
-                        ref = old["ref_logp"][idx] if ref_model is not None else None
-                        loss, stats = policy_loss(logp, old["logp"][idx], advantages[idx], mask[idx], args, len(idx_mb), num_tokens, ref)
-                        accelerator.backward(loss)
+                        with micro_batch(accelerator, model, last=i + args.micro_batch_size >= len(idx_mb)):  # grads sync on the last
+                            logp, _ = sequence_logprobs(model, batch["input_ids"][idx], batch["attention_mask"][idx], args.temperature, logits_to_keep=mask.shape[1])
+                            ref = old["ref_logp"][idx] if ref_model is not None else None
+                            loss, stats = policy_loss(logp, old["logp"][idx], advantages[idx], mask[idx], args, len(idx_mb), num_tokens, ref)
+                            accelerator.backward(loss)
                         update_stats.append(stats | {"loss": loss.item()})
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
                     optimizer.step()
@@ -355,10 +364,11 @@ def main(args: Args) -> None:
             **{f"{k}_s": v for k, v in timer.seconds.items()},
             "step_s": step_s,
             "tokens_per_s": lengths.sum() / step_s,
+            "peak_mem_gb": peak_memory_gb(),
         }
         if args.eval_steps and ((step + 1) % args.eval_steps == 0 or step + 1 == total_steps):
-            with timer("eval"):  # every rank evaluates with its own engine; means are logged
-                summary, records = evaluate(engine, tokenizer, eval_sets, args.template, args.eval_n, args.eval_temperature, args.max_completion_len, args.top_p, seed=args.seed + rank, verifier=verifier, max_prompt_len=args.max_prompt_len)
+            with timer("eval"):
+                summary, records = run_eval()
             metrics |= summary | {"eval_s": timer.seconds["eval"]}
             if step + 1 == total_steps and accelerator.is_main_process:
                 write_results(args.output_dir, summary, records, {"step": step + 1, "benchmarks": args.eval_benchmarks, "n": args.eval_n})

@@ -76,7 +76,9 @@ def global_sum(accelerator: Accelerator, value: float) -> float:
 
 def reduce_metrics(accelerator: Accelerator, metrics: dict[str, float]) -> dict[str, float]:
     """Each metric over ranks: the mean (every rank holds the same number of groups),
-    the sum for SUM_METRICS, the max for MAX_METRICS. Every rank gets the result."""
+    the sum for SUM_METRICS, the max for MAX_METRICS. Every rank gets the result.
+    A rank with nothing to measure (NaN, e.g. no correct completion) is left out;
+    all NaN stays NaN (logged as null)."""
     if accelerator.num_processes == 1:
         return metrics
     keys = sorted(metrics)
@@ -85,6 +87,10 @@ def reduce_metrics(accelerator: Accelerator, metrics: dict[str, float]) -> dict[
     out = {}
     for i, k in enumerate(keys):
         column = gathered[:, i]
+        column = column[~column.isnan()]
+        if column.numel() == 0:
+            out[k] = float("nan")
+            continue
         out[k] = (column.sum() if k in SUM_METRICS else column.max() if k in MAX_METRICS else column.mean()).item()
     return out
 

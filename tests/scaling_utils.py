@@ -68,69 +68,6 @@ def build_coin_model(random_dir: Path, out: Path) -> tuple[Path, Path]:
     return model_dir, data
 
 
-# The skeleton edits the scaling work asks of the five scripts (per-prompt
-# seeds, the micro-batch boundary, DeepSpeed settings, peak memory). Until
-# grpo_base.py has them, the tests run a patched copy; once it has them,
-# skeleton_script returns grpo_base.py itself.
-SKELETON_EDITS = [
-    (
-        "from common.distributed import global_sum, make_accelerator, reduce_metrics, state_dict_for_sync",
-        "from common.distributed import global_sum, make_accelerator, micro_batch, peak_memory_gb, reduce_metrics, state_dict_for_sync",
-    ),
-    (
-        "from common.rollout import HFEngine, VLLMEngine, stop_token_ids, vllm_available",
-        "from common.rollout import HFEngine, VLLMEngine, prompt_seeds, stop_token_ids, vllm_available",
-    ),
-    (
-        'accelerator = make_accelerator("bf16" if gpu and args.precision != "fp32" else "no")',
-        'accelerator = make_accelerator("bf16" if gpu and args.precision != "fp32" else "no", args.grad_clip, args.micro_batch_size)',
-    ),
-    (
-        '            groups = engine.generate([r["prompt_ids"] for r in batch_rows], G, args.max_completion_len, args.temperature, args.top_p, seed=args.seed + 1000 * step + rank)',
-        '            seeds = prompt_seeds(args.seed, step, args.prompts_per_step, rank, len(batch_rows))  # the same samples on any number of ranks\n'
-        '            groups = engine.generate([r["prompt_ids"] for r in batch_rows], G, args.max_completion_len, args.temperature, args.top_p, seed=seeds)',
-    ),
-    (
-        """                    for i in range(0, len(idx_mb), args.micro_batch_size):
-                        idx = idx_mb[i : i + args.micro_batch_size]
-                        logp, _ = sequence_logprobs(model, batch["input_ids"][idx], batch["attention_mask"][idx], args.temperature, logits_to_keep=mask.shape[1])
-                        ref = old["ref_logp"][idx] if ref_model is not None else None
-                        loss, stats = policy_loss(logp, old["logp"][idx], advantages[idx], mask[idx], args, len(idx_mb), num_tokens, ref)
-                        accelerator.backward(loss)
-                        update_stats.append(stats | {"loss": loss.item()})
-""",
-        """                    for i in range(0, len(idx_mb), args.micro_batch_size):
-                        idx = idx_mb[i : i + args.micro_batch_size]
-                        with micro_batch(accelerator, model, last=i + args.micro_batch_size >= len(idx_mb)):  # grads sync on the last
-                            logp, _ = sequence_logprobs(model, batch["input_ids"][idx], batch["attention_mask"][idx], args.temperature, logits_to_keep=mask.shape[1])
-                            ref = old["ref_logp"][idx] if ref_model is not None else None
-                            loss, stats = policy_loss(logp, old["logp"][idx], advantages[idx], mask[idx], args, len(idx_mb), num_tokens, ref)
-                            accelerator.backward(loss)
-                        update_stats.append(stats | {"loss": loss.item()})
-""",
-    ),
-    (
-        '            "tokens_per_s": lengths.sum() / step_s,\n',
-        '            "tokens_per_s": lengths.sum() / step_s,\n            "peak_mem_gb": peak_memory_gb(),\n',
-    ),
-]
-
-
-def skeleton_script(tmp: Path) -> Path:
-    """grpo_base.py, or a copy of it with SKELETON_EDITS applied where it does not have them yet."""
-    source = (ROOT / "grpo_base.py").read_text()
-    patched = source
-    for old, new in SKELETON_EDITS:
-        if new not in patched:
-            assert old in patched, f"grpo_base.py changed: cannot apply the skeleton edit {old[:80]!r}"
-            patched = patched.replace(old, new)
-    if patched == source:
-        return ROOT / "grpo_base.py"
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "grpo_base.py").write_text(patched)
-    return tmp / "grpo_base.py"
-
-
 def launch(script: Path, out_dir: Path, *flags: str, num_processes: int = 1, timeout: int = 300) -> tuple[list[dict], str]:
     """Run a training script on 1 process, or N CPU processes (gloo) via accelerate launch.
 
@@ -188,7 +125,7 @@ def baseline_run(tmp_path_factory, random_dir: Path) -> Path:
         root = tmp_path_factory.mktemp("scaling")
         model_dir, data = build_coin_model(random_dir, root)
         run = root / "baseline"
-        launch(skeleton_script(root / "script"), run, *coin_flags(root), "--steps", "3", "--save_steps", "1")
+        launch(ROOT / "grpo_base.py", run, *coin_flags(root), "--steps", "3", "--save_steps", "1")
         _BASELINE["dir"] = run
     return _BASELINE["dir"]
 

@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 from accelerate import Accelerator
-from scaling_utils import baseline_run, checkpoint_weights, coin_flags, launch, skeleton_script
+from scaling_utils import ROOT, baseline_run, checkpoint_weights, coin_flags, launch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.checkpoint import checkpoint_problem, list_checkpoints, load_checkpoint, save_checkpoint
@@ -27,7 +27,7 @@ def test_resume_after_a_kill_reaches_the_same_weights(tmp_path_factory, tiny_ran
     logged = (base / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text(logged[0] + "\n" + logged[1] + "\n" + logged[2][:20])
 
-    rows, out = launch(skeleton_script(tmp_path / "script"), run, *coin_flags(base.parent), "--steps", "3", "--save_steps", "1", "--resume")
+    rows, out = launch(ROOT / "grpo_base.py", run, *coin_flags(base.parent), "--steps", "3", "--save_steps", "1", "--resume")
     assert f"skipping {run / 'checkpoint-2'}: no COMPLETE marker" in out
     assert f"resumed from {run / 'checkpoint-1'} (step 1)" in out
     assert [r["step"] for r in rows] == [1, 2, 3]  # the killed run's step-2 row and half line are gone

@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 from safetensors.torch import load_file
-from scaling_utils import ROOT, _free_port, baseline_run, checkpoint_weights, coin_flags, launch, skeleton_script
+from scaling_utils import ROOT, _free_port, baseline_run, checkpoint_weights, coin_flags, launch
 from transformers import AutoModelForCausalLM
 
 from common.distributed import hf_name, is_sharded, peak_memory_gb, state_dict_for_sync
@@ -32,7 +32,7 @@ def test_two_processes_match_one_process(tmp_path_factory, tiny_random_dir, tmp_
     """grpo_base.py on 2 gloo processes vs 1 process, same global batch: same samples, metrics and weights."""
     base = baseline_run(tmp_path_factory, tiny_random_dir)
     one = [r for r in _rows(base) if r["step"] <= 2]
-    two, _ = launch(skeleton_script(tmp_path / "script"), tmp_path / "run", *coin_flags(base.parent), "--steps", "2", num_processes=2)
+    two, _ = launch(ROOT / "grpo_base.py", tmp_path / "run", *coin_flags(base.parent), "--steps", "2", num_processes=2)
     assert (tmp_path / "run" / "checkpoint-2" / "accelerate" / "random_states_1.pkl").exists(), "rank 1 never ran"
     assert [r["step"] for r in two] == [1, 2]
     for a, b in zip(one, two):
@@ -67,7 +67,7 @@ def test_two_processes_with_vllm(tmp_path_factory, tiny_random_dir, tmp_path):
     base = baseline_run(tmp_path_factory, tiny_random_dir)
     flags = [f for f in coin_flags(base.parent)]
     flags[flags.index("--rollout") + 1] = "vllm"
-    rows, _ = launch(skeleton_script(tmp_path / "script"), tmp_path / "run", *flags, "--steps", "2", num_processes=2, timeout=400)
+    rows, _ = launch(ROOT / "grpo_base.py", tmp_path / "run", *flags, "--steps", "2", num_processes=2, timeout=400)
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["grad_norm"] > 0
     # Step 2 samples from weights synced after step 1: the engines' log-probs match the trainer's.

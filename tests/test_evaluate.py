@@ -18,10 +18,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from common.tiny_model import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("evalmodel") / "tiny", sft_steps=0)  # random weights: fast
+def tiny_model(tiny_random_dir):
+    return tiny_random_dir
 
 
 @pytest.fixture(scope="module")
@@ -291,8 +289,8 @@ def test_rescore_rejects_a_non_record_file(tmp_path):
         ev.main(ev.Args(rescore=str(path)))
 
 
-def test_hf_engine_refuses_greedy(tiny_model, tokenizer):
-    engine = HFEngine(model=None, stop_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
+def test_hf_engine_refuses_greedy(tiny_random_model, tokenizer):
+    engine = HFEngine(tiny_random_model[0], stop_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
     with pytest.raises(ValueError, match="temperature > 0"):
         ev.evaluate(engine, tokenizer, {"a": [{"problem": "p", "answer": "1"}]}, "qwen_math", n=1,
                     temperature=0.0, max_tokens=4)
