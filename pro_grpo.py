@@ -43,14 +43,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.batching import pack, pad_right
 from common.checkpoint import load_checkpoint, save_checkpoint
-from common.cli import arg, parse_args, require
+from common.cli import arg, clear_errors, parse_args, require
 from common.data import PromptSampler, format_prompt, load_math_dataset
 from common.distributed import global_sum, make_accelerator, micro_batch, peak_memory_gb, reduce_metrics, state_dict_for_sync
 from common.evaluate import evaluate, load_benchmarks, write_results
 from common.logprobs import masked_mean, sequence_logprobs
 from common.lowprob import low_prob_confidence, low_prob_mask
 from common.metrics import PhaseTimer, RunLogger
-from common.rewards import MathVerifier, compute_rewards
+from common.rewards import REWARD_FUNCS, MathVerifier, compute_rewards
 from common.rollout import HFEngine, VLLMEngine, prompt_seeds, stop_token_ids, vllm_available
 from common.tiny_model import ensure_tiny_model
 
@@ -115,6 +115,8 @@ def validate(args: Args) -> None:
     require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps_low must be in [0, 1) and --eps_high >= 0")
     require(args.temperature > 0, "--temperature must be > 0 (log-probs are computed from logits / T)")
     require(args.mu >= 1, "--mu must be >= 1")
+    unknown = set(args.rewards.split(",")) - set(REWARD_FUNCS)
+    require(not unknown, f"--rewards: unknown term(s) {sorted(unknown)}; choose from {sorted(REWARD_FUNCS)}")
     require(args.eval_steps >= 0 and args.eval_n >= 1 and args.eval_temperature > 0, "--eval_steps must be >= 0, --eval_n >= 1, --eval_temperature > 0")
     require(math.isfinite(args.alpha) and args.alpha >= 0, f"--alpha must be a finite number >= 0 (got {args.alpha}; 0 is plain GRPO)")
     require(0 < args.low_prob_frac <= 1, f"--low_prob_frac must be in (0, 1] (got {args.low_prob_frac})")
@@ -219,10 +221,11 @@ def main(args: Args) -> None:
     model_path = str(ensure_tiny_model()) if args.model == "tiny" else args.model
 
     # Policy, optimiser, data.
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    with clear_errors("--model"):
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     if tokenizer.pad_token_id is None:  # padding is masked out; any id will do
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     ref_model = None
@@ -233,7 +236,8 @@ def main(args: Args) -> None:
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
 
-    rows = load_math_dataset(args.dataset, problem_field=args.problem_field, answer_field=args.answer_field, solution_field=args.solution_field)
+    with clear_errors("--dataset"):
+        rows = load_math_dataset(args.dataset, problem_field=args.problem_field, answer_field=args.answer_field, solution_field=args.solution_field)
     for r in rows:
         r["prompt_ids"] = tokenizer(format_prompt(r["problem"], args.template), add_special_tokens=False).input_ids
     n_rows = len(rows)
@@ -242,7 +246,8 @@ def main(args: Args) -> None:
         print(f"dropped {n_rows - len(rows)} of {n_rows} prompts longer than --max_prompt_len={args.max_prompt_len}")
     sampler = PromptSampler(rows, args.prompts_per_step, seed=args.seed, rank=rank, world_size=world)
     total_steps = math.ceil(args.epochs * len(rows) / args.prompts_per_step) if args.epochs else args.steps
-    eval_sets = load_benchmarks(args.eval_benchmarks) if args.eval_steps else {}  # fail fast, before training
+    with clear_errors("--eval_benchmarks"):
+        eval_sets = load_benchmarks(args.eval_benchmarks) if args.eval_steps else {}  # fail fast, before training
 
     # Rollout engine, rewards, logging.
     stop_ids = stop_token_ids(tokenizer, accelerator.unwrap_model(model).config)

@@ -3,6 +3,7 @@
 import argparse
 import dataclasses
 import typing
+from contextlib import contextmanager
 
 
 def arg(default, help: str, choices: list | None = None):
@@ -49,3 +50,12 @@ def require(condition: bool, message: str) -> None:
     """Stop with a one-line message naming the bad flag (no traceback)."""
     if not condition:
         raise SystemExit(f"error: {message}")
+
+
+@contextmanager
+def clear_errors(flag: str):
+    """A loader's error (missing file, unreachable hub, missing column) as one line naming the flag."""
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError) as e:
+        raise SystemExit(f"error: {flag}: {e}") from None

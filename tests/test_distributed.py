@@ -1,6 +1,5 @@
 """Scaling out: 2 processes = 1 process, weight sync under FSDP2 / ZeRO-3 / vLLM, rank-invariant sampling."""
 
-import math
 import os
 import subprocess
 import sys
@@ -10,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from scaling_utils import ROOT, _free_port, baseline_run, checkpoint_weights, coin_flags, launch
+from train_utils import max_logp_error
 from transformers import AutoModelForCausalLM
 
 from common.distributed import hf_name, is_sharded, peak_memory_gb, state_dict_for_sync
@@ -207,23 +207,9 @@ def test_vllm_reload_in_small_batches_matches_hf(tiny_random_dir, tiny_random_mo
         n_batches = len(list(_batches(state_dict_for_sync(_Unwrap(), model), batch_bytes)))
         engine.load_weights(state_dict_for_sync(_Unwrap(), model), batch_bytes=batch_bytes)
         groups = engine.generate(prompts, n=2, max_tokens=8, temperature=0.8)
-        assert _max_logp_error(model, prompts, groups, 0.8) < 1e-3, (batch_bytes, n_batches)
+        assert max_logp_error(model, prompts, groups, 0.8) < 1e-3, (batch_bytes, n_batches)
     assert n_batches == 1
 
-
-def _max_logp_error(model, prompts, groups, temperature):
-    """Largest |engine logp - HF logp| over the sampled tokens; NaN counts as infinitely wrong."""
-    from common.logprobs import sequence_logprobs
-
-    worst = 0.0
-    for prompt, group in zip(prompts, groups):
-        for c in group:
-            ids = torch.tensor([prompt + c.token_ids])
-            with torch.no_grad():
-                logp, _ = sequence_logprobs(model, ids, torch.ones_like(ids), temperature, logits_to_keep=len(c.token_ids))
-            err = (logp[0] - torch.tensor(c.logprobs)).abs().max().item()
-            worst = max(worst, math.inf if math.isnan(err) else err)
-    return worst
 
 
 # --- The shipped accelerate configs --------------------------------------------------------

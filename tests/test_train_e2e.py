@@ -36,3 +36,25 @@ def test_bad_flags_get_a_clear_message(tmp_path):
     )
     assert proc.returncode != 0
     assert "--group_size must be >= 2" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"dataset": "no/such/file.jsonl"}, "--dataset"),
+        ({"dataset": "DATA_WITHOUT_ANSWERS"}, "--answer_field"),
+        ({"model": "no/such/model-dir"}, "--model"),
+        ({"rewards": "accuracy,lenght"}, "--rewards: unknown term"),
+        ({"eval_steps": 1, "eval_benchmarks": "nosuchbench"}, "--eval_benchmarks"),
+    ],
+)
+def test_bad_inputs_stop_with_a_message_naming_the_flag(flags, message, tiny_random_dir, tmp_path):
+    import grpo_base
+
+    if flags.get("dataset") == "DATA_WITHOUT_ANSWERS":
+        flags["dataset"] = str(tmp_path / "q.jsonl")
+        (tmp_path / "q.jsonl").write_text(json.dumps({"problem": "1 + 1?", "result": "2"}) + "\n")
+    args = grpo_base.Args(**{"model": str(tiny_random_dir), "rollout": "hf", "output_dir": str(tmp_path / "run"), **flags})
+    with pytest.raises(SystemExit, match=message) as stop:
+        grpo_base.main(args)
+    assert str(stop.value).startswith("error: ")
