@@ -44,7 +44,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from common.batching import pack, pad_right
 from common.checkpoint import load_checkpoint, save_checkpoint
 from common.cli import arg, clear_errors, parse_args, require
-from common.data import PromptSampler, format_prompt, load_math_dataset
+from common.data import TEMPLATE_CHOICES, PromptSampler, format_prompt, load_math_dataset, prompt_opens_think
 from common.distributed import global_sum, make_accelerator, micro_batch, peak_memory_gb, reduce_metrics, state_dict_for_sync
 from common.evaluate import evaluate, load_benchmarks, write_results
 from common.logprobs import masked_mean, sequence_logprobs
@@ -63,7 +63,7 @@ class Args:
     problem_field: str | None = arg(None, "dataset column holding the problem (default: known per dataset)")
     answer_field: str | None = arg(None, "dataset column holding the gold answer")
     solution_field: str | None = arg(None, "dataset column holding a reference solution")
-    template: str = arg("qwen_math", "prompt template", ["qwen_math", "r1", "plain"])
+    template: str = arg("qwen_math", "prompt template; *_native: rendered by the model's own chat template", TEMPLATE_CHOICES)
     rewards: str = arg("accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format")
     output_dir: str = arg("runs/pro_grpo", "run directory: metrics.jsonl, config.json, checkpoints")
     steps: int = arg(30, "optimisation steps (one rollout batch each)")
@@ -238,8 +238,10 @@ def main(args: Args) -> None:
 
     with clear_errors("--dataset"):
         rows = load_math_dataset(args.dataset, problem_field=args.problem_field, answer_field=args.answer_field, solution_field=args.solution_field)
-    for r in rows:
-        r["prompt_ids"] = tokenizer(format_prompt(r["problem"], args.template), add_special_tokens=False).input_ids
+    with clear_errors("--template"):
+        for r in rows:
+            r["prompt_ids"] = tokenizer(format_prompt(r["problem"], args.template, tokenizer), add_special_tokens=False).input_ids
+        opens_think = prompt_opens_think(args.template, tokenizer)  # then completions start inside <think>
     n_rows = len(rows)
     rows = [r for r in rows if len(r["prompt_ids"]) <= args.max_prompt_len]
     if len(rows) < n_rows and accelerator.is_main_process:
@@ -291,7 +293,7 @@ def main(args: Args) -> None:
 
         # 2. Rewards.
         with timer("scoring"):
-            rewards, accuracy = compute_rewards(texts, [r["answer"] for r in rollout_rows], reward_names, verifier)
+            rewards, accuracy = compute_rewards(texts, [r["answer"] for r in rollout_rows], reward_names, verifier, prompt_ends_with_think=opens_think)
             rewards = torch.tensor(rewards, device=accelerator.device)
             accuracy = torch.tensor(accuracy, device=accelerator.device)
 

@@ -60,11 +60,30 @@ TEMPLATES: dict[str, str] = {
 }
 
 
-def format_prompt(problem: str, template: str = "qwen_math") -> str:
-    """Render `problem` into the named prompt template."""
+# Rendered with the model's own chat template instead of fixed markup: models
+# whose chat format is not ChatML (DeepSeek-R1-Distill: <｜User｜>...<｜Assistant｜>,
+# which may also open the <think> block itself). System turn -> instruction.
+NATIVE_TEMPLATES: dict[str, str] = {"qwen_math_native": QWEN_MATH_SYSTEM, "r1_native": R1_SYSTEM}
+TEMPLATE_CHOICES = [*TEMPLATES, *NATIVE_TEMPLATES]
+
+
+def format_prompt(problem: str, template: str = "qwen_math", tokenizer=None) -> str:
+    """Render `problem` into the named prompt template (`*_native` ones need the model's tokenizer)."""
+    if template in NATIVE_TEMPLATES:
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"template {template!r} renders with the model's chat template, and this tokenizer has none; "
+                             f"use {template.removesuffix('_native')!r} (Qwen ChatML markup) instead")
+        messages = [{"role": "system", "content": NATIVE_TEMPLATES[template]}, {"role": "user", "content": problem}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     if template not in TEMPLATES:
-        raise ValueError(f"unknown prompt template {template!r}; choose one of {sorted(TEMPLATES)}")
+        raise ValueError(f"unknown prompt template {template!r}; choose one of {TEMPLATE_CHOICES}")
     return TEMPLATES[template].replace("{problem}", problem)
+
+
+def prompt_opens_think(template: str, tokenizer=None) -> bool:
+    """Does the rendered prompt already open the <think> block? (Then the format
+    reward must not expect the completion to write `<think>` itself.)"""
+    return format_prompt("1 + 1", template, tokenizer).rstrip().endswith("<think>")
 
 
 # ---------------------------------------------------------------------------

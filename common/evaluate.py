@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from common.cli import arg, parse_args
-from common.data import (SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SIZE, TEMPLATES, format_prompt, load_math_dataset,
+from common.data import (SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SIZE, TEMPLATE_CHOICES, format_prompt, load_math_dataset,
                          write_jsonl)
 from common.rewards import MathVerifier, extract_answer, extract_boxed
 
@@ -282,7 +282,7 @@ def evaluate(engine, tokenizer, benchmarks: dict[str, list[dict]], template: str
     try:
         for bench, rows in benchmarks.items():
             start = time.perf_counter()
-            prompts = [tokenizer(format_prompt(r["problem"], template), add_special_tokens=False).input_ids
+            prompts = [tokenizer(format_prompt(r["problem"], template, tokenizer), add_special_tokens=False).input_ids
                        for r in rows]
             keep = [i for i, p in enumerate(prompts) if max_prompt_len is None or len(p) <= max_prompt_len]
             groups = engine.generate([prompts[i] for i in keep], n, max_tokens, temperature, top_p, seed=seed) if keep else []
@@ -405,7 +405,7 @@ class Args:
     temperature: float = arg(0.6, "sampling temperature (0: greedy, vLLM only)")
     top_p: float = arg(1.0, "nucleus sampling")
     max_tokens: int = arg(4096, "max new tokens per completion")
-    template: str = arg("qwen_math", "prompt template (use the one the model was trained with)", list(TEMPLATES))
+    template: str = arg("qwen_math", "prompt template (use the one the model was trained with)", TEMPLATE_CHOICES)
     rollout: str = arg("vllm" if importlib.util.find_spec("vllm") else "hf", "generation backend", ["vllm", "hf"])
     dtype: str = arg("auto", "model dtype: auto = the checkpoint's (vLLM) / bfloat16 on GPU, float32 on CPU (HF)",
                      ["auto", "bfloat16", "float16", "float32"])
@@ -517,7 +517,7 @@ def main(args: Args) -> None:
 
     model_path, default_out = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    longest = max(len(tokenizer(format_prompt(r["problem"], args.template), add_special_tokens=False).input_ids)
+    longest = max(len(tokenizer(format_prompt(r["problem"], args.template, tokenizer), add_special_tokens=False).input_ids)
                   for rows in benchmarks.values() for r in rows)
     engine, max_model_len = _make_engine(args, model_path, tokenizer, longest)
     start = time.perf_counter()

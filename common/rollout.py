@@ -130,6 +130,8 @@ class VLLMEngine:
         # serialisation of the weights (ALGORITHMS.md, "Shared pieces").
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no INFO lines on every weight sync
+        if not torch.cuda.is_available():  # vLLM's CPU KV cache (GiB): its default takes far more RAM than small runs need
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         from vllm import LLM
 
         # Every reload warns that RotaryEmbedding got no weights: its cos/sin cache

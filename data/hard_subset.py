@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import random
 
-from common.data import TEMPLATES, format_prompt, load_math_dataset, write_jsonl
+from common.data import TEMPLATE_CHOICES, format_prompt, load_math_dataset, write_jsonl
 from common.rewards import MathVerifier, accuracy_reward
 
 
@@ -34,7 +34,7 @@ def sample_accuracies(rows: list[dict], engine, tokenizer, verifier: MathVerifie
     accuracies = []
     for start in tqdm(range(0, len(rows), batch_size), desc="sampling", unit="batch"):
         chunk = rows[start:start + batch_size]
-        prompts = [tokenizer(format_prompt(r["problem"], template), add_special_tokens=False).input_ids for r in chunk]
+        prompts = [tokenizer(format_prompt(r["problem"], template, tokenizer), add_special_tokens=False).input_ids for r in chunk]
         groups = engine.generate(prompts, samples, max_tokens, temperature, top_p, seed=seed + start)
         texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for g in groups for c in g]
         correct = accuracy_reward(texts, [r["answer"] for r in chunk for _ in range(samples)], verifier)
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--top_p", type=float, default=1.0)
     p.add_argument("--max_tokens", type=int, default=1024, help="max new tokens per completion")
     p.add_argument("--max_prompt_len", type=int, default=512, help="longer prompts (tokens) are skipped")
-    p.add_argument("--template", default="qwen_math", choices=sorted(TEMPLATES))
+    p.add_argument("--template", default="qwen_math", choices=TEMPLATE_CHOICES)
     p.add_argument("--rollout", default="vllm" if vllm_available() else "hf", choices=["vllm", "hf"])
     p.add_argument("--gpu_memory_utilization", type=float, default=0.9)
     p.add_argument("--split", default="train")
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
 
     rows = load_math_dataset(args.source, args.split, args.problem_field, args.answer_field, args.solution_field)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    kept = [r for r in rows if len(tokenizer(format_prompt(r["problem"], args.template), add_special_tokens=False).input_ids) <= args.max_prompt_len]
+    kept = [r for r in rows if len(tokenizer(format_prompt(r["problem"], args.template, tokenizer), add_special_tokens=False).input_ids) <= args.max_prompt_len]
     print(f"{len(rows)} problems loaded, {len(rows) - len(kept)} skipped (prompt > --max_prompt_len {args.max_prompt_len} tokens)")
     if len(kept) < args.n:
         print(f"warning: only {len(kept)} problems, fewer than --n {args.n}; all are kept (ranked)")

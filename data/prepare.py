@@ -37,7 +37,7 @@ import random
 import re
 from typing import Any, Iterable
 
-from common.data import (SYNTHETIC_MAX_OPERAND, SYNTHETIC_TRAIN_SIZE, TEMPLATES, format_prompt, iter_math_dataset,
+from common.data import (SYNTHETIC_MAX_OPERAND, SYNTHETIC_TRAIN_SIZE, TEMPLATE_CHOICES, format_prompt, iter_math_dataset,
                          strip_dapo_instruction, synthetic_arithmetic,
                          write_jsonl)
 
@@ -156,7 +156,7 @@ def prompt_token_lengths(problems: list[str], tokenizer, template: str, batch_si
     """Token count of each problem's rendered prompt (chat markup included, no extra BOS/EOS)."""
     lengths = []
     for i in range(0, len(problems), batch_size):
-        texts = [format_prompt(p, template) for p in problems[i: i + batch_size]]
+        texts = [format_prompt(p, template, tokenizer) for p in problems[i: i + batch_size]]
         lengths += [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     return lengths
 
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=None,
                    help="rows to sample at the end (edge: 1000, synthetic: all non-eval problems, others: keep all)")
     p.add_argument("--tokenizer", default=None, help="egpo: tokenizer that counts prompt tokens")
-    p.add_argument("--template", default="qwen_math", choices=sorted(TEMPLATES), help="egpo: prompt template")
+    p.add_argument("--template", default="qwen_math", choices=TEMPLATE_CHOICES, help="egpo: prompt template")
     p.add_argument("--max_prompt_tokens", type=int, default=1024, help="egpo: prompt length limit")
     p.add_argument("--max_operand", type=int, default=SYNTHETIC_MAX_OPERAND, help="synthetic: operands in [0, max_operand]")
     p.add_argument("--ops", default="+", help="synthetic: operators among + - *, e.g. '+-'")

@@ -393,3 +393,40 @@ def test_prepare_synthetic(tmp_path):
     rows = load_math_dataset(str(out))
     assert len(rows) == 300 and rows == prepare.prepare_synthetic(300, 42, 20, "+-")
     assert all(int(r["answer"]) >= 0 for r in rows)
+
+
+# ---------------------------------------------------------------------------
+# Native chat templates (models whose chat format is not ChatML)
+# ---------------------------------------------------------------------------
+
+R1_DISTILL_LIKE = (  # the shape of DeepSeek-R1-Distill's template: system first, then user/assistant markers, <think> opened
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}"
+    "{% elif m['role'] == 'user' %}<｜User｜>{{ m['content'] }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<｜Assistant｜><think>\n{% endif %}"
+)
+
+
+def test_native_template_uses_the_models_chat_template(tiny_random_model):
+    from copy import deepcopy
+
+    from common.data import R1_SYSTEM, prompt_opens_think
+    from common.rewards import MathVerifier, compute_rewards
+
+    tok = deepcopy(tiny_random_model[1])
+    tok.chat_template = R1_DISTILL_LIKE
+    text = format_prompt("What is 2 + 2?", "r1_native", tok)
+    assert text.startswith(tok.bos_token or "") and R1_SYSTEM in text
+    assert text.endswith("<｜User｜>What is 2 + 2?<｜Assistant｜><think>\n")
+    assert prompt_opens_think("r1_native", tok) and not prompt_opens_think("r1")
+    # The completion then starts inside <think>: the format reward must know it.
+    completion = "2 + 2 = 4.</think> <answer>\\boxed{4}</answer>"
+    with MathVerifier() as v:
+        total, acc = compute_rewards([completion], ["4"], ["accuracy", "think_format"], v, prompt_ends_with_think=True)
+    assert (total, acc) == ([2.0], [1.0])
+
+
+def test_native_template_without_a_chat_template_is_refused(tiny_random_model):
+    with pytest.raises(ValueError, match="has none; use 'r1'"):
+        format_prompt("What is 2 + 2?", "r1_native", tiny_random_model[1])
+    with pytest.raises(ValueError, match="needs|has none"):
+        format_prompt("What is 2 + 2?", "r1_native")
