@@ -17,6 +17,10 @@ class RunLogger:
 
     def __init__(self, run_dir: str | Path, total_steps: int, config: dict, enabled: bool = True, initial_step: int = 0):
         self.enabled = enabled
+        # One bar per run: transformers' own (weight loading, checkpoint shards) would interleave with it.
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
         if not enabled:
             return
         self.run_dir = Path(run_dir)

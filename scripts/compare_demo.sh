@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The comparison recipe on the CPU demo: all five algorithms on the same data
+# and seed, evaluated every 10 steps, then one figure and one results table.
+# Regenerates docs/compare_demo.png and docs/results_demo.md (~6 minutes on 2 cores).
+#   bash scripts/compare_demo.sh [RUNS_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-runs/compare_demo}
+runs=()
+for script in grpo_base edge_grpo egpo cw_grpo pro_grpo; do
+    python "$script.py" --seed 0 --steps 30 --eval_steps 10 --output_dir "$out/$script"
+    runs+=("$out/$script")
+done
+python -m common.plot "${runs[@]}" --output docs/compare_demo.png --table docs/results_demo.md
