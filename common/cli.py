@@ -53,9 +53,9 @@ def require(condition: bool, message: str) -> None:
 
 
 @contextmanager
-def clear_errors(flag: str):
-    """A loader's error (missing file, unreachable hub, missing column) as one line naming the flag."""
+def clear_errors(flag: str | None = None):
+    """A loader's error (missing file, unreachable hub, missing column) as one line, naming the flag if given."""
     try:
         yield
     except (OSError, ValueError, RuntimeError) as e:
-        raise SystemExit(f"error: {flag}: {e}") from None
+        raise SystemExit(f"error: {flag}: {e}" if flag else f"error: {e}") from None

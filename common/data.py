@@ -390,7 +390,7 @@ def load_math_dataset(
     source: a local ``.jsonl`` / ``.json`` / ``.parquet`` file, a directory
         holding such files (all shards are read; names containing `split` are
         preferred), a hub dataset name, or "synthetic-arith" (generated; split
-        "train" or "test", the latter = the shipped 200-problem eval set).
+        "train" or "test": the same 100 sums in two orders, "test" = the shipped eval file).
     *_field: where the field lives, dotted for nested fields
         (``reward_model.ground_truth``); they override the built-in mapping of
         known datasets (`DATASET_PRESETS`). A problem field holding a chat

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import random
 
+from common.cli import clear_errors
 from common.data import TEMPLATE_CHOICES, format_prompt, load_math_dataset, write_jsonl
 from common.rewards import MathVerifier, accuracy_reward
 
@@ -115,7 +116,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    try:
+    with clear_errors():  # user errors: one line, no traceback
         main()
-    except (ValueError, FileNotFoundError, RuntimeError) as e:  # user errors: message, no traceback
-        raise SystemExit(f"error: {e}")

@@ -37,6 +37,7 @@ import random
 import re
 from typing import Any, Iterable
 
+from common.cli import clear_errors
 from common.data import (SYNTHETIC_MAX_OPERAND, SYNTHETIC_TRAIN_SIZE, TEMPLATE_CHOICES, format_prompt, iter_math_dataset,
                          strip_dapo_instruction, synthetic_arithmetic,
                          write_jsonl)
@@ -263,7 +264,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    try:
+    with clear_errors():  # user errors: one line, no traceback
         main()
-    except (ValueError, FileNotFoundError, RuntimeError) as e:  # user errors: message, no traceback
-        raise SystemExit(f"error: {e}")
