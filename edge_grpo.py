@@ -271,7 +271,7 @@ def main(args: Args) -> None:
         eval_sets = load_benchmarks(args.eval_benchmarks) if args.eval_steps else {}  # fail fast, before training
 
     # Rollout engine, rewards, logging.
-    stop_ids = stop_token_ids(tokenizer, accelerator.unwrap_model(model).config)
+    stop_ids = stop_token_ids(tokenizer, model_path)
     # GEC continues prompt + completion + reflection by up to gec_max_new_tokens.
     gec_extra_len = 0 if args.gec == "off" else len(tokenizer(REFLECTION, add_special_tokens=False).input_ids) + args.gec_max_new_tokens
     if args.rollout == "vllm":

@@ -252,7 +252,7 @@ def main(args: Args) -> None:
         eval_sets = load_benchmarks(args.eval_benchmarks) if args.eval_steps else {}  # fail fast, before training
 
     # Rollout engine, rewards, logging.
-    stop_ids = stop_token_ids(tokenizer, accelerator.unwrap_model(model).config)
+    stop_ids = stop_token_ids(tokenizer, model_path)
     if args.rollout == "vllm":
         engine = VLLMEngine(
             model_path, stop_ids, max_model_len=args.max_prompt_len + args.max_completion_len, seed=args.seed + rank,

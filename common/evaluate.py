@@ -448,27 +448,13 @@ def resolve_model(model: str) -> tuple[str, Path]:
     return model, Path("runs") / "eval" / model.replace("/", "__")  # a hub name
 
 
-def _stop_token_ids(model_path: str, tokenizer) -> list[int]:
-    """Tokenizer eos + config / generation-config eos ids (chat models stop at <|im_end|>)."""
-    from transformers import AutoConfig, GenerationConfig
-
-    ids = {tokenizer.eos_token_id}
-    for load in (AutoConfig.from_pretrained, GenerationConfig.from_pretrained):
-        try:
-            eos = getattr(load(model_path), "eos_token_id", None)
-        except (OSError, ValueError):  # no generation_config.json
-            continue
-        ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
-    return sorted(i for i in ids if i is not None)
-
-
 def _make_engine(args: Args, model_path: str, tokenizer, max_prompt_tokens: int):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from common.rollout import HFEngine, VLLMEngine
+    from common.rollout import HFEngine, VLLMEngine, stop_token_ids
 
-    stop_ids = _stop_token_ids(model_path, tokenizer)
+    stop_ids = stop_token_ids(tokenizer, model_path)
     if args.rollout == "vllm":
         max_model_len = max_prompt_tokens + args.max_tokens
         limit = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)

@@ -5,7 +5,7 @@ one) whose sampled token has the lowest probability. Confidence is the
 geometric mean probability over that set: c = exp(mean_{t in T_low} logp_t).
 """
 
-import math
+from fractions import Fraction
 
 import torch
 
@@ -20,7 +20,11 @@ def low_prob_mask(logp: torch.Tensor, mask: torch.Tensor, fraction: float = 0.2)
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     valid = mask.bool()
     n_valid = valid.sum(-1)
-    k = torch.tensor([max(1, math.ceil(fraction * int(n))) if n > 0 else 0 for n in n_valid], device=logp.device)
+    # ceil(fraction * n) in integers, with fraction read as the decimal it was written as
+    # (0.14 -> 7/50): in floats, 0.14 * 50 = 7.000000000000001 would round up to 8.
+    frac = Fraction(repr(float(fraction)))
+    k = (n_valid * frac.numerator + frac.denominator - 1) // frac.denominator
+    k = torch.where(n_valid > 0, k.clamp(min=1), 0)
     # Invalid positions sort last; a stable sort keeps earlier positions first among ties.
     keyed = logp.detach().float().masked_fill(~valid, float("inf"))
     order = torch.sort(keyed, dim=-1, stable=True).indices

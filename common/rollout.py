@@ -37,14 +37,21 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def stop_token_ids(tokenizer, model_config) -> list[int]:
-    """Token ids that end a completion: the tokenizer's and the model's EOS, and
-    the chat end-of-turn `<|im_end|>` when the vocabulary has it (a base model
-    such as Qwen2.5-Math-1.5B lists only `<|endoftext|>` but, prompted with chat
-    markup, ends its answer with `<|im_end|>`)."""
+def stop_token_ids(tokenizer, model_path: str) -> list[int]:
+    """Token ids that end a completion, for training, evaluation and data selection alike:
+    the tokenizer's EOS, the model config's and generation config's EOS, and the chat
+    end-of-turn `<|im_end|>` when the vocabulary has it (a base model such as
+    Qwen2.5-Math-1.5B lists only `<|endoftext|>` but, prompted with chat markup, ends
+    its answer with `<|im_end|>`)."""
+    from transformers import AutoConfig, GenerationConfig
+
     ids = {tokenizer.eos_token_id}
-    eos = getattr(model_config, "eos_token_id", None)
-    ids.update(eos if isinstance(eos, list) else [eos])
+    for load in (AutoConfig.from_pretrained, GenerationConfig.from_pretrained):
+        try:
+            eos = getattr(load(model_path), "eos_token_id", None)
+        except (OSError, ValueError):  # no generation_config.json
+            continue
+        ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
         ids.add(im_end)

@@ -54,11 +54,10 @@ def hardest(rows: list[dict], accuracies: list[float], n: int, seed: int) -> lis
 def make_engine(args, tokenizer):
     """The rollout engine the training scripts use, with the same stop tokens."""
     import torch
-    from transformers import AutoConfig
 
     from common.rollout import HFEngine, VLLMEngine, stop_token_ids
 
-    stop_ids = stop_token_ids(tokenizer, AutoConfig.from_pretrained(args.model))
+    stop_ids = stop_token_ids(tokenizer, args.model)
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     if args.rollout == "vllm":
         return VLLMEngine(args.model, stop_ids, max_model_len=args.max_prompt_len + args.max_tokens, seed=args.seed,

@@ -74,3 +74,26 @@ def test_weight_sync_and_prefix_cache_reset(vllm_engine, tiny_random_dir, prompt
     synced = max_logp_error(model, prompts, vllm_engine.generate(prompts, n=4, max_tokens=16, temperature=TEMPERATURE, seed=4))
     assert synced < 1e-3
     assert stale > 100 * max(synced, 1e-5), f"stale prefix cache should show: stale={stale}, synced={synced}"
+
+
+def test_stop_tokens_are_one_function_for_training_and_evaluation(tiny_random_dir, tmp_path):
+    """EOS <|endoftext|> with <|im_end|> in the vocabulary, and a generation-config EOS: all stop, wherever asked."""
+    import shutil
+
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from common import evaluate, rollout
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_random_dir, model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.eos_token = "<|endoftext|>"  # a base model's EOS; its chat markup still ends turns with <|im_end|>
+    tok.save_pretrained(model_dir)
+    eot, im_end = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    config = AutoConfig.from_pretrained(model_dir)
+    config.eos_token_id = eot
+    config.save_pretrained(model_dir)
+    GenerationConfig(eos_token_id=[eot, 7]).save_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    assert rollout.stop_token_ids(tok, str(model_dir)) == sorted({eot, im_end, 7})
+    assert not hasattr(evaluate, "_stop_token_ids"), "the evaluator must use common.rollout.stop_token_ids"
