@@ -1,43 +1,125 @@
-"""Per-token log-probabilities, full-vocabulary entropy and sequence NLL.
+"""Per-token log-probabilities, full-vocabulary entropy and sequence NLL, memory-bounded.
 
 All quantities come from `logits / T`, the distribution the rollout engine
-sampled from (ALGORITHMS.md, notation). The vocabulary of Qwen2.5 has 151,936
-entries, so the fp32 log-softmax is taken a chunk of rows at a time: at no
-point does a second full-size fp32 copy of the [B, L, V] logits exist.
+sampled from. Qwen2.5's vocabulary has 151,936 entries: one fp32 [B, C, V]
+logits tensor at 4 x 8,192 completion tokens is 20 GB. So the full logits
+never exist, in either pass:
+
+- `sequence_logprobs` runs the model with its output layer swapped, for that
+  one call, for a function that applies the LM head to the hidden states a
+  chunk of rows at a time and keeps only each row's (log-prob of the target,
+  entropy): the model returns a [B, K, 2] tensor instead of [B, K, V] logits,
+  so neither the model's own logits nor accelerate's fp32 upcast of them is
+  ever made.
+- each chunk runs under activation checkpointing: autograd keeps the chunk's
+  hidden states (D values per row, not V) and recomputes the chunk's logits in
+  backward, one chunk at a time. Peak memory is one chunk's fp32 logits (and
+  their gradient), whatever the sequence length.
+
+Values and gradients equal the direct computation (tests/test_logprobs.py);
+`benchmarks/memory.py` measures the bytes.
 """
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+# Rows per chunk: about 256 MB of fp32 logits at Qwen2.5's vocabulary.
+CHUNK_BYTES = 2**28
+
+
+def _chunk_rows(vocab: int) -> int:
+    return max(1, CHUNK_BYTES // (4 * vocab))
+
+
+def _logp_and_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool) -> torch.Tensor:
+    """[n, V] logits of any dtype -> [n, 2] fp32: log pi(target) and H(pi), pi = softmax(logits / T)."""
+    logp_all = F.log_softmax(logits.float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    # H = -sum p log p from the same log-softmax (stable when p underflows: 0 * -inf never occurs).
+    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
+    return torch.stack([logp, ent], -1)
+
+
+def _chunked(fn, rows: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+    """fn(rows[i:j], targets[i:j]) over row chunks, concatenated; recomputed per chunk in backward."""
+    grad = torch.is_grad_enabled()
+    outs = []
+    for start in range(0, rows.shape[0], chunk):
+        args = (rows[start : start + chunk], targets[start : start + chunk])
+        outs.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
+    return torch.cat(outs) if outs else rows.new_zeros(0, 2, dtype=torch.float32)
 
 
 def token_logprobs(
-    logits: torch.Tensor,
-    tokens: torch.Tensor,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    chunk_rows: int = 1024,
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False, chunk_rows: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log pi(token_t | <t) and, optionally, H(pi(. | <t)) for every position.
+    """log pi(token_t | <t) and, optionally, H(pi(. | <t)) from given logits [..., V] (any dtype).
 
-    logits: [..., V] (any dtype); tokens: [...] the sampled ids at the same positions.
-    Returns fp32 tensors shaped like `tokens`. Differentiable w.r.t. logits.
+    For logits that already exist (e.g. a generation step's scores). Returns fp32
+    tensors shaped like `tokens`, differentiable w.r.t. logits with nothing but the
+    logits themselves kept for backward.
     """
     if logits.shape[:-1] != tokens.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and tokens {tuple(tokens.shape)} do not line up")
-    flat_logits = logits.reshape(-1, logits.shape[-1])
-    flat_tokens = tokens.reshape(-1)
-    logps, ents = [], []
-    for start in range(0, flat_logits.shape[0], chunk_rows):
-        # Only this chunk is upcast to fp32.
-        chunk = flat_logits[start : start + chunk_rows].float() / temperature
-        logp_all = F.log_softmax(chunk, dim=-1)
-        logps.append(logp_all.gather(-1, flat_tokens[start : start + chunk_rows, None]).squeeze(-1))
-        if with_entropy:
-            # H = -sum p log p, from the same log-softmax (stable when p underflows).
-            ents.append(-(logp_all.exp() * logp_all).sum(-1))
-    logp = torch.cat(logps).view(tokens.shape)
-    entropy = torch.cat(ents).view(tokens.shape) if with_entropy else None
-    return logp, entropy
+    V = logits.shape[-1]
+    out = _chunked(
+        lambda x, t: _logp_and_entropy(x, t, temperature, with_entropy),
+        logits.reshape(-1, V),
+        tokens.reshape(-1),
+        chunk_rows or _chunk_rows(V),
+    )
+    out = out.view(*tokens.shape, 2)
+    return out[..., 0], out[..., 1] if with_entropy else None
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The HF model inside DDP / DeepSpeed (`.module`) and torch.compile (`._orig_mod`) wrappers."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+
+
+@contextlib.contextmanager
+def _head_returns_logprobs(model: torch.nn.Module, targets: torch.Tensor, temperature: float, with_entropy: bool, chunk_rows):
+    """Within the block, the model's output layer maps hidden states [B, K+1, D] to [B, K+1, 2]
+    (log-prob of `targets` [B, K], entropy; the last position, which predicts past the
+    sequence, gives zeros) instead of logits [B, K+1, V].
+
+    The layer is still called as a module (its forward is swapped, not bypassed), so the
+    hooks that DeepSpeed ZeRO-3 and FSDP2 put on it gather its weight as usual.
+    """
+    head = _unwrap(model).get_output_embeddings()
+    if head is None or not isinstance(head, torch.nn.Linear):
+        raise ValueError(f"{type(_unwrap(model)).__name__} has no linear output layer to score with")
+    config = getattr(_unwrap(model), "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        raise ValueError("models that rescale their logits after the output layer are not supported")
+    chunk = chunk_rows or _chunk_rows(head.out_features)
+
+    def scoring_forward(hidden: torch.Tensor) -> torch.Tensor:
+        B, K1, D = hidden.shape
+        rows = hidden[:, : K1 - 1].reshape(-1, D)  # hidden states only: D values per row, not V
+
+        def fn(h, t):  # the output layer itself runs here, a chunk at a time
+            return _logp_and_entropy(F.linear(h, head.weight, head.bias), t, temperature, with_entropy)
+
+        out = _chunked(fn, rows, targets.reshape(-1), chunk).view(B, K1 - 1, 2)
+        return F.pad(out, (0, 0, 0, 1))
+
+    saved = head.__dict__.get("forward")  # a wrapper's own patched forward, if any
+    head.forward = scoring_forward
+    try:
+        yield
+    finally:
+        if saved is None:
+            del head.forward  # back to the class's forward
+        else:
+            head.forward = saved
 
 
 def sequence_logprobs(
@@ -47,24 +129,24 @@ def sequence_logprobs(
     temperature: float = 1.0,
     logits_to_keep: int | None = None,
     with_entropy: bool = False,
-    chunk_rows: int = 1024,
+    chunk_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Score `input_ids` [B, L] with a causal LM.
+    """Score `input_ids` [B, L] with a causal LM, without ever materialising its logits.
 
-    Returns logp (and entropy) of shape [B, L - 1] for tokens 1..L-1, or [B, K]
-    for the last K tokens when `logits_to_keep=K` (then only K logit rows are
-    ever materialised: the completion part of a prompt+completion batch).
+    Returns fp32 logp (and entropy) of shape [B, L - 1] for tokens 1..L-1, or
+    [B, K] for the last K tokens when `logits_to_keep=K` (the completion part of
+    a prompt + completion batch).
     """
+    K = input_ids.shape[1] - 1 if logits_to_keep is None else logits_to_keep
     # position_ids from the mask so that left-padded prompts get the same
     # positions as the unpadded prompt had in the rollout engine.
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    kwargs = {}
-    if logits_to_keep is not None:
-        kwargs["logits_to_keep"] = logits_to_keep + 1
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs).logits
-    logits = logits[:, :-1]  # the last position predicts beyond the sequence
-    targets = input_ids[:, 1:] if logits_to_keep is None else input_ids[:, -logits_to_keep:]
-    return token_logprobs(logits, targets, temperature, with_entropy, chunk_rows)
+    with _head_returns_logprobs(model, input_ids[:, -K:], temperature, with_entropy, chunk_rows):
+        out = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, logits_to_keep=K + 1
+        ).logits
+    out = out[:, :-1].float()  # [B, K, 2], a few bytes per token
+    return out[..., 0], out[..., 1] if with_entropy else None
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

@@ -75,3 +75,55 @@ def test_masked_mean_and_nll():
     assert masked_mean(x, m).item() == 1.5
     torch.testing.assert_close(masked_mean(x, m, dim=-1), torch.tensor([1.5, 0.0]))  # empty row: 0, not NaN
     torch.testing.assert_close(sequence_nll(-x, m), torch.tensor([1.5, 0.0]))
+
+
+def direct(model, ids, attn, T, K):
+    """The textbook computation: full logits, fp32 log-softmax over the whole tensor."""
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, -K - 1 : -1].float() / T
+    logp_all = torch.log_softmax(logits, -1)
+    return logp_all.gather(-1, ids[:, -K:, None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
+
+
+def test_values_and_gradients_equal_the_direct_computation(tiny_random_model):
+    model, _ = tiny_random_model
+    torch.manual_seed(2)
+    ids = torch.randint(3, model.config.vocab_size, (3, 14))
+    attn = torch.ones_like(ids)
+    attn[0, :3] = 0  # a left-padded row
+    weights = torch.randn(3, 6, dtype=torch.float64)
+
+    def grads(fn):
+        model.zero_grad()
+        logp, ent = fn()
+        ((logp.double() * weights).sum() + (ent.double() * weights.flip(0)).sum()).backward()
+        return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    for chunk in (1, 5, None):  # chunks smaller than, not dividing, and larger than the 18 rows
+        a = grads(lambda: sequence_logprobs(model, ids, attn, 0.7, logits_to_keep=6, with_entropy=True, chunk_rows=chunk))
+        b = grads(lambda: direct(model, ids, attn, 0.7, 6))
+        torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a[1], b[1], atol=1e-5, rtol=1e-5)
+        for name in b[2]:
+            torch.testing.assert_close(a[2][name], b[2][name], atol=1e-5, rtol=1e-4, msg=name)
+    model.zero_grad(set_to_none=True)
+    assert "forward" not in vars(model.get_output_embeddings()), "the output layer's forward must be restored"
+
+
+def test_nothing_vocabulary_sized_is_kept_for_backward(tiny_random_model):
+    """Autograd keeps no [rows, V] tensor: the logits are recomputed chunk by chunk in backward."""
+    model, _ = tiny_random_model
+    V = model.config.vocab_size
+    ids = torch.randint(3, V, (2, 40))
+    saved = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logp, ent = sequence_logprobs(model, ids, torch.ones_like(ids), 1.0, logits_to_keep=30, with_entropy=True, chunk_rows=8)
+    assert saved, "the hook must see the model's saved activations"
+    assert not [s for s in saved if s and s[-1] == V and len(s) > 1 and s[0] > 1], [s for s in saved if s[-1] == V]
+    (logp.sum() + ent.sum()).backward()
+    model.zero_grad(set_to_none=True)
