@@ -11,37 +11,30 @@ are damped; moderate ones keep their signal. No hyperparameter (`diff grpo_base.
     w~_it = w_it * N / sum w                                   (N = the group's token count: mean weight 1)
     loss  = clipped surrogate with the token advantage w~_it * A_i in place of A_i
 
-Decisions (ALGORITHMS.md section 3 and where the paper is silent):
-- Statistics are per group (a prompt's G completions, N = sum_j |o_j|); means are token-weighted,
-  so mean A = sum_j |o_j| A_j / N.
-- logp is pi_old's, detached: the weights are constants, as in the paper (its logp equals pi_old's
-  on the first pass, mu = 1).
-- sigma is the unbiased std (torch.std) of the c_it around their mean. sigma = 0 (all-equal rewards,
-  a single token) gives w = 1, and so does a group whose weights all underflow to 0 (only possible
-  when every |c| is huge next to sigma): never NaN.
-- `--cw false` is vanilla GRPO; the covariance statistics are still logged (the paper's Table 1 is
-  measured under GRPO). They pool the tokens of groups with unequal rewards (elsewhere c = 0 and A = 0).
-- The paper's prompt (App. B, `--template r1`) and reward (accuracy + <think> format) are in the README
-  command; Args keep the demo's template and reward, which its tiny model was fine-tuned on.
+`--cw false` is the vanilla GRPO baseline with the same logs. Every decision
+where the paper is silent (per-group statistics, sigma = 0, the paper's prompt
+and reward): docs/algorithms/cw_grpo.md.
 
     python cw_grpo.py                    # CPU demo: tiny model, synthetic arithmetic
     python cw_grpo.py --cw false         # the vanilla GRPO baseline, same defaults and logs
-    accelerate launch cw_grpo.py --model deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B --dataset data/open_rs.jsonl ...  (docs/algorithms/cw_grpo.md)
+
 """
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from accelerate.utils import set_seed
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from common.batching import pack, pad_right
+from common.batching import pack, pad_right, select
 from common.checkpoint import load_checkpoint, save_checkpoint
 from common.cli import arg, clear_errors, parse_args, require
 from common.data import TEMPLATE_CHOICES, PromptSampler, format_prompt, load_math_dataset, prompt_opens_think
-from common.distributed import global_sum, make_accelerator, micro_batch, peak_memory_gb, reduce_metrics, state_dict_for_sync
+from common.distributed import global_sum, make_accelerator, micro_batch, micro_batch_plan, peak_memory_gb, reduce_metrics, state_dict_for_sync
 from common.evaluate import evaluate, load_benchmarks, write_results
+from common.health import NonFiniteGuard, SignalWatch
 from common.logprobs import masked_mean, sequence_logprobs
 from common.metrics import PhaseTimer, RunLogger
 from common.rewards import REWARD_FUNCS, MathVerifier, compute_rewards
@@ -59,7 +52,7 @@ class Args:
     solution_field: str | None = arg(None, "dataset column holding a reference solution")
     template: str = arg("qwen_math", "prompt template; *_native: rendered by the model's own chat template", TEMPLATE_CHOICES)
     rewards: str = arg("accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format")
-    output_dir: str = arg("runs/cw_grpo", "run directory: metrics.jsonl, config.json, checkpoints")
+    output_dir: str = arg(f"runs/{Path(__file__).stem}", "run directory: metrics.jsonl, config.json, checkpoints")
     steps: int = arg(30, "optimisation steps (one rollout batch each)")
     epochs: float | None = arg(None, "if set, overrides --steps: passes over the dataset")
     prompts_per_step: int = arg(16, "prompts per step over all ranks; each gets --group_size completions")
@@ -69,12 +62,15 @@ class Args:
     warmup_steps: int = arg(0, "linear learning-rate warm-up steps")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     grad_clip: float = arg(1.0, "max global grad norm")
-    micro_batch_size: int = arg(32, "sequences per forward/backward (gradient accumulation beyond)")
+    micro_batch_size: int = arg(32, "sequences per forward/backward (gradient accumulation beyond), if --max_tokens_per_micro_batch is 0")
+    max_tokens_per_micro_batch: int = arg(0, "if > 0: micro-batches of length-sorted sequences, each within this many (padded) tokens")
     seed: int = arg(0, "random seed (data order, sampling, init)")
     save_steps: int = arg(0, "save a checkpoint every N steps (0: only at the end)")
     keep_last: int = arg(2, "checkpoints kept on disk (0: all)")
     resume: bool = arg(False, "continue from the latest complete checkpoint in --output_dir")
-    # The method. Defaults: ALGORITHMS.md section 3 (the paper's App. C).
+    max_nonfinite_steps: int = arg(3, "stop the run after this many optimiser steps in a row with a NaN/inf loss or grad norm (each is skipped; 0: never stop)")
+    warn_flat_steps: int = arg(10, "warn when every group's rewards have been equal for this many steps in a row (0: never)")
+    # The method. Defaults: docs/algorithms/cw_grpo.md (the paper's App. C).
     group_size: int = arg(12, "G: completions per prompt")
     temperature: float = arg(0.7, "sampling temperature T; log-probs are computed from logits / T")
     top_p: float = arg(1.0, "nucleus sampling")
@@ -83,8 +79,8 @@ class Args:
     beta: float = arg(0.0, "k3 KL weight to the initial model (0: no reference model is loaded)")
     loss_agg: str = arg("seq-mean-token-mean", "loss aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
     mu: int = arg(1, "optimisation passes over each rollout batch")
-    cw: bool = arg(True, "Gaussian-kernel covariance reweighting of token advantages (false: vanilla GRPO)")
     num_minibatches: int = arg(1, "optimiser steps per pass (the rollout batch split in this many)")
+    cw: bool = arg(True, "Gaussian-kernel covariance reweighting of token advantages (false: vanilla GRPO)")
     # Systems.
     rollout: str = arg("vllm" if vllm_available() else "hf", "rollout engine", ["vllm", "hf"])
     precision: str = arg("auto", "auto: fp32 weights + bf16 autocast on GPU, fp32 on CPU; bf16: bf16 weights too (half the memory, but lr-1e-6 updates round away)", ["auto", "bf16", "fp32"])
@@ -102,6 +98,7 @@ def validate(args: Args) -> None:
     """Refuse flag combinations that would fail deep inside torch or train silently wrong."""
     require(args.group_size >= 2, f"--group_size must be >= 2 (got {args.group_size}): GRPO compares completions within a group")
     require(args.prompts_per_step >= 1 and args.max_completion_len >= 1 and args.micro_batch_size >= 1, "--prompts_per_step, --max_completion_len and --micro_batch_size must be >= 1")
+    require(args.max_tokens_per_micro_batch >= 0 and args.max_nonfinite_steps >= 0 and args.warn_flat_steps >= 0, "--max_tokens_per_micro_batch, --max_nonfinite_steps and --warn_flat_steps must be >= 0")
     n = args.prompts_per_step * args.group_size
     require(n % args.num_minibatches == 0, f"--num_minibatches={args.num_minibatches} must divide prompts_per_step * group_size = {n}")
     require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps_low must be in [0, 1) and --eps_high >= 0")
@@ -113,7 +110,7 @@ def validate(args: Args) -> None:
 
 
 def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.Tensor:
-    """A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G (GRPO eq. 3 of the papers).
+    """A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G (GRPO paper, eq. 3 of the four papers).
 
     A group whose rewards are all equal gets A = 0 ("advantage collapse").
     """
@@ -121,7 +118,7 @@ def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.
     return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)).view(-1)
 
 
-def cw_advantages(rewards: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, G: int, args: Args):
+def kernel_weighted_advantages(rewards: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, G: int, args: Args):
     """Token advantages w~_it * A_i [N, C] (Sec. 2.3), and the covariances c and weights w~ [N, C] for the logs.
 
     rewards: [N], N = groups * G; old_logp, mask: [N, C] under pi_old. With --cw false the
@@ -160,19 +157,34 @@ def covariance_stats(cw: dict, rewards: torch.Tensor, mask: torch.Tensor, G: int
     return dict(zip(names, [c.mean(), *pct, a[-1], share, w[top].mean()]))
 
 
+def cw_advantages(rewards: torch.Tensor, old: dict, batch: dict, G: int, args: Args) -> tuple[torch.Tensor, dict]:
+    """CW-GRPO's advantage step on pi_old's log-probs, and the covariance statistics of the paper's
+    Table 1 (policy entropy, its Figure 1, is train/entropy)."""
+    token_adv, d = kernel_weighted_advantages(rewards, old["logp"], batch["completion_mask"], G, args)
+    return token_adv, {f"cw/{k}": v for k, v in covariance_stats(d, rewards, batch["completion_mask"], G).items()}
+
+
+# True: the kernel weights use pi_old's token log-probs, needed before the first update.
+NEEDS_PI_OLD = True
+
+
 def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=None):
     """Clipped surrogate (PPO/GRPO), per token, aggregated with global denominators.
 
-    logp/old_logp/mask: [n, C]; adv: [n] or [n, C] (token-level advantages).
+    logp/mask: [n, C] of one micro-batch; old_logp, ref_logp and token-level adv may be
+    wider (the whole batch's C) and are cut to C; adv: [n] or [n, C].
     num_seqs/num_tokens: sizes of the whole mini-batch this micro-batch belongs to,
     so summing micro-batch losses gives exactly the mini-batch loss.
+    Returns the loss and token sums for the step's metrics (clipped below / above, k3 KL, tokens).
     """
-    adv = adv[:, None] if adv.dim() == 1 else adv
+    C = logp.shape[1]
+    adv = adv[:, None] if adv.dim() == 1 else adv[:, :C]
+    old_logp = old_logp[:, :C]
     ratio = torch.exp(logp - old_logp)
     clipped = torch.clamp(ratio, 1 - args.eps_low, 1 + args.eps_high)
     per_token = -torch.min(ratio * adv, clipped * adv)
     if args.beta > 0:
-        d = ref_logp - logp
+        d = ref_logp[:, :C] - logp
         per_token = per_token + args.beta * (torch.exp(d) - d - 1)  # k3 estimator
     masked = per_token * mask
     if args.loss_agg == "token-mean":
@@ -182,28 +194,28 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
     else:  # seq-mean-token-sum-norm (Dr. GRPO): a constant denominator
         loss = masked.sum() / (num_seqs * args.max_completion_len)
     with torch.no_grad():
-        is_clipped = ((ratio < 1 - args.eps_low) & (adv < 0)) | ((ratio > 1 + args.eps_high) & (adv > 0))
-        stats = {
-            "clip_frac": masked_mean(is_clipped.float(), mask).item(),
-            "approx_kl": masked_mean(ratio - 1 - (logp - old_logp), mask).item(),  # k3 KL(pi_old || pi_theta)
+        sums = {
+            "clip_low": (((ratio < 1 - args.eps_low) & (adv < 0)) * mask).sum().item(),  # the clip bounds a decrease
+            "clip_high": (((ratio > 1 + args.eps_high) & (adv > 0)) * mask).sum().item(),  # ... an increase
+            "approx_kl": ((ratio - 1 - (logp - old_logp)) * mask).sum().item(),  # k3 KL(pi_old || pi_theta)
+            "tokens": mask.sum().item(),
         }
-    return loss, stats
+    return loss, sums
 
 
-def score(model, batch, args, ref_model=None):
-    """No-grad pass over the rollout batch: log-probs (and entropy) under pi_old, micro-batch by micro-batch."""
-    C = batch["completion_mask"].shape[1]
-    out = {"logp": [], "entropy": [], "ref_logp": []}
+def old_logprobs(model, batch, args, plan, ref_model=None):
+    """No-grad pass over the rollout batch, micro-batch by micro-batch (`plan`): log-probs and
+    entropy under pi_old ([N, C] each) and, with a reference model, its log-probs."""
+    out = {k: torch.zeros_like(batch["completion_mask"]) for k in ("logp", "entropy", "ref_logp")}
     with torch.no_grad():
-        for i in range(0, len(batch["input_ids"]), args.micro_batch_size):
-            ids = batch["input_ids"][i : i + args.micro_batch_size]
-            attn = batch["attention_mask"][i : i + args.micro_batch_size]
-            logp, ent = sequence_logprobs(model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True)
-            out["logp"].append(logp)
-            out["entropy"].append(ent)
+        for idx in plan:
+            mb = select(batch, idx)
+            C = mb["completion_mask"].shape[1]
+            logp, ent = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C, with_entropy=True)
+            out["logp"][idx, :C], out["entropy"][idx, :C] = logp[: len(idx)], ent[: len(idx)]
             if ref_model is not None:
-                out["ref_logp"].append(sequence_logprobs(ref_model, ids, attn, args.temperature, logits_to_keep=C)[0])
-    return {k: torch.cat(v) if v else None for k, v in out.items()}
+                out["ref_logp"][idx, :C] = sequence_logprobs(ref_model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C)[0][: len(idx)]
+    return out
 
 
 def main(args: Args) -> None:
@@ -267,6 +279,7 @@ def main(args: Args) -> None:
     reward_names = args.rewards.split(",")
     logger = RunLogger(args.output_dir, total_steps, asdict(args), enabled=accelerator.is_main_process, initial_step=start_step)
     G = args.group_size
+    guard, watch = NonFiniteGuard(args.max_nonfinite_steps), SignalWatch(args.warn_flat_steps, say=logger.write if accelerator.is_main_process else lambda _: None)
 
     def run_eval():  # every rank evaluates with its own engine; the logged numbers are means over ranks
         return evaluate(engine, tokenizer, eval_sets, args.template, args.eval_n, args.eval_temperature, args.max_completion_len, args.top_p, seed=args.seed + rank, verifier=verifier, max_prompt_len=args.max_prompt_len)
@@ -298,37 +311,47 @@ def main(args: Args) -> None:
             engine.sleep()
             batch = pack([r["prompt_ids"] for r in rollout_rows], [c.token_ids for c in completions], tokenizer.pad_token_id, accelerator.device)
             mask = batch["completion_mask"]
-            old = score(model, batch, args, ref_model)
+            n = len(completions)
+            on_policy = not NEEDS_PI_OLD and args.mu == 1 and args.num_minibatches == 1 and ref_model is None
+            plan = micro_batch_plan(accelerator, model, batch, list(range(n)), args.micro_batch_size, args.max_tokens_per_micro_batch)
+            old = old_logprobs(model, batch, args, [] if on_policy else plan, ref_model)  # on-policy: filled by the update's own pass
             rollout_logp = pad_right([c.logprobs for c in completions], mask.shape[1], device=accelerator.device)
 
         # 4. Advantages: GRPO's, then per token the covariance-kernel weight.
-        advantages = group_advantages(rewards, G)
-        token_adv, cw = cw_advantages(rewards, old["logp"], mask, G, args)
+        advantages, info = cw_advantages(rewards, old, batch, G, args)
 
         # 5. Clipped-surrogate updates: mu passes, num_minibatches optimiser steps each.
         with timer("update"):
             model.train()
-            n = len(completions)
             mb_size = n // args.num_minibatches
-            update_stats = []
+            sums = dict.fromkeys(("clip_low", "clip_high", "approx_kl", "tokens", "loss", "skipped"), 0.0)
             for _ in range(args.mu):
-                order = torch.randperm(n, device=accelerator.device) if args.num_minibatches > 1 else torch.arange(n, device=accelerator.device)
+                order = torch.randperm(n).tolist() if args.num_minibatches > 1 else list(range(n))
                 for start in range(0, n - mb_size + 1, mb_size):
-                    idx_mb = order[start : start + mb_size]
+                    rows_mb = order[start : start + mb_size]
+                    if args.num_minibatches > 1:
+                        plan = micro_batch_plan(accelerator, model, batch, rows_mb, args.micro_batch_size, args.max_tokens_per_micro_batch)
                     # Global denominators: DDP averages gradients over ranks, so per-rank
                     # losses are divided by (global count / world) to make the mean exact.
-                    num_tokens = global_sum(accelerator, mask[idx_mb].sum().item()) / world
-                    for i in range(0, len(idx_mb), args.micro_batch_size):
-                        idx = idx_mb[i : i + args.micro_batch_size]
-                        with micro_batch(accelerator, model, last=i + args.micro_batch_size >= len(idx_mb)):  # grads sync on the last
-                            logp, _ = sequence_logprobs(model, batch["input_ids"][idx], batch["attention_mask"][idx], args.temperature, logits_to_keep=mask.shape[1])
-                            ref = old["ref_logp"][idx] if ref_model is not None else None
-                            loss, stats = policy_loss(logp, old["logp"][idx], token_adv[idx], mask[idx], args, len(idx_mb), num_tokens, ref)
+                    num_tokens = global_sum(accelerator, mask[rows_mb].sum().item()) / world
+                    step_loss = 0.0
+                    for i, idx in enumerate(plan):
+                        mb = select(batch, idx)
+                        with micro_batch(accelerator, model, last=i == len(plan) - 1):  # grads sync on the last
+                            logp, ent = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=mb["completion_mask"].shape[1], with_entropy=on_policy)
+                            if on_policy:  # pi_old is this very policy: its log-probs are this pass's, detached
+                                old["logp"][idx, : logp.shape[1]], old["entropy"][idx, : logp.shape[1]] = logp.detach()[: len(idx)], ent.detach()[: len(idx)]
+                            loss, stats = policy_loss(logp, old["logp"][mb["rows"]], advantages[mb["rows"]], mb["completion_mask"], args, len(rows_mb), num_tokens, old["ref_logp"][mb["rows"]])
                             accelerator.backward(loss)
-                        update_stats.append(stats | {"loss": loss.item()})
+                        step_loss += loss.item()
+                        sums = {k: v + stats.get(k, 0.0) for k, v in sums.items()}
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
-                    optimizer.step()
-                    scheduler.step()
+                    step_loss = global_sum(accelerator, step_loss)
+                    if guard.check(step + 1, step_loss, grad_norm, scheduler.get_last_lr()[0]):  # a NaN/inf update is skipped
+                        optimizer.step()
+                        scheduler.step()
+                    sums["loss"] += step_loss
+                    sums["skipped"] += guard.in_a_row > 0
                     optimizer.zero_grad()
 
         # 6. Sync: the rollout engine samples from the new policy next step.
@@ -340,34 +363,40 @@ def main(args: Args) -> None:
         r_grp = rewards.view(-1, G)
         lengths = mask.sum(-1)
         step_s = sum(timer.seconds.values())
+        tok = global_sum(accelerator, {k: sums[k] for k in ("clip_low", "clip_high", "approx_kl", "tokens")} | {"entropy": (old["entropy"] * mask).sum().item(), "mask": mask.sum().item()})
         metrics = {
-            "reward": rewards.mean(),
-            "accuracy": accuracy.mean(),
-            "response_len": lengths.mean(),
-            "truncated_frac": sum(not c.finished for c in completions) / n,
-            "entropy": masked_mean(old["entropy"], mask),
-            "zero_adv_group_frac": (r_grp.max(1).values == r_grp.min(1).values).float().mean(),
-            "adv_var_within_group": advantages.view(-1, G).var(1).mean(),
-            "rollout_logp_gap": masked_mean((rollout_logp - old["logp"]).abs(), mask),
-            **covariance_stats(cw, rewards, mask, G),  # the paper's Table 1; policy entropy is "entropy" (Fig. 1)
-            "grad_norm": grad_norm,
-            "lr": scheduler.get_last_lr()[0],
-            **{k: sum(s[k] for s in update_stats) / len(update_stats) for k in ("clip_frac", "approx_kl")},
-            "loss": sum(s["loss"] for s in update_stats) / (args.mu * args.num_minibatches),
-            **{f"{k}_s": v for k, v in timer.seconds.items()},
-            "step_s": step_s,
-            "tokens_per_s": lengths.sum() / step_s,
-            "peak_mem_gb": peak_memory_gb(),
+            "train/reward": rewards.mean(),
+            "train/accuracy": accuracy.mean(),
+            "train/response_len": lengths.mean(),
+            "train/truncated_frac": sum(not c.finished for c in completions) / n,
+            "train/entropy": tok["entropy"] / max(tok["mask"], 1),
+            "train/zero_adv_group_frac": (r_grp.max(1).values == r_grp.min(1).values).float().mean(),
+            "train/adv_var_within_group": (advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)).view(-1, G).var(1).mean(),
+            "train/rollout_logp_gap": masked_mean((rollout_logp.nan_to_num() - old["logp"]).abs(), mask * rollout_logp.isfinite()),
+            "train/grad_norm": math.nan if grad_norm is None else grad_norm,  # None: DeepSpeed clips inside its own step
+            "train/lr": scheduler.get_last_lr()[0],
+            "train/clip_frac_low": tok["clip_low"] / max(tok["tokens"], 1),
+            "train/clip_frac_high": tok["clip_high"] / max(tok["tokens"], 1),
+            "train/approx_kl": tok["approx_kl"] / max(tok["tokens"], 1),
+            "train/loss": sums["loss"] / (args.mu * args.num_minibatches),
+            "train/skipped_steps": sums["skipped"],
+            "reward/timeouts": verifier.take_timeouts(),
+            **info,
+            **{f"time/{k}_s": v for k, v in timer.seconds.items()},
+            "time/step_s": step_s,
+            "time/tokens_per_s": lengths.sum() / step_s,
+            "time/peak_mem_gb": peak_memory_gb(),
         }
         if args.eval_steps and ((step + 1) % args.eval_steps == 0 or step + 1 == total_steps):
             with timer("eval"):
                 summary, records = run_eval()
-            metrics |= summary | {"eval_s": timer.seconds["eval"]}
+            metrics |= summary | {"time/eval_s": timer.seconds["eval"]}
             if step + 1 == total_steps and accelerator.is_main_process:
                 write_results(args.output_dir, summary, records, {"step": step + 1, "benchmarks": args.eval_benchmarks, "n": args.eval_n})
         metrics = reduce_metrics(accelerator, {k: float(v) for k, v in metrics.items()})
-        metrics["epoch"] = sampler.epoch
+        metrics["train/epoch"] = sampler.epoch
         logger.log(step + 1, metrics)
+        watch.update(step + 1, metrics["train/zero_adv_group_frac"], metrics["train/truncated_frac"])
         if (args.save_steps and (step + 1) % args.save_steps == 0) or step + 1 == total_steps:
             save_checkpoint(accelerator, model, tokenizer, args.output_dir, step + 1, {"sampler": sampler.state_dict()}, args.keep_last)
 

@@ -8,33 +8,29 @@ grpo_base.py plus two switchable remedies for "advantage collapse" (all G reward
 - EDA (eqs. 3, 4, 6, 7): P_i = mean over o_i's tokens of H(softmax(logits_t / T)) under pi_old;
   A_hat_i = A_i / P_hat_i with P_hat_i = P_i / mean_group(P).
 Ablations (Tables 1-2): Vanilla `--gec off --eda false`; +Force-R `--gec reflection_only --eda false`;
-+Force-R & EDA `--gec reflection_only`; EDGE-GRPO: the defaults.
-
-Decisions (ALGORITHMS.md section 1, docs/algorithms/edge_grpo.md): P_i is pi_old's and A_hat a constant;
-`--eda_entropy_grad` takes P_i from the training pass, gradient through 1 / P_i (authors' code). P_i and
-mean_group(P) are floored at 1e-6: A_hat stays finite, an all-zero group keeps A. GEC edits token ids;
-inserted tokens carry engine log-prob NaN, so `rollout_logp_gap` covers engine-sampled tokens only.
-reflection_only needs no reference solution; full refuses data without one. GEC draws are seeded by
-(--seed, rank, step).
++Force-R & EDA `--gec reflection_only`; EDGE-GRPO: the defaults. Every decision where the paper is
+silent (P_i under pi_old, floors, GEC seeding, the loss aggregation): docs/algorithms/edge_grpo.md.
 
     python edge_grpo.py                  # CPU demo: tiny model, synthetic arithmetic
-    python edge_grpo.py --model Qwen/Qwen2.5-Math-1.5B --dataset data/deepscaler_random_1k.jsonl ...
+
 """
 
 import math
 import random
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from accelerate.utils import set_seed
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from common.batching import pack, pad_right
+from common.batching import pack, pad_right, select
 from common.checkpoint import load_checkpoint, save_checkpoint
 from common.cli import arg, clear_errors, parse_args, require
 from common.data import TEMPLATE_CHOICES, PromptSampler, format_prompt, load_math_dataset, prompt_opens_think
-from common.distributed import global_sum, make_accelerator, micro_batch, peak_memory_gb, reduce_metrics, state_dict_for_sync
+from common.distributed import global_sum, make_accelerator, micro_batch, micro_batch_plan, peak_memory_gb, reduce_metrics, state_dict_for_sync
 from common.evaluate import evaluate, load_benchmarks, write_results
+from common.health import NonFiniteGuard, SignalWatch
 from common.logprobs import masked_mean, sequence_logprobs
 from common.metrics import PhaseTimer, RunLogger
 from common.rewards import REWARD_FUNCS, MathVerifier, accuracy_reward, compute_rewards
@@ -52,7 +48,7 @@ class Args:
     solution_field: str | None = arg(None, "dataset column holding a reference solution")
     template: str = arg("qwen_math", "prompt template; *_native: rendered by the model's own chat template", TEMPLATE_CHOICES)
     rewards: str = arg("boxed_format,accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format")
-    output_dir: str = arg("runs/edge_grpo", "run directory: metrics.jsonl, config.json, checkpoints")
+    output_dir: str = arg(f"runs/{Path(__file__).stem}", "run directory: metrics.jsonl, config.json, checkpoints")
     steps: int = arg(30, "optimisation steps (one rollout batch each)")
     epochs: float | None = arg(None, "if set, overrides --steps: passes over the dataset")
     prompts_per_step: int = arg(16, "prompts per step over all ranks; each gets --group_size completions")
@@ -62,19 +58,22 @@ class Args:
     warmup_steps: int = arg(0, "linear learning-rate warm-up steps")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     grad_clip: float = arg(1.0, "max global grad norm")
-    micro_batch_size: int = arg(32, "sequences per forward/backward (gradient accumulation beyond)")
+    micro_batch_size: int = arg(32, "sequences per forward/backward (gradient accumulation beyond), if --max_tokens_per_micro_batch is 0")
+    max_tokens_per_micro_batch: int = arg(0, "if > 0: micro-batches of length-sorted sequences, each within this many (padded) tokens")
     seed: int = arg(0, "random seed (data order, sampling, init)")
     save_steps: int = arg(0, "save a checkpoint every N steps (0: only at the end)")
     keep_last: int = arg(2, "checkpoints kept on disk (0: all)")
     resume: bool = arg(False, "continue from the latest complete checkpoint in --output_dir")
-    # The method. Defaults: ALGORITHMS.md section 1 (the authors' launch script).
+    max_nonfinite_steps: int = arg(3, "stop the run after this many optimiser steps in a row with a NaN/inf loss or grad norm (each is skipped; 0: never stop)")
+    warn_flat_steps: int = arg(10, "warn when every group's rewards have been equal for this many steps in a row (0: never)")
+    # The method. Defaults: docs/algorithms/edge_grpo.md (the authors' launch script).
     group_size: int = arg(8, "G: completions per prompt")
     temperature: float = arg(0.6, "sampling temperature T; log-probs are computed from logits / T")
     top_p: float = arg(1.0, "nucleus sampling")
     eps_low: float = arg(0.2, "clip range: rho >= 1 - eps_low")
     eps_high: float = arg(0.2, "clip range: rho <= 1 + eps_high")
     beta: float = arg(0.0, "k3 KL weight to the initial model (0: no reference model is loaded)")
-    loss_agg: str = arg("token-mean", "loss aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
+    loss_agg: str = arg("seq-mean-token-mean", "loss aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
     mu: int = arg(1, "optimisation passes over each rollout batch")
     num_minibatches: int = arg(1, "optimiser steps per pass (the rollout batch split in this many)")
     gec: str = arg("full", "Guided Error Correction of incorrect completions: full (0.5 / 0.25 / 0.25), reflection_only (+Force-R: p = 1), off", ["full", "reflection_only", "off"])
@@ -98,6 +97,7 @@ def validate(args: Args) -> None:
     """Refuse flag combinations that would fail deep inside torch or train silently wrong."""
     require(args.group_size >= 2, f"--group_size must be >= 2 (got {args.group_size}): GRPO compares completions within a group")
     require(args.prompts_per_step >= 1 and args.max_completion_len >= 1 and args.micro_batch_size >= 1, "--prompts_per_step, --max_completion_len and --micro_batch_size must be >= 1")
+    require(args.max_tokens_per_micro_batch >= 0 and args.max_nonfinite_steps >= 0 and args.warn_flat_steps >= 0, "--max_tokens_per_micro_batch, --max_nonfinite_steps and --warn_flat_steps must be >= 0")
     n = args.prompts_per_step * args.group_size
     require(n % args.num_minibatches == 0, f"--num_minibatches={args.num_minibatches} must divide prompts_per_step * group_size = {n}")
     require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps_low must be in [0, 1) and --eps_high >= 0")
@@ -105,10 +105,9 @@ def validate(args: Args) -> None:
     require(args.mu >= 1, "--mu must be >= 1")
     unknown = set(args.rewards.split(",")) - set(REWARD_FUNCS)
     require(not unknown, f"--rewards: unknown term(s) {sorted(unknown)}; choose from {sorted(REWARD_FUNCS)}")
+    require(args.eval_steps >= 0 and args.eval_n >= 1 and args.eval_temperature > 0, "--eval_steps must be >= 0, --eval_n >= 1, --eval_temperature > 0")
     require(args.gec_max_new_tokens >= 1, "--gec_max_new_tokens must be >= 1")
     require(args.eda or not args.eda_entropy_grad, "--eda_entropy_grad needs --eda (it changes how EDA's entropy is computed)")
-
-    require(args.eval_steps >= 0 and args.eval_n >= 1 and args.eval_temperature > 0, "--eval_steps must be >= 0, --eval_n >= 1, --eval_temperature > 0")
 
 
 def check_gec_data(rows: list[dict], gec: str) -> None:
@@ -121,7 +120,7 @@ def check_gec_data(rows: list[dict], gec: str) -> None:
 
 
 def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.Tensor:
-    """A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G (GRPO eq. 3 of the papers).
+    """A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G (GRPO paper, eq. 3 of the four papers).
 
     A group whose rewards are all equal gets A = 0 ("advantage collapse").
     """
@@ -137,18 +136,28 @@ def entropy_driven_advantages(adv: torch.Tensor, P: torch.Tensor, P_group_mean: 
     return adv * P_group_mean.clamp(min=floor) / P.clamp(min=floor)
 
 
+def edge_advantages(rewards: torch.Tensor, old: dict, batch: dict, G: int, args: Args) -> tuple[torch.Tensor, dict]:
+    """GRPO's advantage, rescaled by EDA on pi_old's entropies (eqs. 3, 6, 7) unless --eda false;
+    metrics: the advantage variance without EDA (paper Fig. 5) and the mean P_i (eq. 3)."""
+    base = group_advantages(rewards, G)
+    P = masked_mean(old["entropy"], batch["completion_mask"], dim=-1)  # eq. 3: each completion's mean token entropy
+    adv = entropy_driven_advantages(base, P, P.view(-1, G).mean(1).repeat_interleave(G)) if args.eda else base
+    return adv, {"edge/adv_var_within_group_before_eda": base.view(-1, G).var(1).mean(), "edge/entropy_P": P.mean()}
+
+
 REFLECTION = " Wait! Something is wrong here."
 INJECTION = "\nWait! Something is wrong here. After verification, the correct answer is \\boxed{{{}}}."  # .format(answer)
 
 
 def guided_error_correction(prompts, completions, accuracy, answers, solutions, tokenizer, engine, rng, mode="full",
-                            max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None):
+                            max_new_tokens=256, temperature=1.0, top_p=1.0, seeds=None):
     """GEC: edit every completion with accuracy 0; returns (edited completions, branch name or None each).
 
     mode "full": reflection (p = 0.5), answer injection (0.25), reference solution (0.25); "reflection_only"
     (+Force-R): reflection, p = 1. Reflections continue in one `engine.generate` call on prompt + completion
-    + REFLECTION; the others end on the completion's stop token (the tokenizer's EOS if it was cut off).
-    Inserted tokens get log-prob NaN: the engine never sampled them."""
+    + REFLECTION, each under its completion's seed (`seeds`, one per completion); the others end on the
+    completion's stop token (the tokenizer's EOS if it was cut off). Inserted tokens get log-prob NaN:
+    the engine never sampled them."""
     eos_id = tokenizer.eos_token_id
     reflection_ids = tokenizer(REFLECTION, add_special_tokens=False).input_ids
     edited, branches, regenerate = list(completions), [None] * len(completions), []
@@ -168,6 +177,7 @@ def guided_error_correction(prompts, completions, accuracy, answers, solutions, 
             body, body_logp = [], []
         edited[i] = Completion(body + new, body_logp + [math.nan] * len(new), finished=branches[i] != "reflection")
     if regenerate:
+        seed = None if seeds is None else [seeds[i] for i in regenerate]
         conts = engine.generate([prompts[i] + edited[i].token_ids for i in regenerate], 1, max_new_tokens, temperature, top_p, seed=seed)
         for i, [cont] in zip(regenerate, conts):
             edited[i] = Completion(edited[i].token_ids + cont.token_ids, edited[i].logprobs + cont.logprobs, cont.finished)
@@ -178,23 +188,31 @@ def gec_metrics(branches, rollout_accuracy, accuracy) -> dict:
     """Per-step counts (per rank): completions edited by each branch; edits correct afterwards (all, and reflections:
     the policy's own corrections); the policy's own accuracy before GEC."""
     fixed = [b for b, acc in zip(branches, accuracy) if b is not None and acc > 0]
-    counts = {f"gec_{name}": branches.count(name) for name in ("reflection", "injection", "replacement")}
-    return counts | {"gec_fixed": len(fixed), "gec_reflection_fixed": fixed.count("reflection"), "rollout_accuracy": sum(rollout_accuracy) / len(rollout_accuracy)}
+    counts = {f"gec/{name}": branches.count(name) for name in ("reflection", "injection", "replacement")}
+    return counts | {"gec/fixed": len(fixed), "gec/reflection_fixed": fixed.count("reflection"), "gec/rollout_accuracy": sum(rollout_accuracy) / len(rollout_accuracy)}
+
+
+# True: EDA's entropies P_i are pi_old's, needed before the first update.
+NEEDS_PI_OLD = True
 
 
 def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=None):
     """Clipped surrogate (PPO/GRPO), per token, aggregated with global denominators.
 
-    logp/old_logp/mask: [n, C]; adv: [n] or [n, C] (token-level advantages).
+    logp/mask: [n, C] of one micro-batch; old_logp, ref_logp and token-level adv may be
+    wider (the whole batch's C) and are cut to C; adv: [n] or [n, C].
     num_seqs/num_tokens: sizes of the whole mini-batch this micro-batch belongs to,
     so summing micro-batch losses gives exactly the mini-batch loss.
+    Returns the loss and token sums for the step's metrics (clipped below / above, k3 KL, tokens).
     """
-    adv = adv[:, None] if adv.dim() == 1 else adv
+    C = logp.shape[1]
+    adv = adv[:, None] if adv.dim() == 1 else adv[:, :C]
+    old_logp = old_logp[:, :C]
     ratio = torch.exp(logp - old_logp)
     clipped = torch.clamp(ratio, 1 - args.eps_low, 1 + args.eps_high)
     per_token = -torch.min(ratio * adv, clipped * adv)
     if args.beta > 0:
-        d = ref_logp - logp
+        d = ref_logp[:, :C] - logp
         per_token = per_token + args.beta * (torch.exp(d) - d - 1)  # k3 estimator
     masked = per_token * mask
     if args.loss_agg == "token-mean":
@@ -204,28 +222,28 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
     else:  # seq-mean-token-sum-norm (Dr. GRPO): a constant denominator
         loss = masked.sum() / (num_seqs * args.max_completion_len)
     with torch.no_grad():
-        is_clipped = ((ratio < 1 - args.eps_low) & (adv < 0)) | ((ratio > 1 + args.eps_high) & (adv > 0))
-        stats = {
-            "clip_frac": masked_mean(is_clipped.float(), mask).item(),
-            "approx_kl": masked_mean(ratio - 1 - (logp - old_logp), mask).item(),  # k3 KL(pi_old || pi_theta)
+        sums = {
+            "clip_low": (((ratio < 1 - args.eps_low) & (adv < 0)) * mask).sum().item(),  # the clip bounds a decrease
+            "clip_high": (((ratio > 1 + args.eps_high) & (adv > 0)) * mask).sum().item(),  # ... an increase
+            "approx_kl": ((ratio - 1 - (logp - old_logp)) * mask).sum().item(),  # k3 KL(pi_old || pi_theta)
+            "tokens": mask.sum().item(),
         }
-    return loss, stats
+    return loss, sums
 
 
-def score(model, batch, args, ref_model=None):
-    """No-grad pass over the rollout batch: log-probs (and entropy) under pi_old, micro-batch by micro-batch."""
-    C = batch["completion_mask"].shape[1]
-    out = {"logp": [], "entropy": [], "ref_logp": []}
+def old_logprobs(model, batch, args, plan, ref_model=None):
+    """No-grad pass over the rollout batch, micro-batch by micro-batch (`plan`): log-probs and
+    entropy under pi_old ([N, C] each) and, with a reference model, its log-probs."""
+    out = {k: torch.zeros_like(batch["completion_mask"]) for k in ("logp", "entropy", "ref_logp")}
     with torch.no_grad():
-        for i in range(0, len(batch["input_ids"]), args.micro_batch_size):
-            ids = batch["input_ids"][i : i + args.micro_batch_size]
-            attn = batch["attention_mask"][i : i + args.micro_batch_size]
-            logp, ent = sequence_logprobs(model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True)
-            out["logp"].append(logp)
-            out["entropy"].append(ent)
+        for idx in plan:
+            mb = select(batch, idx)
+            C = mb["completion_mask"].shape[1]
+            logp, ent = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C, with_entropy=True)
+            out["logp"][idx, :C], out["entropy"][idx, :C] = logp[: len(idx)], ent[: len(idx)]
             if ref_model is not None:
-                out["ref_logp"].append(sequence_logprobs(ref_model, ids, attn, args.temperature, logits_to_keep=C)[0])
-    return {k: torch.cat(v) if v else None for k, v in out.items()}
+                out["ref_logp"][idx, :C] = sequence_logprobs(ref_model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C)[0][: len(idx)]
+    return out
 
 
 def main(args: Args) -> None:
@@ -256,13 +274,13 @@ def main(args: Args) -> None:
 
     with clear_errors("--dataset"):
         rows = load_math_dataset(args.dataset, problem_field=args.problem_field, answer_field=args.answer_field, solution_field=args.solution_field)
-    check_gec_data(rows, args.gec)
     with clear_errors("--template"):
         for r in rows:
             r["prompt_ids"] = tokenizer(format_prompt(r["problem"], args.template, tokenizer), add_special_tokens=False).input_ids
         opens_think = prompt_opens_think(args.template, tokenizer)  # then completions start inside <think>
     n_rows = len(rows)
     rows = [r for r in rows if len(r["prompt_ids"]) <= args.max_prompt_len]
+    check_gec_data(rows, args.gec)
     if len(rows) < n_rows and accelerator.is_main_process:
         print(f"dropped {n_rows - len(rows)} of {n_rows} prompts longer than --max_prompt_len={args.max_prompt_len}")
     sampler = PromptSampler(rows, args.prompts_per_step, seed=args.seed, rank=rank, world_size=world)
@@ -292,6 +310,7 @@ def main(args: Args) -> None:
     reward_names = args.rewards.split(",")
     logger = RunLogger(args.output_dir, total_steps, asdict(args), enabled=accelerator.is_main_process, initial_step=start_step)
     G = args.group_size
+    guard, watch = NonFiniteGuard(args.max_nonfinite_steps), SignalWatch(args.warn_flat_steps, say=logger.write if accelerator.is_main_process else lambda _: None)
 
     def run_eval():  # every rank evaluates with its own engine; the logged numbers are means over ranks
         return evaluate(engine, tokenizer, eval_sets, args.template, args.eval_n, args.eval_temperature, args.max_completion_len, args.top_p, seed=args.seed + rank, verifier=verifier, max_prompt_len=args.max_prompt_len)
@@ -310,19 +329,20 @@ def main(args: Args) -> None:
             groups = engine.generate([r["prompt_ids"] for r in batch_rows], G, args.max_completion_len, args.temperature, args.top_p, seed=seeds)
         rollout_rows = [r for r in batch_rows for _ in range(G)]
         completions = [c for g in groups for c in g]
+        texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
 
         # 1b. GEC: edit the incorrect completions; everything below scores and trains on the edited ones.
         branches, rollout_acc = [None] * len(completions), None
         if args.gec != "off":
             with timer("gec"):
                 answers = [r["answer"] for r in rollout_rows]
-                rollout_acc = accuracy_reward(tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True), answers, verifier)
+                rollout_acc = accuracy_reward(texts, answers, verifier)
                 completions, branches = guided_error_correction(
                     [r["prompt_ids"] for r in rollout_rows], completions, rollout_acc, answers, [r["solution"] for r in rollout_rows], tokenizer,
                     engine, random.Random(f"gec-{args.seed}-{rank}-{step}"), args.gec, args.gec_max_new_tokens, args.temperature, args.top_p,
-                    seed=args.seed + 1000 * step + rank + 500,
+                    seeds=prompt_seeds(args.seed + 1, step, args.prompts_per_step * G, rank, len(completions)),  # one per completion
                 )
-        texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+                texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
 
         # 2. Rewards.
         with timer("scoring"):
@@ -335,43 +355,51 @@ def main(args: Args) -> None:
             engine.sleep()
             batch = pack([r["prompt_ids"] for r in rollout_rows], [c.token_ids for c in completions], tokenizer.pad_token_id, accelerator.device)
             mask = batch["completion_mask"]
-            old = score(model, batch, args, ref_model)
+            n = len(completions)
+            on_policy = not NEEDS_PI_OLD and args.mu == 1 and args.num_minibatches == 1 and ref_model is None
+            plan = micro_batch_plan(accelerator, model, batch, list(range(n)), args.micro_batch_size, args.max_tokens_per_micro_batch)
+            old = old_logprobs(model, batch, args, [] if on_policy else plan, ref_model)  # on-policy: filled by the update's own pass
             rollout_logp = pad_right([c.logprobs for c in completions], mask.shape[1], device=accelerator.device)
-            sampled = mask * rollout_logp.isfinite()  # tokens the engine sampled (GEC-inserted ones are NaN)
 
         # 4. Advantages; EDA rescales them by the group-normalised policy entropy under pi_old (eqs. 3, 6, 7).
-        base_advantages = group_advantages(rewards, G)
-        P = masked_mean(old["entropy"], mask, dim=-1)  # eq. 3: each completion's mean token entropy
-        P_group_mean = P.view(-1, G).mean(1).repeat_interleave(G)
-        advantages = entropy_driven_advantages(base_advantages, P, P_group_mean) if args.eda else base_advantages
+        advantages, info = edge_advantages(rewards, old, batch, G, args)
 
         # 5. Clipped-surrogate updates: mu passes, num_minibatches optimiser steps each.
         with timer("update"):
             model.train()
-            n = len(completions)
             mb_size = n // args.num_minibatches
-            update_stats = []
+            sums = dict.fromkeys(("clip_low", "clip_high", "approx_kl", "tokens", "loss", "skipped"), 0.0)
             for _ in range(args.mu):
-                order = torch.randperm(n, device=accelerator.device) if args.num_minibatches > 1 else torch.arange(n, device=accelerator.device)
+                order = torch.randperm(n).tolist() if args.num_minibatches > 1 else list(range(n))
                 for start in range(0, n - mb_size + 1, mb_size):
-                    idx_mb = order[start : start + mb_size]
+                    rows_mb = order[start : start + mb_size]
+                    if args.num_minibatches > 1:
+                        plan = micro_batch_plan(accelerator, model, batch, rows_mb, args.micro_batch_size, args.max_tokens_per_micro_batch)
                     # Global denominators: DDP averages gradients over ranks, so per-rank
                     # losses are divided by (global count / world) to make the mean exact.
-                    num_tokens = global_sum(accelerator, mask[idx_mb].sum().item()) / world
-                    for i in range(0, len(idx_mb), args.micro_batch_size):
-                        idx = idx_mb[i : i + args.micro_batch_size]
-                        with micro_batch(accelerator, model, last=i + args.micro_batch_size >= len(idx_mb)):  # grads sync on the last
-                            logp, ent = sequence_logprobs(model, batch["input_ids"][idx], batch["attention_mask"][idx], args.temperature, logits_to_keep=mask.shape[1], with_entropy=args.eda_entropy_grad)
-                            adv = advantages[idx]
-                            if args.eda_entropy_grad:  # authors' code: P_i from this pass, with its gradient
-                                adv = entropy_driven_advantages(base_advantages[idx], masked_mean(ent, mask[idx], dim=-1), P_group_mean[idx])
-                            ref = old["ref_logp"][idx] if ref_model is not None else None
-                            loss, stats = policy_loss(logp, old["logp"][idx], adv, mask[idx], args, len(idx_mb), num_tokens, ref)
+                    num_tokens = global_sum(accelerator, mask[rows_mb].sum().item()) / world
+                    step_loss = 0.0
+                    for i, idx in enumerate(plan):
+                        mb = select(batch, idx)
+                        with micro_batch(accelerator, model, last=i == len(plan) - 1):  # grads sync on the last
+                            logp, ent = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=mb["completion_mask"].shape[1], with_entropy=on_policy or args.eda_entropy_grad)
+                            if on_policy:  # pi_old is this very policy: its log-probs are this pass's, detached
+                                old["logp"][idx, : logp.shape[1]], old["entropy"][idx, : logp.shape[1]] = logp.detach()[: len(idx)], ent.detach()[: len(idx)]
+                            adv = advantages[mb["rows"]]
+                            if args.eda_entropy_grad:  # authors' code: P_i from this pass, with its gradient through 1 / P_i
+                                P_mean = masked_mean(old["entropy"], mask, dim=-1).view(-1, G).mean(1).repeat_interleave(G)
+                                adv = entropy_driven_advantages(group_advantages(rewards, G)[mb["rows"]], masked_mean(ent, mb["completion_mask"], dim=-1), P_mean[mb["rows"]])
+                            loss, stats = policy_loss(logp, old["logp"][mb["rows"]], adv, mb["completion_mask"], args, len(rows_mb), num_tokens, old["ref_logp"][mb["rows"]])
                             accelerator.backward(loss)
-                        update_stats.append(stats | {"loss": loss.item()})
+                        step_loss += loss.item()
+                        sums = {k: v + stats.get(k, 0.0) for k, v in sums.items()}
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
-                    optimizer.step()
-                    scheduler.step()
+                    step_loss = global_sum(accelerator, step_loss)
+                    if guard.check(step + 1, step_loss, grad_norm, scheduler.get_last_lr()[0]):  # a NaN/inf update is skipped
+                        optimizer.step()
+                        scheduler.step()
+                    sums["loss"] += step_loss
+                    sums["skipped"] += guard.in_a_row > 0
                     optimizer.zero_grad()
 
         # 6. Sync: the rollout engine samples from the new policy next step.
@@ -383,36 +411,41 @@ def main(args: Args) -> None:
         r_grp = rewards.view(-1, G)
         lengths = mask.sum(-1)
         step_s = sum(timer.seconds.values())
+        tok = global_sum(accelerator, {k: sums[k] for k in ("clip_low", "clip_high", "approx_kl", "tokens")} | {"entropy": (old["entropy"] * mask).sum().item(), "mask": mask.sum().item()})
         metrics = {
-            "reward": rewards.mean(),
-            "accuracy": accuracy.mean(),
-            "response_len": lengths.mean(),
-            "truncated_frac": sum(not c.finished for c in completions) / n,
-            "entropy": masked_mean(old["entropy"], mask),
-            "zero_adv_group_frac": (r_grp.max(1).values == r_grp.min(1).values).float().mean(),
-            "adv_var_within_group": advantages.view(-1, G).var(1).mean(),
-            "adv_var_within_group_before_eda": base_advantages.view(-1, G).var(1).mean(),  # paper Fig. 5: with vs without EDA
-            "entropy_P": P.mean(),  # mean over completions of P_i (eq. 3)
+            "train/reward": rewards.mean(),
+            "train/accuracy": accuracy.mean(),
+            "train/response_len": lengths.mean(),
+            "train/truncated_frac": sum(not c.finished for c in completions) / n,
+            "train/entropy": tok["entropy"] / max(tok["mask"], 1),
+            "train/zero_adv_group_frac": (r_grp.max(1).values == r_grp.min(1).values).float().mean(),
+            "train/adv_var_within_group": (advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)).view(-1, G).var(1).mean(),
+            "train/rollout_logp_gap": masked_mean((rollout_logp.nan_to_num() - old["logp"]).abs(), mask * rollout_logp.isfinite()),
+            "train/grad_norm": math.nan if grad_norm is None else grad_norm,  # None: DeepSpeed clips inside its own step
+            "train/lr": scheduler.get_last_lr()[0],
+            "train/clip_frac_low": tok["clip_low"] / max(tok["tokens"], 1),
+            "train/clip_frac_high": tok["clip_high"] / max(tok["tokens"], 1),
+            "train/approx_kl": tok["approx_kl"] / max(tok["tokens"], 1),
+            "train/loss": sums["loss"] / (args.mu * args.num_minibatches),
+            "train/skipped_steps": sums["skipped"],
+            "reward/timeouts": verifier.take_timeouts(),
+            **info,
             **gec_metrics(branches, rollout_acc or accuracy.tolist(), accuracy.tolist()),
-            "rollout_logp_gap": masked_mean((rollout_logp.nan_to_num() - old["logp"]).abs(), sampled),
-            "grad_norm": grad_norm,
-            "lr": scheduler.get_last_lr()[0],
-            **{k: sum(s[k] for s in update_stats) / len(update_stats) for k in ("clip_frac", "approx_kl")},
-            "loss": sum(s["loss"] for s in update_stats) / (args.mu * args.num_minibatches),
-            **{f"{k}_s": v for k, v in timer.seconds.items()},
-            "step_s": step_s,
-            "tokens_per_s": lengths.sum() / step_s,
-            "peak_mem_gb": peak_memory_gb(),
+            **{f"time/{k}_s": v for k, v in timer.seconds.items()},
+            "time/step_s": step_s,
+            "time/tokens_per_s": lengths.sum() / step_s,
+            "time/peak_mem_gb": peak_memory_gb(),
         }
         if args.eval_steps and ((step + 1) % args.eval_steps == 0 or step + 1 == total_steps):
             with timer("eval"):
                 summary, records = run_eval()
-            metrics |= summary | {"eval_s": timer.seconds["eval"]}
+            metrics |= summary | {"time/eval_s": timer.seconds["eval"]}
             if step + 1 == total_steps and accelerator.is_main_process:
                 write_results(args.output_dir, summary, records, {"step": step + 1, "benchmarks": args.eval_benchmarks, "n": args.eval_n})
         metrics = reduce_metrics(accelerator, {k: float(v) for k, v in metrics.items()})
-        metrics["epoch"] = sampler.epoch
+        metrics["train/epoch"] = sampler.epoch
         logger.log(step + 1, metrics)
+        watch.update(step + 1, metrics["train/zero_adv_group_frac"], metrics["train/truncated_frac"])
         if (args.save_steps and (step + 1) % args.save_steps == 0) or step + 1 == total_steps:
             save_checkpoint(accelerator, model, tokenizer, args.output_dir, step + 1, {"sampler": sampler.state_dict()}, args.keep_last)
 

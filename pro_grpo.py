@@ -1,8 +1,8 @@
 """Pro-GRPO (Li et al. 2026, arXiv 2602.05281): GRPO + the Advantage Re-weighting Mechanism, one file.
 
-Each step: sample prompts -> G completions per prompt (vLLM) -> rewards ->
-old log-probs of prompt and completion tokens -> GRPO advantages re-weighted
-by confidence -> clipped-surrogate updates -> push the new weights into vLLM -> log.
+grpo_base.py plus one idea: in groups with both right and wrong answers, each
+advantage moves by how much more confident pi_old was in the prompt than in the
+answer (`diff grpo_base.py pro_grpo.py`).
 
     A_i    = (r_i - mean(r)) / (std(r) + 1e-6)                      (unbiased std)
     c(o|q) = exp(mean_{t in T_low(o)} log pi_old(o_t | q, o_<t))    (eq. 6)
@@ -11,42 +11,32 @@ by confidence -> clipped-surrogate updates -> push the new weights into vLLM -> 
     loss   = -min(rho * A~_i, clip(rho, 1 - eps_low, 1 + eps_high) * A~_i), token-mean (eq. 7)
 
 T_low(x) is the ceil(20%) positions (at least one) of x whose token has the
-lowest probability (Sec. 3.2, appendix eq. 12; `common.lowprob`). An answer
-more confident than the prompt is pushed down (less credit when right, more
-blame when wrong), an unsure one up, so probability mass spreads over the
-correct paths instead of collapsing onto the likeliest; the bonus lies in
-[-alpha, alpha].
-
-Decisions (ALGORITHMS.md section 4 and the paper's gaps):
-- Mixed group = rewards not all equal (0 < sum r < G for 0/1 rewards), as in
-  Algorithm 1; eq. 4 also writes the all-correct case as "otherwise", but both
-  uniform cases keep A_i (= 0), so no signal is made up where there is none.
-- c(q) and c(o|q) come from pi_old (the no-grad pass before the update) and are
-  constants in the loss. c(q) is computed over the prompt tokens as the model
-  sees them (chat template included); the first prompt token has no prediction.
-- `--confidence_rule` gives Table 7's bonus variants: cq-co = c(q) - c(o)
-  (the method), 1-co = 1 - c(o), 1-cq-co = 1 - c(q) - c(o).
-- Loss: `token-mean` over each mini-batch (DAPO's token-level loss, the verl
-  GRPO setting of Table 1). Algorithm 1 writes a token mean per group summed
-  over prompts; the two differ only in how groups of unequal length weigh.
+lowest probability (`common.lowprob`). An answer more confident than the prompt
+is pushed down, an unsure one up, so probability mass spreads over the correct
+paths instead of collapsing onto the likeliest. `--confidence_rule` gives
+Table 7's variants; `--confidence_baseline group_mean` the appendix's baseline
+(eqs. 10, 18), which differs from eq. 4's c(q). Every decision where the paper
+is silent or inconsistent: docs/algorithms/pro_grpo.md.
 
     python pro_grpo.py                   # CPU demo: tiny model, synthetic arithmetic
-    accelerate launch pro_grpo.py --model Qwen/Qwen2.5-7B --dataset data/dapo_math_17k.jsonl ...  (docs/algorithms/pro_grpo.md)
+
 """
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from accelerate.utils import set_seed
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from common.batching import pack, pad_right
+from common.batching import pack, pad_right, select
 from common.checkpoint import load_checkpoint, save_checkpoint
 from common.cli import arg, clear_errors, parse_args, require
 from common.data import TEMPLATE_CHOICES, PromptSampler, format_prompt, load_math_dataset, prompt_opens_think
-from common.distributed import global_sum, make_accelerator, micro_batch, peak_memory_gb, reduce_metrics, state_dict_for_sync
+from common.distributed import global_sum, make_accelerator, micro_batch, micro_batch_plan, peak_memory_gb, reduce_metrics, state_dict_for_sync
 from common.evaluate import evaluate, load_benchmarks, write_results
+from common.health import NonFiniteGuard, SignalWatch
 from common.logprobs import masked_mean, sequence_logprobs
 from common.lowprob import low_prob_confidence, low_prob_mask
 from common.metrics import PhaseTimer, RunLogger
@@ -65,7 +55,7 @@ class Args:
     solution_field: str | None = arg(None, "dataset column holding a reference solution")
     template: str = arg("qwen_math", "prompt template; *_native: rendered by the model's own chat template", TEMPLATE_CHOICES)
     rewards: str = arg("accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format")
-    output_dir: str = arg("runs/pro_grpo", "run directory: metrics.jsonl, config.json, checkpoints")
+    output_dir: str = arg(f"runs/{Path(__file__).stem}", "run directory: metrics.jsonl, config.json, checkpoints")
     steps: int = arg(30, "optimisation steps (one rollout batch each)")
     epochs: float | None = arg(None, "if set, overrides --steps: passes over the dataset")
     prompts_per_step: int = arg(16, "prompts per step over all ranks; each gets --group_size completions")
@@ -75,12 +65,15 @@ class Args:
     warmup_steps: int = arg(0, "linear learning-rate warm-up steps")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     grad_clip: float = arg(1.0, "max global grad norm")
-    micro_batch_size: int = arg(32, "sequences per forward/backward (gradient accumulation beyond)")
+    micro_batch_size: int = arg(32, "sequences per forward/backward (gradient accumulation beyond), if --max_tokens_per_micro_batch is 0")
+    max_tokens_per_micro_batch: int = arg(0, "if > 0: micro-batches of length-sorted sequences, each within this many (padded) tokens")
     seed: int = arg(0, "random seed (data order, sampling, init)")
     save_steps: int = arg(0, "save a checkpoint every N steps (0: only at the end)")
     keep_last: int = arg(2, "checkpoints kept on disk (0: all)")
     resume: bool = arg(False, "continue from the latest complete checkpoint in --output_dir")
-    # The method. Defaults: ALGORITHMS.md section 4 (paper Table 1).
+    max_nonfinite_steps: int = arg(3, "stop the run after this many optimiser steps in a row with a NaN/inf loss or grad norm (each is skipped; 0: never stop)")
+    warn_flat_steps: int = arg(10, "warn when every group's rewards have been equal for this many steps in a row (0: never)")
+    # The method. Defaults: docs/algorithms/pro_grpo.md (the paper's Table 1).
     group_size: int = arg(8, "G: completions per prompt")
     temperature: float = arg(1.0, "sampling temperature T; log-probs are computed from logits / T")
     top_p: float = arg(1.0, "nucleus sampling")
@@ -91,7 +84,8 @@ class Args:
     mu: int = arg(1, "optimisation passes over each rollout batch")
     num_minibatches: int = arg(1, "optimiser steps per pass (the rollout batch split in this many)")
     alpha: float = arg(0.3, "re-weighting strength in eq. 4 (Table 6: 0 = plain GRPO, 0.3 best)")
-    confidence_rule: str = arg("cq-co", "bonus in mixed groups (Table 7): c(q) - c(o), 1 - c(o), 1 - c(q) - c(o)", ["cq-co", "1-co", "1-cq-co"])
+    confidence_rule: str = arg("cq-co", "bonus in mixed groups (Table 7): b - c(o), 1 - c(o), 1 - b - c(o), b the baseline", ["cq-co", "1-co", "1-cq-co"])
+    confidence_baseline: str = arg("prompt", "b: the prompt confidence c(q) (eq. 4) or the group's mean answer confidence (appendix eqs. 10, 18)", ["prompt", "group_mean"])
     low_prob_frac: float = arg(0.2, "share of positions in T_low (Sec. 3.2); 1.0 = plain length-normalised likelihood")
     # Systems.
     rollout: str = arg("vllm" if vllm_available() else "hf", "rollout engine", ["vllm", "hf"])
@@ -110,6 +104,7 @@ def validate(args: Args) -> None:
     """Refuse flag combinations that would fail deep inside torch or train silently wrong."""
     require(args.group_size >= 2, f"--group_size must be >= 2 (got {args.group_size}): GRPO compares completions within a group")
     require(args.prompts_per_step >= 1 and args.max_completion_len >= 1 and args.micro_batch_size >= 1, "--prompts_per_step, --max_completion_len and --micro_batch_size must be >= 1")
+    require(args.max_tokens_per_micro_batch >= 0 and args.max_nonfinite_steps >= 0 and args.warn_flat_steps >= 0, "--max_tokens_per_micro_batch, --max_nonfinite_steps and --warn_flat_steps must be >= 0")
     n = args.prompts_per_step * args.group_size
     require(n % args.num_minibatches == 0, f"--num_minibatches={args.num_minibatches} must divide prompts_per_step * group_size = {n}")
     require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps_low must be in [0, 1) and --eps_high >= 0")
@@ -123,7 +118,7 @@ def validate(args: Args) -> None:
 
 
 def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.Tensor:
-    """A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G (GRPO eq. 3 of the papers).
+    """A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G (GRPO paper, eq. 3 of the four papers).
 
     A group whose rewards are all equal gets A = 0 ("advantage collapse").
     """
@@ -132,7 +127,7 @@ def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.
 
 
 def prompt_confidence(prompt_logp: torch.Tensor, prompt_mask: torch.Tensor, fraction: float = 0.2) -> torch.Tensor:
-    """c(q) of eq. 5 per row, from score()'s prompt_logp [N, P-1] = log p(q_t | q_<t) for columns 1..P-1.
+    """c(q) of eq. 5 per row, from old_logprobs()'s prompt_logp [N, P-1] = log p(q_t | q_<t) for columns 1..P-1.
 
     prompt_mask [N, P] marks real prompt tokens (left padding is 0). A position
     counts only if the token before it is real too: a prompt's first token is
@@ -142,34 +137,64 @@ def prompt_confidence(prompt_logp: torch.Tensor, prompt_mask: torch.Tensor, frac
     return low_prob_confidence(prompt_logp, predicted, fraction)
 
 
-def pro_advantages(rewards: torch.Tensor, c_q: torch.Tensor, c_o: torch.Tensor, G: int, alpha: float, rule: str = "cq-co"):
+def reweighted_advantages(adv: torch.Tensor, rewards: torch.Tensor, b: torch.Tensor, c_o: torch.Tensor, G: int, alpha: float, rule: str = "cq-co"):
     """A~_i = A_i + alpha * bonus_i in mixed groups, A_i elsewhere (eq. 4, Algorithm 1 lines 10-27).
 
-    rewards, c_o: [N], groups of G consecutive completions; c_q: [N // G], one per prompt.
-    bonus (Table 7): "cq-co" c(q) - c(o_i|q) (the method), "1-co" 1 - c(o_i|q),
-    "1-cq-co" 1 - c(q) - c(o_i|q). A group is mixed when its rewards are not all
-    equal (0 < sum r < G for 0/1 rewards). Returns (A~ [N], mixed [N // G] bool).
+    adv, rewards, c_o: [N], groups of G consecutive completions; b: [N // G], the baseline
+    confidence of each group (c(q), or the group's mean c(o)). bonus (Table 7): "cq-co"
+    b - c(o_i|q) (the method), "1-co" 1 - c(o_i|q), "1-cq-co" 1 - b - c(o_i|q). A group is
+    mixed when its rewards are not all equal (0 < sum r < G for 0/1 rewards).
+    Returns (A~ [N], mixed [N // G] bool).
     """
     r = rewards.view(-1, G)
     mixed = r.max(1).values != r.min(1).values
-    c_q = c_q.repeat_interleave(G)
-    bonus = {"cq-co": c_q - c_o, "1-co": 1 - c_o, "1-cq-co": 1 - c_q - c_o}[rule]
-    return group_advantages(rewards, G) + alpha * bonus * mixed.repeat_interleave(G), mixed
+    b = b.repeat_interleave(G)
+    bonus = {"cq-co": b - c_o, "1-co": 1 - c_o, "1-cq-co": 1 - b - c_o}[rule]
+    return adv + alpha * bonus * mixed.repeat_interleave(G), mixed
+
+
+def pro_advantages(rewards: torch.Tensor, old: dict, batch: dict, G: int, args: Args) -> tuple[torch.Tensor, dict]:
+    """Pro-GRPO's advantage step on pi_old's prompt and answer log-probs, and its metrics
+    (confidences, the re-weighting; NaN when a step has no such completion)."""
+    mask = batch["completion_mask"]
+    c_q = prompt_confidence(old["prompt_logp"], batch["prompt_mask"], args.low_prob_frac).view(-1, G).mean(1)  # G equal rows
+    c_o = low_prob_confidence(old["logp"], mask, args.low_prob_frac)
+    base = group_advantages(rewards, G)
+    b = c_q if args.confidence_baseline == "prompt" else c_o.view(-1, G).mean(1)
+    adv, mixed = reweighted_advantages(base, rewards, b, c_o, G, args.alpha, args.confidence_rule)
+    in_mixed = mixed.repeat_interleave(G)
+    return adv, {
+        "pro/conf_prompt": c_q.mean(),
+        "pro/conf_answer_correct": c_o[rewards > 0].mean(),
+        "pro/conf_answer_incorrect": c_o[rewards <= 0].mean(),
+        "pro/lowprob_token_prob": masked_mean(old["logp"].exp(), low_prob_mask(old["logp"], mask, args.low_prob_frac)),
+        "pro/mixed_group_frac": mixed.float().mean(),
+        "pro/bonus_abs": (adv - base)[in_mixed].abs().mean(),
+        "pro/adv_sign_flip_frac": (torch.sign(adv) != torch.sign(base))[in_mixed].float().mean(),
+    }
+
+
+# True: the confidences c(q), c(o) are pi_old's, needed before the first update.
+NEEDS_PI_OLD = True
 
 
 def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=None):
     """Clipped surrogate (PPO/GRPO), per token, aggregated with global denominators.
 
-    logp/old_logp/mask: [n, C]; adv: [n] or [n, C] (token-level advantages).
+    logp/mask: [n, C] of one micro-batch; old_logp, ref_logp and token-level adv may be
+    wider (the whole batch's C) and are cut to C; adv: [n] or [n, C].
     num_seqs/num_tokens: sizes of the whole mini-batch this micro-batch belongs to,
     so summing micro-batch losses gives exactly the mini-batch loss.
+    Returns the loss and token sums for the step's metrics (clipped below / above, k3 KL, tokens).
     """
-    adv = adv[:, None] if adv.dim() == 1 else adv
+    C = logp.shape[1]
+    adv = adv[:, None] if adv.dim() == 1 else adv[:, :C]
+    old_logp = old_logp[:, :C]
     ratio = torch.exp(logp - old_logp)
     clipped = torch.clamp(ratio, 1 - args.eps_low, 1 + args.eps_high)
     per_token = -torch.min(ratio * adv, clipped * adv)
     if args.beta > 0:
-        d = ref_logp - logp
+        d = ref_logp[:, :C] - logp
         per_token = per_token + args.beta * (torch.exp(d) - d - 1)  # k3 estimator
     masked = per_token * mask
     if args.loss_agg == "token-mean":
@@ -179,35 +204,35 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
     else:  # seq-mean-token-sum-norm (Dr. GRPO): a constant denominator
         loss = masked.sum() / (num_seqs * args.max_completion_len)
     with torch.no_grad():
-        is_clipped = ((ratio < 1 - args.eps_low) & (adv < 0)) | ((ratio > 1 + args.eps_high) & (adv > 0))
-        stats = {
-            "clip_frac": masked_mean(is_clipped.float(), mask).item(),
-            "approx_kl": masked_mean(ratio - 1 - (logp - old_logp), mask).item(),  # k3 KL(pi_old || pi_theta)
+        sums = {
+            "clip_low": (((ratio < 1 - args.eps_low) & (adv < 0)) * mask).sum().item(),  # the clip bounds a decrease
+            "clip_high": (((ratio > 1 + args.eps_high) & (adv > 0)) * mask).sum().item(),  # ... an increase
+            "approx_kl": ((ratio - 1 - (logp - old_logp)) * mask).sum().item(),  # k3 KL(pi_old || pi_theta)
+            "tokens": mask.sum().item(),
         }
-    return loss, stats
+    return loss, sums
 
 
-def score(model, batch, args, ref_model=None):
-    """No-grad pass over the rollout batch: log-probs (and entropy) under pi_old, micro-batch by micro-batch.
+def old_logprobs(model, batch, args, plan, ref_model=None):
+    """No-grad pass over the rollout batch, micro-batch by micro-batch (`plan`): log-probs and
+    entropy under pi_old ([N, C] each) and, with a reference model, its log-probs.
 
-    The whole sequence is scored, not only the last C positions, so that the same
-    pass gives the prompt tokens' log p(q_t | q_<t) for c(q): "prompt_logp" [N, P-1].
-    The extra logit rows are P per sequence; the fp32 log-softmax stays chunked.
+    The whole sequence is scored, not only the completion, so that the same pass gives the
+    prompt tokens' log p(q_t | q_<t) for c(q): "prompt_logp" [N, P-1], column j for token j + 1.
     """
-    C = batch["completion_mask"].shape[1]
+    out = {k: torch.zeros_like(batch["completion_mask"]) for k in ("logp", "entropy", "ref_logp")}
+    out["prompt_logp"] = torch.zeros_like(batch["prompt_mask"][:, 1:])
     P = batch["prompt_mask"].shape[1]
-    out = {"logp": [], "entropy": [], "ref_logp": [], "prompt_logp": []}
     with torch.no_grad():
-        for i in range(0, len(batch["input_ids"]), args.micro_batch_size):
-            ids = batch["input_ids"][i : i + args.micro_batch_size]
-            attn = batch["attention_mask"][i : i + args.micro_batch_size]
-            logp, ent = sequence_logprobs(model, ids, attn, args.temperature, with_entropy=True)  # column j: token j + 1
-            out["logp"].append(logp[:, P - 1 :])
-            out["entropy"].append(ent[:, P - 1 :])
-            out["prompt_logp"].append(logp[:, : P - 1])
+        for idx in plan:
+            mb = select(batch, idx)
+            p, C = mb["prompt_mask"].shape[1], mb["completion_mask"].shape[1]
+            logp, ent = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], args.temperature, with_entropy=True)
+            out["logp"][idx, :C], out["entropy"][idx, :C] = logp[: len(idx), p - 1 :], ent[: len(idx), p - 1 :]
+            out["prompt_logp"][idx, P - p : P - 1] = logp[: len(idx), : p - 1]
             if ref_model is not None:
-                out["ref_logp"].append(sequence_logprobs(ref_model, ids, attn, args.temperature, logits_to_keep=C)[0])
-    return {k: torch.cat(v) if v else None for k, v in out.items()}
+                out["ref_logp"][idx, :C] = sequence_logprobs(ref_model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C)[0][: len(idx)]
+    return out
 
 
 def main(args: Args) -> None:
@@ -271,6 +296,7 @@ def main(args: Args) -> None:
     reward_names = args.rewards.split(",")
     logger = RunLogger(args.output_dir, total_steps, asdict(args), enabled=accelerator.is_main_process, initial_step=start_step)
     G = args.group_size
+    guard, watch = NonFiniteGuard(args.max_nonfinite_steps), SignalWatch(args.warn_flat_steps, say=logger.write if accelerator.is_main_process else lambda _: None)
 
     def run_eval():  # every rank evaluates with its own engine; the logged numbers are means over ranks
         return evaluate(engine, tokenizer, eval_sets, args.template, args.eval_n, args.eval_temperature, args.max_completion_len, args.top_p, seed=args.seed + rank, verifier=verifier, max_prompt_len=args.max_prompt_len)
@@ -302,40 +328,47 @@ def main(args: Args) -> None:
             engine.sleep()
             batch = pack([r["prompt_ids"] for r in rollout_rows], [c.token_ids for c in completions], tokenizer.pad_token_id, accelerator.device)
             mask = batch["completion_mask"]
-            old = score(model, batch, args, ref_model)
+            n = len(completions)
+            on_policy = not NEEDS_PI_OLD and args.mu == 1 and args.num_minibatches == 1 and ref_model is None
+            plan = micro_batch_plan(accelerator, model, batch, list(range(n)), args.micro_batch_size, args.max_tokens_per_micro_batch)
+            old = old_logprobs(model, batch, args, [] if on_policy else plan, ref_model)  # on-policy: filled by the update's own pass
             rollout_logp = pad_right([c.logprobs for c in completions], mask.shape[1], device=accelerator.device)
 
         # 4. Advantages, re-weighted by pi_old's confidence in mixed groups (eqs. 4-6).
-        c_q = prompt_confidence(old["prompt_logp"], batch["prompt_mask"], args.low_prob_frac).view(-1, G).mean(1)  # G equal rows
-        c_o = low_prob_confidence(old["logp"], mask, args.low_prob_frac)
-        advantages, mixed = pro_advantages(rewards, c_q, c_o, G, args.alpha, args.confidence_rule)
-        base_adv = group_advantages(rewards, G)
-        in_mixed = mixed.repeat_interleave(G)
+        advantages, info = pro_advantages(rewards, old, batch, G, args)
 
         # 5. Clipped-surrogate updates: mu passes, num_minibatches optimiser steps each.
         with timer("update"):
             model.train()
-            n = len(completions)
             mb_size = n // args.num_minibatches
-            update_stats = []
+            sums = dict.fromkeys(("clip_low", "clip_high", "approx_kl", "tokens", "loss", "skipped"), 0.0)
             for _ in range(args.mu):
-                order = torch.randperm(n, device=accelerator.device) if args.num_minibatches > 1 else torch.arange(n, device=accelerator.device)
+                order = torch.randperm(n).tolist() if args.num_minibatches > 1 else list(range(n))
                 for start in range(0, n - mb_size + 1, mb_size):
-                    idx_mb = order[start : start + mb_size]
+                    rows_mb = order[start : start + mb_size]
+                    if args.num_minibatches > 1:
+                        plan = micro_batch_plan(accelerator, model, batch, rows_mb, args.micro_batch_size, args.max_tokens_per_micro_batch)
                     # Global denominators: DDP averages gradients over ranks, so per-rank
                     # losses are divided by (global count / world) to make the mean exact.
-                    num_tokens = global_sum(accelerator, mask[idx_mb].sum().item()) / world
-                    for i in range(0, len(idx_mb), args.micro_batch_size):
-                        idx = idx_mb[i : i + args.micro_batch_size]
-                        with micro_batch(accelerator, model, last=i + args.micro_batch_size >= len(idx_mb)):  # grads sync on the last
-                            logp, _ = sequence_logprobs(model, batch["input_ids"][idx], batch["attention_mask"][idx], args.temperature, logits_to_keep=mask.shape[1])
-                            ref = old["ref_logp"][idx] if ref_model is not None else None
-                            loss, stats = policy_loss(logp, old["logp"][idx], advantages[idx], mask[idx], args, len(idx_mb), num_tokens, ref)
+                    num_tokens = global_sum(accelerator, mask[rows_mb].sum().item()) / world
+                    step_loss = 0.0
+                    for i, idx in enumerate(plan):
+                        mb = select(batch, idx)
+                        with micro_batch(accelerator, model, last=i == len(plan) - 1):  # grads sync on the last
+                            logp, ent = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=mb["completion_mask"].shape[1], with_entropy=on_policy)
+                            if on_policy:  # pi_old is this very policy: its log-probs are this pass's, detached
+                                old["logp"][idx, : logp.shape[1]], old["entropy"][idx, : logp.shape[1]] = logp.detach()[: len(idx)], ent.detach()[: len(idx)]
+                            loss, stats = policy_loss(logp, old["logp"][mb["rows"]], advantages[mb["rows"]], mb["completion_mask"], args, len(rows_mb), num_tokens, old["ref_logp"][mb["rows"]])
                             accelerator.backward(loss)
-                        update_stats.append(stats | {"loss": loss.item()})
+                        step_loss += loss.item()
+                        sums = {k: v + stats.get(k, 0.0) for k, v in sums.items()}
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
-                    optimizer.step()
-                    scheduler.step()
+                    step_loss = global_sum(accelerator, step_loss)
+                    if guard.check(step + 1, step_loss, grad_norm, scheduler.get_last_lr()[0]):  # a NaN/inf update is skipped
+                        optimizer.step()
+                        scheduler.step()
+                    sums["loss"] += step_loss
+                    sums["skipped"] += guard.in_a_row > 0
                     optimizer.zero_grad()
 
         # 6. Sync: the rollout engine samples from the new policy next step.
@@ -347,41 +380,40 @@ def main(args: Args) -> None:
         r_grp = rewards.view(-1, G)
         lengths = mask.sum(-1)
         step_s = sum(timer.seconds.values())
+        tok = global_sum(accelerator, {k: sums[k] for k in ("clip_low", "clip_high", "approx_kl", "tokens")} | {"entropy": (old["entropy"] * mask).sum().item(), "mask": mask.sum().item()})
         metrics = {
-            "reward": rewards.mean(),
-            "accuracy": accuracy.mean(),
-            "response_len": lengths.mean(),
-            "truncated_frac": sum(not c.finished for c in completions) / n,
-            "entropy": masked_mean(old["entropy"], mask),
-            "zero_adv_group_frac": (r_grp.max(1).values == r_grp.min(1).values).float().mean(),
-            "adv_var_within_group": advantages.view(-1, G).var(1).mean(),
-            "rollout_logp_gap": masked_mean((rollout_logp - old["logp"]).abs(), mask),
-            # Pro-GRPO: confidences and the re-weighting (NaN -> null when a step has no such completion).
-            "conf_prompt": c_q.mean(),
-            "conf_answer_correct": c_o[accuracy > 0].mean(),
-            "conf_answer_incorrect": c_o[accuracy == 0].mean(),
-            "lowprob_token_prob": masked_mean(old["logp"].exp(), low_prob_mask(old["logp"], mask, args.low_prob_frac)),
-            "mixed_group_frac": mixed.float().mean(),
-            "bonus_abs": (advantages - base_adv)[in_mixed].abs().mean(),
-            "adv_sign_flip_frac": (torch.sign(advantages) != torch.sign(base_adv))[in_mixed].float().mean(),
-            "grad_norm": grad_norm,
-            "lr": scheduler.get_last_lr()[0],
-            **{k: sum(s[k] for s in update_stats) / len(update_stats) for k in ("clip_frac", "approx_kl")},
-            "loss": sum(s["loss"] for s in update_stats) / (args.mu * args.num_minibatches),
-            **{f"{k}_s": v for k, v in timer.seconds.items()},
-            "step_s": step_s,
-            "tokens_per_s": lengths.sum() / step_s,
-            "peak_mem_gb": peak_memory_gb(),
+            "train/reward": rewards.mean(),
+            "train/accuracy": accuracy.mean(),
+            "train/response_len": lengths.mean(),
+            "train/truncated_frac": sum(not c.finished for c in completions) / n,
+            "train/entropy": tok["entropy"] / max(tok["mask"], 1),
+            "train/zero_adv_group_frac": (r_grp.max(1).values == r_grp.min(1).values).float().mean(),
+            "train/adv_var_within_group": (advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)).view(-1, G).var(1).mean(),
+            "train/rollout_logp_gap": masked_mean((rollout_logp.nan_to_num() - old["logp"]).abs(), mask * rollout_logp.isfinite()),
+            "train/grad_norm": math.nan if grad_norm is None else grad_norm,  # None: DeepSpeed clips inside its own step
+            "train/lr": scheduler.get_last_lr()[0],
+            "train/clip_frac_low": tok["clip_low"] / max(tok["tokens"], 1),
+            "train/clip_frac_high": tok["clip_high"] / max(tok["tokens"], 1),
+            "train/approx_kl": tok["approx_kl"] / max(tok["tokens"], 1),
+            "train/loss": sums["loss"] / (args.mu * args.num_minibatches),
+            "train/skipped_steps": sums["skipped"],
+            "reward/timeouts": verifier.take_timeouts(),
+            **info,
+            **{f"time/{k}_s": v for k, v in timer.seconds.items()},
+            "time/step_s": step_s,
+            "time/tokens_per_s": lengths.sum() / step_s,
+            "time/peak_mem_gb": peak_memory_gb(),
         }
         if args.eval_steps and ((step + 1) % args.eval_steps == 0 or step + 1 == total_steps):
             with timer("eval"):
                 summary, records = run_eval()
-            metrics |= summary | {"eval_s": timer.seconds["eval"]}
+            metrics |= summary | {"time/eval_s": timer.seconds["eval"]}
             if step + 1 == total_steps and accelerator.is_main_process:
                 write_results(args.output_dir, summary, records, {"step": step + 1, "benchmarks": args.eval_benchmarks, "n": args.eval_n})
         metrics = reduce_metrics(accelerator, {k: float(v) for k, v in metrics.items()})
-        metrics["epoch"] = sampler.epoch
+        metrics["train/epoch"] = sampler.epoch
         logger.log(step + 1, metrics)
+        watch.update(step + 1, metrics["train/zero_adv_group_frac"], metrics["train/truncated_frac"])
         if (args.save_steps and (step + 1) % args.save_steps == 0) or step + 1 == total_steps:
             save_checkpoint(accelerator, model, tokenizer, args.output_dir, step + 1, {"sampler": sampler.state_dict()}, args.keep_last)
 

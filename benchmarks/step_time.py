@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ["grpo_base.py", "edge_grpo.py", "egpo.py", "cw_grpo.py", "pro_grpo.py"]
-PHASES = ["rollout_s", "gec_s", "scoring_s", "old_logp_s", "update_s", "sync_s", "step_s"]
+PHASES = [f"time/{k}" for k in ("rollout_s", "gec_s", "scoring_s", "old_logp_s", "update_s", "sync_s", "step_s")]
 
 
 def run(script: str, steps: int, rollout: str, out: Path) -> list[dict]:
@@ -36,18 +36,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for script in a.scripts.split(","):
             rows = run(script, a.steps, a.rollout, Path(tmp) / script)
-            train = [r for r in rows if r["step"] >= 2 and "step_s" in r]  # step 1 warms up
+            train = [r for r in rows if r["step"] >= 2 and "time/step_s" in r]  # step 1 warms up
             table[script] = {k: sum(r.get(k) or 0.0 for r in train) / len(train) for k in PHASES}
-            table[script]["peak_mem_gb"] = max(r.get("peak_mem_gb") or 0.0 for r in train)
+            table[script]["peak_mem_gb"] = max(r.get("time/peak_mem_gb") or 0.0 for r in train)
             table[script]["before"] = rows[0].get("eval/synthetic/pass@1")
             table[script]["after"] = rows[-1].get("eval/synthetic/pass@1")
             print(f"ran {script}", file=sys.stderr)
-    base = table.get("grpo_base.py", {}).get("step_s")
+    base = table.get("grpo_base.py", {}).get("time/step_s")
     print(f"mean seconds per step over steps 2..{a.steps} ({a.rollout} rollout, CPU demo)\n")
-    print(f"| script | {' | '.join(PHASES)} | vs grpo_base | peak GiB | eval pass@1 before -> after |")
+    print(f"| script | {' | '.join(k[5:] for k in PHASES)} | vs grpo_base | peak GiB | eval pass@1 before -> after |")
     print("|---" * (len(PHASES) + 4) + "|")
     for script, t in table.items():
-        overhead = f"{100 * (t['step_s'] / base - 1):+.0f}%" if base else "-"
+        overhead = f"{100 * (t['time/step_s'] / base - 1):+.0f}%" if base else "-"
         phases = " | ".join(f"{t[k]:.2f}" for k in PHASES)
         print(f"| {script} | {phases} | {overhead} | {t['peak_mem_gb']:.1f} | {t['before']:.2f} -> {t['after']:.2f} |")
 

@@ -30,3 +30,74 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int, de
 def pad_right(rows: list[list[float]], width: int, value: float = 0.0, device=None) -> torch.Tensor:
     """Ragged per-token lists (e.g. the engine's log-probs) -> [N, width] tensor."""
     return torch.tensor([r[:width] + [value] * (width - len(r[:width])) for r in rows], device=device, dtype=torch.float32)
+
+
+def micro_batches(
+    prompt_lens: list[int], completion_lens: list[int], rows: list[int], micro_batch_size: int, max_tokens: int = 0, count: int = 0
+) -> list[list[int]]:
+    """Split `rows` (indices into the batch) into the micro-batches of one forward/backward each.
+
+    - `max_tokens == 0`: consecutive runs of `micro_batch_size` rows, in order.
+    - `max_tokens > 0`: rows sorted by length (longest first) and packed greedily so that each
+      micro-batch's padded size, rows x (its longest prompt + its longest completion), stays
+      within `max_tokens` (a longer sequence goes alone): similar lengths share a micro-batch,
+      so little compute goes to padding whatever the length distribution.
+    - `count`: split the largest micro-batches until there are at least `count` (empty lists
+      once every row is alone), for sharded models, where every rank must run as many forwards.
+    Each micro-batch is then cut to its own longest prompt and completion (`select`).
+    """
+    if max_tokens <= 0:
+        plan = [rows[i : i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
+    else:
+        plan, p_max, c_max = [], 0, 0
+        for r in sorted(rows, key=lambda r: (-completion_lens[r], -prompt_lens[r], r)):
+            p, c = max(p_max, prompt_lens[r]), max(c_max, completion_lens[r])
+            if plan and plan[-1] and (len(plan[-1]) + 1) * (p + c) <= max_tokens:
+                plan[-1].append(r)
+                p_max, c_max = p, c
+            else:
+                plan.append([r])
+                p_max, c_max = prompt_lens[r], completion_lens[r]
+    while len(plan) < count:
+        largest = max(range(len(plan)), key=lambda i: len(plan[i]), default=None)
+        if largest is None or len(plan[largest]) < 2:
+            plan.append([])
+        else:
+            mb = plan.pop(largest)
+            plan[largest:largest] = [mb[: len(mb) // 2], mb[len(mb) // 2 :]]
+    return plan
+
+
+def select(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Tensor]:
+    """The rows `idx` of a `pack`ed batch, cut to their own longest prompt and completion.
+
+    Prompts are left-padded and completions right-padded, so the cut keeps columns
+    P - p_max .. P + c_max - 1. An empty `idx` (a rank with fewer micro-batches than
+    its peers) gives row 0 with nothing to train on: the forward runs, its loss is 0.
+    """
+    rows = torch.tensor(idx or [0], device=batch["input_ids"].device)
+    P = batch["prompt_mask"].shape[1]
+    p_max = int(batch["prompt_mask"][rows].sum(1).max())
+    c_max = max(1, int(batch["completion_mask"][rows].sum(1).max()))
+    cols = slice(P - p_max, P + c_max)
+    return {
+        "rows": rows,
+        "input_ids": batch["input_ids"][rows, cols],
+        "attention_mask": batch["attention_mask"][rows, cols],
+        "completion_mask": batch["completion_mask"][rows, :c_max] * (1.0 if idx else 0.0),
+        "prompt_mask": batch["prompt_mask"][rows, P - p_max :],
+    }
+
+
+def span_after(input_ids: torch.Tensor, completion_mask: torch.Tensor, marker: list[int]) -> torch.Tensor:
+    """The completion tokens after the last occurrence of `marker` (e.g. the ids of `</think>`)
+    in each row; the whole completion where it does not occur. input_ids: [N, P + C] as `pack`
+    lays them out; completion_mask: [N, C]. Returns a mask like completion_mask."""
+    C, k = completion_mask.shape[1], len(marker)
+    span = completion_mask.clone()
+    for i, row in enumerate(input_ids[:, -C:].tolist()):
+        n = int(completion_mask[i].sum())
+        ends = [j + k for j in range(n - k + 1) if row[j : j + k] == marker]
+        if ends:
+            span[i, : ends[-1]] = 0
+    return span

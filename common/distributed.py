@@ -15,17 +15,25 @@ import contextlib
 import resource
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+from common.batching import micro_batches
 
 # Module-name segments that wrappers insert (FSDP1, torch.compile, activation
 # checkpointing), and DDP / DeepSpeed's leading `module.`: none is in an HF checkpoint.
 _WRAPPER_SEGMENTS = {"_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module"}
 
+# Collectives wait this long for a late rank (NCCL's default is 10 minutes): ranks drift apart
+# during long generations, and rank 0 writes a checkpoint while the others wait.
+COLLECTIVE_TIMEOUT = timedelta(hours=2)
+
 # How reduce_metrics combines a metric over ranks (anything else: the mean).
-SUM_METRICS = {"tokens_per_s"}  # the run's throughput, all ranks together
-MAX_METRICS = {"peak_mem_gb"}  # the rank closest to running out
+SUM_METRICS = {"time/tokens_per_s", "reward/timeouts"}  # the run's throughput and counts, all ranks together
+MAX_METRICS = {"time/peak_mem_gb"}  # the rank closest to running out
 
 
 def make_accelerator(mixed_precision: str = "no", grad_clip: float | None = None, micro_batch_size: int = 1) -> Accelerator:
@@ -57,21 +65,39 @@ def micro_batch(accelerator: Accelerator, model: torch.nn.Module, last: bool):
 
     Only the last micro-batch's backward synchronises: DDP skips its all-reduce
     before (no_sync), and DeepSpeed takes its optimiser step only on the last
-    (accelerate marks the accumulation boundary from `sync_gradients`). The
+    (accelerate marks the accumulation boundary from `sync_gradients`). FSDP2 is
+    the exception: skipping its reduce-scatter would keep full unsharded gradients
+    (+2 bytes per parameter on every rank), so it reduces every micro-batch. The
     scripts' losses already use global denominators, so nothing is rescaled.
     """
     accelerator.sync_gradients = last
     try:
-        with contextlib.nullcontext() if last else accelerator.no_sync(model):
+        with contextlib.nullcontext() if last or _is_dtensor(next(model.parameters())) else accelerator.no_sync(model):
             yield
     finally:
         accelerator.sync_gradients = True
 
 
-def global_sum(accelerator: Accelerator, value: float) -> float:
-    """Sum of a per-rank number over all ranks (e.g. token counts for loss denominators)."""
-    t = torch.tensor(float(value), device=accelerator.device)
-    return accelerator.reduce(t, reduction="sum").item() if accelerator.num_processes > 1 else t.item()
+def global_sum(accelerator: Accelerator, value):
+    """Sum over all ranks of a per-rank number, or of each value of a dict of numbers,
+    in one collective (token counts for loss denominators, token-weighted metrics)."""
+    values = value if isinstance(value, dict) else {"": value}
+    t = torch.tensor([float(v) for v in values.values()], device=accelerator.device, dtype=torch.float64)
+    if accelerator.num_processes > 1:
+        t = accelerator.reduce(t, reduction="sum")
+    out = dict(zip(values, t.tolist()))
+    return out if isinstance(value, dict) else out[""]
+
+
+def micro_batch_plan(accelerator: Accelerator, model, batch: dict, rows: list[int], micro_batch_size: int, max_tokens: int) -> list[list[int]]:
+    """`common.batching.micro_batches` of `rows`; with sharded parameters (ZeRO-3, FSDP2), where every
+    forward is a collective, as many micro-batches on every rank (the most any rank has)."""
+    lens = (batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist())
+    plan = micro_batches(*lens, rows, micro_batch_size, max_tokens)
+    if accelerator.num_processes > 1 and is_sharded(model):
+        count = torch.tensor(len(plan), device=accelerator.device)
+        plan = micro_batches(*lens, rows, micro_batch_size, max_tokens, count=int(accelerator.reduce(count, reduction="max")))
+    return plan
 
 
 def reduce_metrics(accelerator: Accelerator, metrics: dict[str, float]) -> dict[str, float]:

@@ -5,11 +5,12 @@
 Each RUN_DIR holds the `metrics.jsonl` a training script writes (one JSON
 object per step with "step" and metric keys; null for a value that was not
 finite) and, optionally, the `eval_results.json` of `common.evaluate`. The
-figure has one panel per metric: the ones every script logs (reward,
-accuracy, entropy, response length, zero-advantage group fraction,
+figure has one panel per metric: the ones every script logs under `train/`
+(reward, accuracy, entropy, response length, zero-advantage group fraction,
 within-group advantage variance), the periodic evaluation's overall pass@1
-when some run has it, then up to `--max_extra` keys that only some runs log
-(each method's own metrics). The table gives each run's final pass@k per
+when some run has it, then up to `--max_extra` of the methods' own metrics:
+those under a namespace other than the shared `train/`, `eval/`, `time/` and
+`reward/` (`egpo/`, `cw/`, `pro/`, `edge/`, `gec/`). The table gives each run's final pass@k per
 benchmark: from `eval_results.json`, else the last periodic evaluation logged
 in `metrics.jsonl`.
 """
@@ -23,11 +24,11 @@ from pathlib import Path
 METRICS_FILE = "metrics.jsonl"
 RESULTS_FILE = "eval_results.json"  # = common.evaluate.RESULTS_FILE (not imported: no torch needed here)
 
-# The metrics every script logs (grpo_base.py's keys), in panel order.
-COMMON = ("reward", "accuracy", "entropy", "response_len", "zero_adv_group_frac", "adv_var_within_group")
+# The metrics every script logs, in panel order.
+COMMON = tuple(f"train/{k}" for k in ("reward", "accuracy", "entropy", "response_len", "zero_adv_group_frac", "adv_var_within_group"))
 EVAL_KEY = "eval/overall/pass@1"
-# Bookkeeping, not training signals: never a panel of their own.
-IGNORED = {"step", "time", "epoch", "lr", "step_s", "tokens_per_s"}
+# Namespaces every script shares; any other namespace is one method's own.
+SHARED_NAMESPACES = ("train/", "eval/", "time/", "reward/")
 
 
 class LogError(ValueError):
@@ -117,15 +118,13 @@ def read_eval(run: str | Path, rows: list[dict] | None = None) -> tuple[dict[str
 # ---------------------------------------------------------------------------
 
 def choose_metrics(runs: dict[str, list[dict]], max_extra: int = 6) -> list[str]:
-    """Panels: the common metrics any run has, eval pass@1, then keys only some runs log (capped)."""
+    """Panels: the common metrics any run has, eval pass@1, then the methods' own metrics (capped)."""
     keys = [numeric_keys(rows) for rows in runs.values()]
     present = set().union(*keys)
     chosen = [k for k in COMMON if k in present]
     if EVAL_KEY in present:
         chosen.append(EVAL_KEY)
-    # Method-specific: logged by some runs, not all (with one run, nothing is).
-    extra = sorted(k for k in present - set(chosen) - IGNORED
-                   if not k.endswith("_s") and not k.startswith("eval/") and not all(k in ks for ks in keys))
+    extra = sorted(k for k in present - set(chosen) if "/" in k and not k.startswith(SHARED_NAMESPACES))
     if len(extra) > max_extra:
         print(f"note: {len(extra) - max_extra} method-specific metrics not plotted (--max_extra {max_extra}): "
               f"{', '.join(extra[max_extra:])}")

@@ -230,6 +230,7 @@ class MathVerifier:
         self._conn = None
         self._ready = False
         self._lock = threading.Lock()
+        self.timeouts = 0  # checks cut off by the time limit (scored False), since the last take_timeouts()
         _LIVE_VERIFIERS.add(self)
 
     # -- child lifecycle ----------------------------------------------------
@@ -281,6 +282,7 @@ class MathVerifier:
                 pass
             # Timed out or died: replace the child now, so its start-up overlaps
             # with whatever the caller does next.
+            self.timeouts += 1
             self._kill()
             self._start()
             return False
@@ -310,6 +312,11 @@ class MathVerifier:
         if len(preds) != len(golds):
             raise ValueError(f"got {len(preds)} predictions for {len(golds)} gold answers")
         return [pred is not None and self.verify(pred, gold) for pred, gold in zip(preds, golds)]
+
+    def take_timeouts(self) -> int:
+        """Checks scored False for running out of time since the last call (the `reward/timeouts` metric)."""
+        n, self.timeouts = self.timeouts, 0
+        return n
 
     def close(self) -> None:
         """Kill the child. The verifier stays usable: the next check starts a new one."""

@@ -9,7 +9,7 @@ from train_utils import run_script
 
 from common.cli import parse_args
 from common.rollout import vllm_available
-from cw_grpo import Args, covariance_stats, cw_advantages, policy_loss, validate
+from cw_grpo import Args, covariance_stats, kernel_weighted_advantages, policy_loss, validate
 
 # Hand-computed batch, G = 2. Group 1: rewards [1, 0], completion 1 has log-probs [-1, -3], completion 2
 # has [-2] (then padding). A = +-a with a = 0.5 / (std([1, 0]) + 1e-6). Token-weighted means over the
@@ -26,7 +26,7 @@ MASK = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 0.0]])
 
 
 def test_hand_computed_group():
-    adv, info = cw_advantages(REWARDS, LOGP, MASK, 2, Args())
+    adv, info = kernel_weighted_advantages(REWARDS, LOGP, MASK, 2, Args())
     torch.testing.assert_close(info["c"][:2], torch.tensor([[2 * a / 3, -2 * a / 3], [0.0, 0.0]]))
     torch.testing.assert_close(info["w"][:2], torch.tensor([[W[0], W[1]], [W[2], 0.0]]))
     torch.testing.assert_close(adv[:2], torch.tensor([[W[0] * a, W[1] * a], [-W[2] * a, 0.0]]))
@@ -35,7 +35,7 @@ def test_hand_computed_group():
 
 
 def test_vanilla_switch_keeps_grpo_advantages_and_still_measures():
-    adv, info = cw_advantages(REWARDS, LOGP, MASK, 2, Args(cw=False))
+    adv, info = kernel_weighted_advantages(REWARDS, LOGP, MASK, 2, Args(cw=False))
     torch.testing.assert_close(adv[:2], torch.tensor([[a, a], [-a, 0.0]]))
     torch.testing.assert_close(info["w"][0], torch.tensor([W[0], W[1]]))  # what CW-GRPO would have used
     assert parse_args(Args, ["--cw", "false"]).cw is False and Args().cw is True
@@ -53,7 +53,7 @@ def random_batch(groups=5, G=6, C=12, seed=0):
 
 def test_weights_have_mean_one_over_each_groups_tokens():
     rewards, logp, mask, G = random_batch()
-    _, info = cw_advantages(rewards, logp, mask, G, Args())
+    _, info = kernel_weighted_advantages(rewards, logp, mask, G, Args())
     per_group = (info["w"] * mask).view(-1, G * mask.shape[1]).sum(1) / mask.view(-1, G * mask.shape[1]).sum(1)
     torch.testing.assert_close(per_group, torch.ones(len(per_group)))
     assert (info["w"][mask == 0] == 0).all()
@@ -61,7 +61,7 @@ def test_weights_have_mean_one_over_each_groups_tokens():
 
 def test_most_extreme_covariance_tokens_get_the_smallest_weights():
     rewards, logp, mask, G = random_batch(seed=1)
-    _, info = cw_advantages(rewards, logp, mask, G, Args())
+    _, info = kernel_weighted_advantages(rewards, logp, mask, G, Args())
     for grp in range(len(rewards) // G):
         rows = slice(grp * G, (grp + 1) * G)
         valid = mask[rows].bool()
@@ -76,14 +76,14 @@ def test_most_extreme_covariance_tokens_get_the_smallest_weights():
 def test_all_equal_rewards_give_unit_weights_and_zero_advantage(rewards):
     _, logp, _, _ = random_batch(groups=1, G=3, C=4)
     mask = torch.ones(3, 4)
-    adv, info = cw_advantages(torch.tensor(rewards), logp, mask, 3, Args())
+    adv, info = kernel_weighted_advantages(torch.tensor(rewards), logp, mask, 3, Args())
     assert (info["w"] == 1).all() and (adv == 0).all()
 
 
 def test_ties_in_logp_give_grpo_advantages():
     # Mixed rewards but every token equally likely: c = 0, sigma = 0, w = 1.
     rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])
-    adv, info = cw_advantages(rewards, torch.full((4, 3), -0.7), torch.ones(4, 3), 4, Args())
+    adv, info = kernel_weighted_advantages(rewards, torch.full((4, 3), -0.7), torch.ones(4, 3), 4, Args())
     A = 0.5 / (math.sqrt(1 / 3) + 1e-6)
     assert (info["w"] == 1).all()
     torch.testing.assert_close(adv, torch.tensor([A, A, -A, -A])[:, None].expand(4, 3))
@@ -93,17 +93,17 @@ def test_degenerate_groups_never_nan():
     # One token per completion in a group of 2: the two c are equal up to rounding, so sigma is 0 or
     # ~1e-8 and every kernel weight underflows; either way the weights fall back to 1.
     for logp in ([-0.3, -1.7], [-1e-8, -80.0], [-1e4, -3.0], [-1.0, -1.0]):
-        adv, info = cw_advantages(torch.tensor([1.0, 0.0]), torch.tensor(logp)[:, None], torch.ones(2, 1), 2, Args())
+        adv, info = kernel_weighted_advantages(torch.tensor([1.0, 0.0]), torch.tensor(logp)[:, None], torch.ones(2, 1), 2, Args())
         assert torch.isfinite(adv).all() and (info["w"] == 1).all(), logp
     # Extreme and mixed scales in bigger groups stay finite with mean 1.
     rewards, logp, mask, G = random_batch(seed=2)
     logp = logp * torch.logspace(-8, 4, logp.shape[1])[None]
-    adv, info = cw_advantages(rewards, logp, mask, G, Args())
+    adv, info = kernel_weighted_advantages(rewards, logp, mask, G, Args())
     assert torch.isfinite(adv).all() and torch.isfinite(info["w"]).all()
 
 
 def test_token_advantages_enter_the_clipped_surrogate():
-    adv, info = cw_advantages(REWARDS, LOGP, MASK, 2, Args())
+    adv, info = kernel_weighted_advantages(REWARDS, LOGP, MASK, 2, Args())
     args = Args(loss_agg="seq-mean-token-mean")
     loss, _ = policy_loss(LOGP, LOGP, adv, MASK, args, num_seqs=4, num_tokens=MASK.sum().item())
     expected = -((W[0] * a + W[1] * a) / 2 + (-W[2] * a)) / 4  # ratio 1: minus the mean of per-sequence means
@@ -111,7 +111,7 @@ def test_token_advantages_enter_the_clipped_surrogate():
 
 
 def test_covariance_stats_hand_computed():
-    _, info = cw_advantages(REWARDS, LOGP, MASK, 2, Args())
+    _, info = kernel_weighted_advantages(REWARDS, LOGP, MASK, 2, Args())
     stats = {k: float(v) for k, v in covariance_stats(info, REWARDS, MASK, 2).items()}
     # Only group 1 has a signal: |c| = [0, 2a/3, 2a/3]; the top 1% is one token, half of sum |c|.
     top = 2 * a / 3
@@ -131,8 +131,8 @@ def test_validate_uses_the_group_size():
 
 # ---------------------------------------------------------------- CLI
 
-EXTRA_METRICS = {"cov_mean", "cov_abs_p60", "cov_abs_p80", "cov_abs_p99", "cov_abs_p99.99", "cov_abs_max",
-                 "cov_top1pct_share", "cov_top1pct_weight", "entropy"}
+EXTRA_METRICS = {*(f"cw/{k}" for k in ("cov_mean", "cov_abs_p60", "cov_abs_p80", "cov_abs_p99", "cov_abs_p99.99", "cov_abs_max")),
+                 "cw/cov_top1pct_share", "cw/cov_top1pct_weight", "train/entropy"}
 
 
 @pytest.mark.parametrize("rollout_engine", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vllm not installed")])])
@@ -142,14 +142,14 @@ def test_two_steps_log_the_extra_metrics(rollout_engine, tiny_random_dir, tmp_pa
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert EXTRA_METRICS <= set(r), EXTRA_METRICS - set(r)
-        cov = [r[k] for k in EXTRA_METRICS - {"entropy"}]
+        cov = [r[k] for k in EXTRA_METRICS - {"train/entropy"}]
         # A random model gets every answer wrong: no group has a signal, so the covariance
         # statistics are null (not NaN, not a crash); with a signal they are numbers.
-        if r["zero_adv_group_frac"] == 1.0:
-            assert all(v is None for v in cov) and r["loss"] == 0
+        if r["train/zero_adv_group_frac"] == 1.0:
+            assert all(v is None for v in cov) and r["train/loss"] == 0
         else:
             assert all(isinstance(v, float) and math.isfinite(v) for v in cov)
-        assert r["entropy"] > 0
+        assert r["train/entropy"] > 0
     assert (tmp_path / "checkpoint-2" / "COMPLETE").exists()
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["cw"] is True and config["group_size"] == 4 and config["temperature"] == 0.7

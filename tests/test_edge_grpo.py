@@ -171,7 +171,7 @@ def check_continuation(model, tok, engine, max_logp_err):
     completions = [c for g in groups for c in g]
     prompt_of = [p for p in prompts for _ in range(2)]
     edited, branches = guided_error_correction(prompt_of, completions, [0.0] * 4, ["46"] * 4, [None] * 4, tok, engine, random.Random(0),
-                                               mode="reflection_only", max_new_tokens=8, temperature=T, seed=1)
+                                               mode="reflection_only", max_new_tokens=8, temperature=T, seeds=[1, 2, 3, 4])
     refl = tok(REFLECTION, add_special_tokens=False).input_ids
     assert branches == ["reflection"] * 4
     for p, c, e in zip(prompt_of, completions, edited):
@@ -225,8 +225,8 @@ def test_cli_refuses_dataset_without_solutions(tiny_random_dir, tmp_path):
 # ---------------------------------------------------------------- CLI
 
 EXTRA_METRICS = {
-    "adv_var_within_group", "adv_var_within_group_before_eda", "entropy_P", "rollout_accuracy", "gec_reflection", "gec_injection",
-    "gec_replacement", "gec_fixed", "gec_reflection_fixed", "gec_s", "rollout_logp_gap",
+    "train/adv_var_within_group", "edge/adv_var_within_group_before_eda", "edge/entropy_P", "gec/rollout_accuracy", "gec/reflection",
+    "gec/injection", "gec/replacement", "gec/fixed", "gec/reflection_fixed", "time/gec_s", "train/rollout_logp_gap",
 }
 FLAGS = ("--steps", "2", "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "16", "--gec_max_new_tokens", "8")
 
@@ -237,10 +237,10 @@ def test_two_steps_log_the_extra_metrics(rollout, tiny_random_dir, tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert EXTRA_METRICS <= set(r), EXTRA_METRICS - set(r)
-        edited = r["gec_reflection"] + r["gec_injection"] + r["gec_replacement"]
-        assert edited == round(16 * (1 - r["rollout_accuracy"])) > 0  # every wrong completion, and a random model is wrong
-        assert r["gec_fixed"] >= r["gec_injection"] + r["gec_replacement"]  # the synthetic solutions are right
-        assert r["rollout_logp_gap"] < 1e-3  # finite: injected tokens are left out
+        edited = r["gec/reflection"] + r["gec/injection"] + r["gec/replacement"]
+        assert edited == round(16 * (1 - r["gec/rollout_accuracy"])) > 0  # every wrong completion, and a random model is wrong
+        assert r["gec/fixed"] >= r["gec/injection"] + r["gec/replacement"]  # the synthetic solutions are right
+        assert r["train/rollout_logp_gap"] < 1e-3  # finite: injected tokens are left out
     assert (tmp_path / "checkpoint-2" / "COMPLETE").exists()
     assert json.loads((tmp_path / "config.json").read_text())["gec"] == "full"
 
@@ -248,8 +248,8 @@ def test_two_steps_log_the_extra_metrics(rollout, tiny_random_dir, tmp_path):
 def test_force_r_with_entropy_grad_runs(tiny_random_dir, tmp_path):
     rows = run_script("edge_grpo.py", tmp_path, "--model", str(tiny_random_dir), "--rollout", "hf", "--gec", "reflection_only",
                       "--eda_entropy_grad", *FLAGS[2:], "--steps", "1")
-    assert rows[0]["gec_injection"] == rows[0]["gec_replacement"] == 0 and rows[0]["gec_reflection"] > 0
-    assert math.isfinite(rows[0]["loss"]) and math.isfinite(rows[0]["grad_norm"])
+    assert rows[0]["gec/injection"] == rows[0]["gec/replacement"] == 0 and rows[0]["gec/reflection"] > 0
+    assert math.isfinite(rows[0]["train/loss"]) and math.isfinite(rows[0]["train/grad_norm"])
 
 
 # ---------------------------------------------------------------- Hard-1K

@@ -9,7 +9,7 @@ from train_utils import run_script
 
 from common.cli import parse_args
 from common.rollout import vllm_available
-from egpo import Args, egpo_advantages, validate, weight_stats
+from egpo import Args, calibrated_advantages, validate, weight_stats
 
 A0 = 0.5 / (math.sqrt(1 / 3) + 1e-6)  # GRPO advantage magnitude in a 2-correct / 2-incorrect group of 4
 
@@ -24,7 +24,7 @@ def rollout(H_rows, pad=2):
 
 def run(rewards, H, variant="egpo", **kw):
     logp, mask = rollout(H)
-    return egpo_advantages(torch.tensor(rewards, dtype=torch.float32), logp, mask, G=4, args=Args(variant=variant, **kw))
+    return calibrated_advantages(torch.tensor(rewards, dtype=torch.float32), logp, mask, G=4, args=Args(variant=variant, **kw))
 
 
 # Mixed group: rewards [1, 1, 0, 0], H = [0.4, 1.25, 0.25, 2.1] (mean 1), so the raw weights of eq. 7 are
@@ -100,7 +100,7 @@ def test_clamp_bounds_follow_the_flags():
     H = (10 ** (4 * torch.rand(64) - 2)).tolist()  # log-uniform in [0.01, 100]: raw weights far outside the bounds
     logp, mask = rollout(H)
     args = Args(lambda_max=3.0, lambda_min=0.25)
-    _, info = egpo_advantages(r, logp, mask, 8, args)
+    _, info = calibrated_advantages(r, logp, mask, 8, args)
     w, correct = info["w"], r > 0
     assert (w[correct] >= 1).all() and (w[correct] <= 3.0).all() and (w[~correct] >= 0.25).all() and (w[~correct] <= 1).all()
     assert (w[correct] == 3.0).any() and (w[~correct] == 0.25).any()  # the bounds are reached, not only respected
@@ -126,8 +126,8 @@ def test_validate_names_the_flag():
 
 # ---------------------------------------------------------------- CLI
 
-EXTRA_METRICS = {"entropy_proxy_correct", "entropy_proxy_incorrect", "nsr_group_frac", "w_min", "w_mean", "w_max",
-                 "w_at_lambda_max_frac", "w_at_one_frac", "w_at_lambda_min_frac"}
+EXTRA_METRICS = {f"egpo/{k}" for k in ("entropy_proxy_correct", "entropy_proxy_incorrect", "nsr_group_frac", "w_min", "w_mean", "w_max",
+                 "w_at_lambda_max_frac", "w_at_one_frac", "w_at_lambda_min_frac")}
 
 
 @pytest.mark.parametrize("rollout_engine", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vllm not installed")])])
@@ -139,9 +139,9 @@ def test_two_steps_log_the_extra_metrics(rollout_engine, tiny_random_dir, tmp_pa
         assert EXTRA_METRICS <= set(r), EXTRA_METRICS - set(r)
         # A random model is always wrong: every group is entirely incorrect, so GRPO would have
         # no signal; NSR gives every completion -w with w in [lambda_min, 1], and a positive loss.
-        assert r["accuracy"] == 0 and r["nsr_group_frac"] == 1.0 and r["entropy_proxy_correct"] is None
-        assert r["entropy_proxy_incorrect"] > 0 and 0.5 <= r["w_min"] <= r["w_mean"] <= r["w_max"] <= 1.0
-        assert r["loss"] > 0 and r["grad_norm"] > 0
+        assert r["train/accuracy"] == 0 and r["egpo/nsr_group_frac"] == 1.0 and r["egpo/entropy_proxy_correct"] is None
+        assert r["egpo/entropy_proxy_incorrect"] > 0 and 0.5 <= r["egpo/w_min"] <= r["egpo/w_mean"] <= r["egpo/w_max"] <= 1.0
+        assert r["train/loss"] > 0 and r["train/grad_norm"] > 0
     assert (tmp_path / "checkpoint-2" / "COMPLETE").exists()
     assert json.loads((tmp_path / "config.json").read_text())["variant"] == "egpo"
 

@@ -85,13 +85,14 @@ def test_clipping(ratio, adv, expected_loss, has_grad):
     assert loss.item() == pytest.approx(expected_loss, rel=1e-5)
     loss.backward()
     assert (logp.grad.abs().item() > 0) == has_grad
-    assert stats["clip_frac"] == (0.0 if has_grad else 1.0)
+    assert stats["clip_low"] + stats["clip_high"] == (0.0 if has_grad else 1.0)
+    assert stats["clip_low" if adv < 0 else "clip_high"] == (0.0 if has_grad else 1.0)  # the side that bounds the move
 
 
 def test_asymmetric_clip_range():
     logp = torch.tensor([[math.log(1.25)]])
     loss, stats = loss_of("token-mean", torch.tensor([1.0]), torch.ones(1, 1), logp=logp, eps_high=0.28)
-    assert loss.item() == pytest.approx(-1.25) and stats["clip_frac"] == 0.0  # inside [0.8, 1.28]
+    assert loss.item() == pytest.approx(-1.25) and stats["clip_high"] == 0.0  # inside [0.8, 1.28]
 
 
 def test_k3_kl_term():

@@ -15,9 +15,9 @@ def write_log(run_dir, rows):
 def rows_for(method_key=None, steps=25, eval_every=None):
     rows = []
     for s in range(1, steps + 1):
-        row = {"step": s, "time": 1000.0 + s, "reward": s / steps, "accuracy": s / steps,
-               "entropy": None if s == 3 else 1.0 / s, "response_len": 40 + s, "zero_adv_group_frac": 0.5,
-               "adv_var_within_group": 0.9, "rollout_s": 1.2, "epoch": 0}
+        row = {"step": s, "time": 1000.0 + s, "train/reward": s / steps, "train/accuracy": s / steps,
+               "train/entropy": None if s == 3 else 1.0 / s, "train/response_len": 40 + s, "train/zero_adv_group_frac": 0.5,
+               "train/adv_var_within_group": 0.9, "train/lr": 1e-6, "time/rollout_s": 1.2, "reward/timeouts": 0, "train/epoch": 0}
         if method_key:
             row[method_key] = 0.1 * s
         if eval_every and s % eval_every == 0:
@@ -29,7 +29,7 @@ def rows_for(method_key=None, steps=25, eval_every=None):
 
 def test_plot_two_runs_writes_png_and_table(tmp_path, capsys):
     a = write_log(tmp_path / "grpo_base", rows_for(eval_every=10))
-    b = write_log(tmp_path / "egpo", rows_for(method_key="entropy_weight"))
+    b = write_log(tmp_path / "egpo", rows_for(method_key="egpo/w_mean"))
     (b / "eval_results.json").write_text(json.dumps({"summary": {
         "eval/math500/pass@1": 0.5, "eval/math500/pass@4": 0.75, "eval/math500/num_problems": 500,
         "eval/overall/pass@1": 0.5, "eval/overall/pass@4": 0.75}, "config": {}}))
@@ -48,22 +48,22 @@ def test_plot_two_runs_writes_png_and_table(tmp_path, capsys):
 
 
 def test_panels_common_then_method_specific(tmp_path):
-    runs = {"a": rows_for(method_key="eda_scale", eval_every=5), "b": rows_for(method_key="egpo_weight")}
+    runs = {"a": rows_for(method_key="edge/entropy_P", eval_every=5), "b": rows_for(method_key="egpo/w_mean")}
     panels = plot.choose_metrics(runs)
     assert panels[:6] == list(plot.COMMON)
     assert panels[6] == plot.EVAL_KEY
-    assert panels[7:] == ["eda_scale", "egpo_weight"]  # in some runs, not all; no timings, no bookkeeping
-    assert plot.choose_metrics({"a": rows_for(method_key="x")}) == list(plot.COMMON)  # one run: nothing is specific
-    many = {"a": [{"step": 1, **{f"m{i}": 1.0 for i in range(10)}}], "b": [{"step": 1, "reward": 1.0}]}
-    assert plot.choose_metrics(many, max_extra=3) == ["reward", "m0", "m1", "m2"]
+    assert panels[7:] == ["edge/entropy_P", "egpo/w_mean"]  # the methods' own namespaces; no timings, no bookkeeping
+    assert plot.choose_metrics({"a": rows_for(method_key="cw/cov_mean")}) == [*plot.COMMON, "cw/cov_mean"]  # one run: its own too
+    many = {"a": [{"step": 1, **{f"pro/m{i}": 1.0 for i in range(10)}}], "b": [{"step": 1, "train/reward": 1.0}]}
+    assert plot.choose_metrics(many, max_extra=3) == ["train/reward", "pro/m0", "pro/m1", "pro/m2"]
 
 
 def test_series_skips_nulls_and_keeps_last_row_of_a_repeated_step(tmp_path):
-    run = write_log(tmp_path / "r", [{"step": 1, "reward": 0.1}, {"step": 2, "reward": None},
-                                     {"step": 3, "reward": 0.3}, {"step": 2, "reward": 0.25}])
+    run = write_log(tmp_path / "r", [{"step": 1, "train/reward": 0.1}, {"step": 2, "train/reward": None},
+                                     {"step": 3, "train/reward": 0.3}, {"step": 2, "train/reward": 0.25}])
     rows = plot.read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert plot.series(rows, "reward") == ([1, 2, 3], [0.1, 0.25, 0.3])
+    assert plot.series(rows, "train/reward") == ([1, 2, 3], [0.1, 0.25, 0.3])
     assert plot.series(rows, "missing") == ([], [])
     assert plot.ema([1.0, 0.0, 0.0], 0.5) == [1.0, 0.5, 0.25]
 

@@ -7,10 +7,12 @@ import torch
 from train_utils import run_script
 
 import grpo_base
+import pro_grpo
 from common.batching import pack
 from common.lowprob import low_prob_mask
 from common.rollout import vllm_available
-from pro_grpo import Args, group_advantages, pro_advantages, prompt_confidence, score, validate
+from common.batching import micro_batches
+from pro_grpo import Args, group_advantages, old_logprobs, prompt_confidence, reweighted_advantages, validate
 
 ALPHA = 0.3
 A_STD = 1 / (math.sqrt(1 / 3) + 1e-6)  # 1 / (unbiased std of [1, 0, 0, 1] + eps)
@@ -19,7 +21,7 @@ A_STD = 1 / (math.sqrt(1 / 3) + 1e-6)  # 1 / (unbiased std of [1, 0, 0, 1] + eps
 def test_mixed_group_hand_computed():
     r = torch.tensor([1.0, 0.0, 0.0, 1.0])
     c_o = torch.tensor([0.9, 0.2, 0.4, 0.6])
-    adv, mixed = pro_advantages(r, torch.tensor([0.5]), c_o, G=4, alpha=ALPHA)
+    adv, mixed = pro_advantages_of(r, torch.tensor([0.5]), c_o, G=4, alpha=ALPHA)
     base = torch.tensor([0.5, -0.5, -0.5, 0.5]) * A_STD
     # c(q) - c(o) = [-0.4, 0.3, 0.1, -0.1]: the confident correct answer gets less credit than
     # the unsure one, the confident wrong answer more blame than the unsure one.
@@ -37,7 +39,7 @@ def test_mixed_group_hand_computed():
 )
 def test_each_confidence_rule(rule, bonus):
     r = torch.tensor([1.0, 0.0, 0.0, 1.0])
-    adv, _ = pro_advantages(r, torch.tensor([0.5]), torch.tensor([0.9, 0.2, 0.4, 0.6]), G=4, alpha=ALPHA, rule=rule)
+    adv, _ = pro_advantages_of(r, torch.tensor([0.5]), torch.tensor([0.9, 0.2, 0.4, 0.6]), G=4, alpha=ALPHA, rule=rule)
     torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, -0.5, 0.5]) * A_STD + ALPHA * torch.tensor(bonus))
 
 
@@ -52,7 +54,7 @@ def test_uniform_groups_keep_grpo_advantage(rule):
     r = torch.tensor([1.0, 1, 1, 0, 0, 0, 0.5, 0.5, 0.5, 1, 1, 0, 0, 0, 1])
     c_o = torch.tensor([0.9, 0.1, 1.0, 0.0, 0.3, 1.0, 0.5, 0.2, 0.7, 0.8, 0.8, 1.0, 0.0, 1.0, 1e-30])
     c_q = torch.tensor([0.7, 0.2, 0.4, 0.6, 1.0])
-    adv, mixed = pro_advantages(r, c_q, c_o, G=3, alpha=ALPHA, rule=rule)
+    adv, mixed = pro_advantages_of(r, c_q, c_o, G=3, alpha=ALPHA, rule=rule)
     assert torch.isfinite(adv).all()
     assert mixed.tolist() == [False, False, False, True, True]
     assert (adv[:9] == 0).all()  # A = 0 stays 0: no signal made up in an uniform group
@@ -64,7 +66,7 @@ def test_uniform_groups_keep_grpo_advantage(rule):
 def test_alpha_zero_is_grpo():
     torch.manual_seed(0)
     r = (torch.rand(32) > 0.5).float()
-    adv, _ = pro_advantages(r, torch.rand(4), torch.rand(32), G=8, alpha=0.0)
+    adv, _ = pro_advantages_of(r, torch.rand(4), torch.rand(32), G=8, alpha=0.0)
     torch.testing.assert_close(adv, group_advantages(r, 8))
 
 
@@ -80,11 +82,21 @@ PROMPTS = ["What is 12 + 34? Think it through.", "Compute 7 + 8, then 3 + 4, and
 COMPLETIONS = ["46", "The sum is 22"]
 
 
+def pro_advantages_of(r, b, c_o, G, alpha, rule="cq-co"):
+    return reweighted_advantages(group_advantages(r, G), r, b, c_o, G, alpha, rule)
+
+
+def score(module, model, batch, args):
+    """old_logprobs over the batch in micro-batches of args.micro_batch_size."""
+    lens = batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist()
+    return module.old_logprobs(model, batch, args, micro_batches(*lens, list(range(len(lens[0]))), args.micro_batch_size))
+
+
 def scored(model, tok, prompts=PROMPTS, completions=COMPLETIONS, micro_batch_size=8):
     p = [tok(t, add_special_tokens=False).input_ids for t in prompts]
     c = [tok(t, add_special_tokens=False).input_ids for t in completions]
     batch = pack(p, c, tok.pad_token_id)
-    return batch, score(model, batch, Args(micro_batch_size=micro_batch_size))
+    return batch, score(pro_grpo, model, batch, Args(micro_batch_size=micro_batch_size))
 
 
 def test_prompt_confidence_hand_computed_with_left_padding():
@@ -105,7 +117,7 @@ def test_prompt_confidence_hand_computed_with_left_padding():
 def test_completion_part_matches_grpo_base(tiny_random_model):
     model, tok = tiny_random_model
     batch, old = scored(model, tok)
-    base = grpo_base.score(model, batch, grpo_base.Args(micro_batch_size=8))
+    base = score(grpo_base, model, batch, grpo_base.Args(micro_batch_size=8))
     mask = batch["completion_mask"].bool()
     torch.testing.assert_close(old["logp"][mask], base["logp"][mask], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(old["entropy"][mask], base["entropy"][mask], atol=1e-5, rtol=1e-5)
@@ -161,8 +173,9 @@ def test_prompt_confidence_is_equal_across_the_group(tiny_random_model):
 # --- the CLI, two steps with each rollout backend -------------------------------------------------
 
 PRO_METRICS = {
-    "conf_prompt", "conf_answer_correct", "conf_answer_incorrect", "lowprob_token_prob", "mixed_group_frac", "bonus_abs",
-    "adv_sign_flip_frac", "reward", "accuracy", "entropy", "zero_adv_group_frac", "clip_frac", "rollout_logp_gap",
+    *(f"pro/{k}" for k in ("conf_prompt", "conf_answer_correct", "conf_answer_incorrect", "lowprob_token_prob", "mixed_group_frac")),
+    "pro/bonus_abs", "pro/adv_sign_flip_frac",
+    *(f"train/{k}" for k in ("reward", "accuracy", "entropy", "zero_adv_group_frac", "clip_frac_low", "clip_frac_high", "rollout_logp_gap")),
 }
 
 
@@ -175,10 +188,10 @@ def test_two_steps_log_the_confidence_metrics(rollout, tiny_random_dir, tmp_path
     assert [r["step"] for r in rows] == [1, 2]
     assert PRO_METRICS <= set(rows[-1]), PRO_METRICS - set(rows[-1])
     for r in rows:
-        assert 0 < r["conf_prompt"] <= 1 and 0 < r["lowprob_token_prob"] <= 1 and 0 <= r["mixed_group_frac"] <= 1
-        if r["accuracy"] < 1:  # the random model is wrong nearly always
-            assert 0 < r["conf_answer_incorrect"] <= 1
-    assert rows[-1]["rollout_logp_gap"] < 1e-3  # completion log-probs split correctly out of the full pass
+        assert 0 < r["pro/conf_prompt"] <= 1 and 0 < r["pro/lowprob_token_prob"] <= 1 and 0 <= r["pro/mixed_group_frac"] <= 1
+        if r["train/accuracy"] < 1:  # the random model is wrong nearly always
+            assert 0 < r["pro/conf_answer_incorrect"] <= 1
+    assert rows[-1]["train/rollout_logp_gap"] < 1e-3  # completion log-probs split correctly out of the full pass
     assert (tmp_path / "checkpoint-2" / "COMPLETE").exists()
 
 

@@ -10,8 +10,10 @@ from train_utils import ROOT, run_script
 from common.rollout import vllm_available
 
 REQUIRED_METRICS = {
-    "reward", "accuracy", "response_len", "entropy", "zero_adv_group_frac", "adv_var_within_group", "clip_frac",
-    "approx_kl", "grad_norm", "lr", "rollout_s", "scoring_s", "update_s", "sync_s", "tokens_per_s", "rollout_logp_gap",
+    *(f"train/{k}" for k in ("reward", "accuracy", "response_len", "entropy", "zero_adv_group_frac", "adv_var_within_group")),
+    *(f"train/{k}" for k in ("clip_frac_low", "clip_frac_high", "approx_kl", "grad_norm", "lr", "rollout_logp_gap", "skipped_steps")),
+    *(f"time/{k}" for k in ("rollout_s", "scoring_s", "update_s", "sync_s", "tokens_per_s")),
+    "reward/timeouts",
 }
 
 
@@ -23,7 +25,7 @@ def test_two_steps_write_metrics_and_checkpoint(rollout, tiny_random_dir, tmp_pa
     )
     assert [r["step"] for r in rows] == [1, 2]
     assert REQUIRED_METRICS <= set(rows[-1]), REQUIRED_METRICS - set(rows[-1])
-    assert rows[-1]["rollout_logp_gap"] < 1e-3  # the engine samples from the policy being trained
+    assert rows[-1]["train/rollout_logp_gap"] < 1e-3  # the engine samples from the policy being trained
     ckpt = tmp_path / "checkpoint-2"
     assert (ckpt / "COMPLETE").exists() and (ckpt / "model" / "config.json").exists()
     assert json.loads((tmp_path / "config.json").read_text())["rollout"] == rollout
