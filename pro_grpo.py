@@ -34,7 +34,15 @@ from common.batching import pack, pad_right, select
 from common.checkpoint import load_checkpoint, save_checkpoint
 from common.cli import arg, clear_errors, parse_args, require
 from common.data import TEMPLATE_CHOICES, PromptSampler, format_prompt, load_math_dataset, prompt_opens_think
-from common.distributed import global_sum, make_accelerator, micro_batch, micro_batch_plan, peak_memory_gb, reduce_metrics, state_dict_for_sync
+from common.distributed import (
+    global_sum,
+    make_accelerator,
+    micro_batch,
+    micro_batch_plan,
+    peak_memory_gb,
+    reduce_metrics,
+    state_dict_for_sync,
+)
 from common.evaluate import evaluate, load_benchmarks, write_results
 from common.health import NonFiniteGuard, SignalWatch
 from common.logprobs import masked_mean, sequence_logprobs
@@ -53,7 +61,9 @@ class Args:
     problem_field: str | None = arg(None, "dataset column holding the problem (default: known per dataset)")
     answer_field: str | None = arg(None, "dataset column holding the gold answer")
     solution_field: str | None = arg(None, "dataset column holding a reference solution")
-    template: str = arg("qwen_math", "prompt template; *_native: rendered by the model's own chat template", TEMPLATE_CHOICES)
+    template: str = arg(
+        "qwen_math", "prompt template; *_native: rendered by the model's own chat template", TEMPLATE_CHOICES
+    )
     rewards: str = arg("accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format")
     output_dir: str = arg(f"runs/{Path(__file__).stem}", "run directory: metrics.jsonl, config.json, checkpoints")
     steps: int = arg(30, "optimisation steps (one rollout batch each)")
@@ -65,14 +75,23 @@ class Args:
     warmup_steps: int = arg(0, "linear learning-rate warm-up steps")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     grad_clip: float = arg(1.0, "max global grad norm")
-    micro_batch_size: int = arg(32, "sequences per forward/backward (gradient accumulation beyond), if --max_tokens_per_micro_batch is 0")
-    max_tokens_per_micro_batch: int = arg(0, "if > 0: micro-batches of length-sorted sequences, each within this many (padded) tokens")
+    micro_batch_size: int = arg(
+        32, "sequences per forward/backward (gradient accumulation beyond), if --max_tokens_per_micro_batch is 0"
+    )
+    max_tokens_per_micro_batch: int = arg(
+        0, "if > 0: micro-batches of length-sorted sequences, each within this many (padded) tokens"
+    )
     seed: int = arg(0, "random seed (data order, sampling, init)")
     save_steps: int = arg(0, "save a checkpoint every N steps (0: only at the end)")
     keep_last: int = arg(2, "checkpoints kept on disk (0: all)")
     resume: bool = arg(False, "continue from the latest complete checkpoint in --output_dir")
-    max_nonfinite_steps: int = arg(3, "stop the run after this many optimiser steps in a row with a NaN/inf loss or grad norm (each is skipped; 0: never stop)")
-    warn_flat_steps: int = arg(10, "warn when every group's rewards have been equal for this many steps in a row (0: never)")
+    max_nonfinite_steps: int = arg(
+        3,
+        "stop the run after this many optimiser steps in a row with a NaN/inf loss or grad norm (each is skipped; 0: never stop)",
+    )
+    warn_flat_steps: int = arg(
+        10, "warn when every group's rewards have been equal for this many steps in a row (0: never)"
+    )
     # The method. Defaults: docs/algorithms/pro_grpo.md (the paper's Table 1).
     group_size: int = arg(8, "G: completions per prompt")
     temperature: float = arg(1.0, "sampling temperature T; log-probs are computed from logits / T")
@@ -80,16 +99,30 @@ class Args:
     eps_low: float = arg(0.2, "clip range: rho >= 1 - eps_low")
     eps_high: float = arg(0.28, "clip range: rho <= 1 + eps_high (Table 1: [0.8, 1.28])")
     beta: float = arg(0.0, "k3 KL weight to the initial model (0: no reference model is loaded)")
-    loss_agg: str = arg("token-mean", "loss aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
+    loss_agg: str = arg(
+        "token-mean", "loss aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
+    )
     mu: int = arg(1, "optimisation passes over each rollout batch")
     num_minibatches: int = arg(1, "optimiser steps per pass (the rollout batch split in this many)")
     alpha: float = arg(0.3, "re-weighting strength in eq. 4 (Table 6: 0 = plain GRPO, 0.3 best)")
-    confidence_rule: str = arg("cq-co", "bonus in mixed groups (Table 7): b - c(o), 1 - c(o), 1 - b - c(o), b the baseline", ["cq-co", "1-co", "1-cq-co"])
-    confidence_baseline: str = arg("prompt", "b: the prompt confidence c(q) (eq. 4) or the group's mean answer confidence (appendix eqs. 10, 18)", ["prompt", "group_mean"])
+    confidence_rule: str = arg(
+        "cq-co",
+        "bonus in mixed groups (Table 7): b - c(o), 1 - c(o), 1 - b - c(o), b the baseline",
+        ["cq-co", "1-co", "1-cq-co"],
+    )
+    confidence_baseline: str = arg(
+        "prompt",
+        "b: the prompt confidence c(q) (eq. 4) or the group's mean answer confidence (appendix eqs. 10, 18)",
+        ["prompt", "group_mean"],
+    )
     low_prob_frac: float = arg(0.2, "share of positions in T_low (Sec. 3.2); 1.0 = plain length-normalised likelihood")
     # Systems.
     rollout: str = arg("vllm" if vllm_available() else "hf", "rollout engine", ["vllm", "hf"])
-    precision: str = arg("auto", "auto: fp32 weights + bf16 autocast on GPU, fp32 on CPU; bf16: bf16 weights too (half the memory, but lr-1e-6 updates round away)", ["auto", "bf16", "fp32"])
+    precision: str = arg(
+        "auto",
+        "auto: fp32 weights + bf16 autocast on GPU, fp32 on CPU; bf16: bf16 weights too (half the memory, but lr-1e-6 updates round away)",
+        ["auto", "bf16", "fp32"],
+    )
     vllm_gpu_memory_utilization: float = arg(0.3, "share of GPU memory vLLM may take (weights + KV cache)")
     vllm_sleep: bool = arg(False, "release vLLM's GPU memory during the update (GPU only)")
     gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
@@ -102,18 +135,36 @@ class Args:
 
 def validate(args: Args) -> None:
     """Refuse flag combinations that would fail deep inside torch or train silently wrong."""
-    require(args.group_size >= 2, f"--group_size must be >= 2 (got {args.group_size}): GRPO compares completions within a group")
-    require(args.prompts_per_step >= 1 and args.max_completion_len >= 1 and args.micro_batch_size >= 1, "--prompts_per_step, --max_completion_len and --micro_batch_size must be >= 1")
-    require(args.max_tokens_per_micro_batch >= 0 and args.max_nonfinite_steps >= 0 and args.warn_flat_steps >= 0, "--max_tokens_per_micro_batch, --max_nonfinite_steps and --warn_flat_steps must be >= 0")
+    require(
+        args.group_size >= 2,
+        f"--group_size must be >= 2 (got {args.group_size}): GRPO compares completions within a group",
+    )
+    require(
+        args.prompts_per_step >= 1 and args.max_completion_len >= 1 and args.micro_batch_size >= 1,
+        "--prompts_per_step, --max_completion_len and --micro_batch_size must be >= 1",
+    )
+    require(
+        args.max_tokens_per_micro_batch >= 0 and args.max_nonfinite_steps >= 0 and args.warn_flat_steps >= 0,
+        "--max_tokens_per_micro_batch, --max_nonfinite_steps and --warn_flat_steps must be >= 0",
+    )
     n = args.prompts_per_step * args.group_size
-    require(n % args.num_minibatches == 0, f"--num_minibatches={args.num_minibatches} must divide prompts_per_step * group_size = {n}")
+    require(
+        n % args.num_minibatches == 0,
+        f"--num_minibatches={args.num_minibatches} must divide prompts_per_step * group_size = {n}",
+    )
     require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps_low must be in [0, 1) and --eps_high >= 0")
     require(args.temperature > 0, "--temperature must be > 0 (log-probs are computed from logits / T)")
     require(args.mu >= 1, "--mu must be >= 1")
     unknown = set(args.rewards.split(",")) - set(REWARD_FUNCS)
     require(not unknown, f"--rewards: unknown term(s) {sorted(unknown)}; choose from {sorted(REWARD_FUNCS)}")
-    require(args.eval_steps >= 0 and args.eval_n >= 1 and args.eval_temperature > 0, "--eval_steps must be >= 0, --eval_n >= 1, --eval_temperature > 0")
-    require(math.isfinite(args.alpha) and args.alpha >= 0, f"--alpha must be a finite number >= 0 (got {args.alpha}; 0 is plain GRPO)")
+    require(
+        args.eval_steps >= 0 and args.eval_n >= 1 and args.eval_temperature > 0,
+        "--eval_steps must be >= 0, --eval_n >= 1, --eval_temperature > 0",
+    )
+    require(
+        math.isfinite(args.alpha) and args.alpha >= 0,
+        f"--alpha must be a finite number >= 0 (got {args.alpha}; 0 is plain GRPO)",
+    )
     require(0 < args.low_prob_frac <= 1, f"--low_prob_frac must be in (0, 1] (got {args.low_prob_frac})")
 
 
@@ -137,7 +188,15 @@ def prompt_confidence(prompt_logp: torch.Tensor, prompt_mask: torch.Tensor, frac
     return low_prob_confidence(prompt_logp, predicted, fraction)
 
 
-def reweighted_advantages(adv: torch.Tensor, rewards: torch.Tensor, b: torch.Tensor, c_o: torch.Tensor, G: int, alpha: float, rule: str = "cq-co"):
+def reweighted_advantages(
+    adv: torch.Tensor,
+    rewards: torch.Tensor,
+    b: torch.Tensor,
+    c_o: torch.Tensor,
+    G: int,
+    alpha: float,
+    rule: str = "cq-co",
+):
     """A~_i = A_i + alpha * bonus_i in mixed groups, A_i elsewhere (eq. 4, Algorithm 1 lines 10-27).
 
     adv, rewards, c_o: [N], groups of G consecutive completions; b: [N // G], the baseline
@@ -157,7 +216,9 @@ def pro_advantages(rewards: torch.Tensor, old: dict, batch: dict, G: int, args: 
     """Pro-GRPO's advantage step on pi_old's prompt and answer log-probs, and its metrics
     (confidences, the re-weighting; NaN when a step has no such completion)."""
     mask = batch["completion_mask"]
-    c_q = prompt_confidence(old["prompt_logp"], batch["prompt_mask"], args.low_prob_frac).view(-1, G).mean(1)  # G equal rows
+    c_q = (
+        prompt_confidence(old["prompt_logp"], batch["prompt_mask"], args.low_prob_frac).view(-1, G).mean(1)
+    )  # G equal rows
     c_o = low_prob_confidence(old["logp"], mask, args.low_prob_frac)
     base = group_advantages(rewards, G)
     b = c_q if args.confidence_baseline == "prompt" else c_o.view(-1, G).mean(1)
@@ -227,20 +288,29 @@ def old_logprobs(model, batch, args, plan, ref_model=None):
         for idx in plan:
             mb = select(batch, idx)
             p, C = mb["prompt_mask"].shape[1], mb["completion_mask"].shape[1]
-            logp, ent = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], args.temperature, with_entropy=True)
+            logp, ent = sequence_logprobs(
+                model, mb["input_ids"], mb["attention_mask"], args.temperature, with_entropy=True
+            )
             out["logp"][idx, :C], out["entropy"][idx, :C] = logp[: len(idx), p - 1 :], ent[: len(idx), p - 1 :]
             out["prompt_logp"][idx, P - p : P - 1] = logp[: len(idx), : p - 1]
             if ref_model is not None:
-                out["ref_logp"][idx, :C] = sequence_logprobs(ref_model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C)[0][: len(idx)]
+                out["ref_logp"][idx, :C] = sequence_logprobs(
+                    ref_model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C
+                )[0][: len(idx)]
     return out
 
 
 def main(args: Args) -> None:
     validate(args)
     gpu = torch.cuda.is_available()
-    accelerator = make_accelerator("bf16" if gpu and args.precision != "fp32" else "no", args.grad_clip, args.micro_batch_size)
+    accelerator = make_accelerator(
+        "bf16" if gpu and args.precision != "fp32" else "no", args.grad_clip, args.micro_batch_size
+    )
     rank, world = accelerator.process_index, accelerator.num_processes
-    require(args.prompts_per_step % world == 0, f"--prompts_per_step={args.prompts_per_step} must divide by the {world} processes: each rank owns whole prompt groups")
+    require(
+        args.prompts_per_step % world == 0,
+        f"--prompts_per_step={args.prompts_per_step} must divide by the {world} processes: each rank owns whole prompt groups",
+    )
     set_seed(args.seed + rank)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # master weights
     model_path = str(ensure_tiny_model()) if args.model == "tiny" else args.model
@@ -255,17 +325,28 @@ def main(args: Args) -> None:
         model.gradient_checkpointing_enable()
     ref_model = None
     if args.beta > 0:  # only then: all four papers train without it
-        ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if gpu else torch.float32).to(accelerator.device).eval()
+        ref_model = (
+            AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if gpu else torch.float32)
+            .to(accelerator.device)
+            .eval()
+        )
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
 
     with clear_errors("--dataset"):
-        rows = load_math_dataset(args.dataset, problem_field=args.problem_field, answer_field=args.answer_field, solution_field=args.solution_field)
+        rows = load_math_dataset(
+            args.dataset,
+            problem_field=args.problem_field,
+            answer_field=args.answer_field,
+            solution_field=args.solution_field,
+        )
     with clear_errors("--template"):
         for r in rows:
-            r["prompt_ids"] = tokenizer(format_prompt(r["problem"], args.template, tokenizer), add_special_tokens=False).input_ids
+            r["prompt_ids"] = tokenizer(
+                format_prompt(r["problem"], args.template, tokenizer), add_special_tokens=False
+            ).input_ids
         opens_think = prompt_opens_think(args.template, tokenizer)  # then completions start inside <think>
     n_rows = len(rows)
     rows = [r for r in rows if len(r["prompt_ids"]) <= args.max_prompt_len]
@@ -280,9 +361,14 @@ def main(args: Args) -> None:
     stop_ids = stop_token_ids(tokenizer, model_path)
     if args.rollout == "vllm":
         engine = VLLMEngine(
-            model_path, stop_ids, max_model_len=args.max_prompt_len + args.max_completion_len, seed=args.seed + rank,
-            dtype="bfloat16" if gpu and args.precision != "fp32" else "float32", gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-            enable_sleep_mode=args.vllm_sleep, distributed=world > 1,
+            model_path,
+            stop_ids,
+            max_model_len=args.max_prompt_len + args.max_completion_len,
+            seed=args.seed + rank,
+            dtype="bfloat16" if gpu and args.precision != "fp32" else "float32",
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            enable_sleep_mode=args.vllm_sleep,
+            distributed=world > 1,
         )
     else:
         engine = HFEngine(accelerator.unwrap_model(model), stop_ids, tokenizer.pad_token_id)
@@ -294,12 +380,29 @@ def main(args: Args) -> None:
         engine.load_weights(state_dict_for_sync(accelerator, model))
     verifier = MathVerifier()
     reward_names = args.rewards.split(",")
-    logger = RunLogger(args.output_dir, total_steps, asdict(args), enabled=accelerator.is_main_process, initial_step=start_step)
+    logger = RunLogger(
+        args.output_dir, total_steps, asdict(args), enabled=accelerator.is_main_process, initial_step=start_step
+    )
     G = args.group_size
-    guard, watch = NonFiniteGuard(args.max_nonfinite_steps), SignalWatch(args.warn_flat_steps, say=logger.write if accelerator.is_main_process else lambda _: None)
+    guard, watch = (
+        NonFiniteGuard(args.max_nonfinite_steps),
+        SignalWatch(args.warn_flat_steps, say=logger.write if accelerator.is_main_process else lambda _: None),
+    )
 
     def run_eval():  # every rank evaluates with its own engine; the logged numbers are means over ranks
-        return evaluate(engine, tokenizer, eval_sets, args.template, args.eval_n, args.eval_temperature, args.max_completion_len, args.top_p, seed=args.seed + rank, verifier=verifier, max_prompt_len=args.max_prompt_len)
+        return evaluate(
+            engine,
+            tokenizer,
+            eval_sets,
+            args.template,
+            args.eval_n,
+            args.eval_temperature,
+            args.max_completion_len,
+            args.top_p,
+            seed=args.seed + rank,
+            verifier=verifier,
+            max_prompt_len=args.max_prompt_len,
+        )
 
     if args.eval_steps and start_step == 0:  # step 0: the policy before training, every curve's starting point
         logger.log(0, reduce_metrics(accelerator, run_eval()[0]), advance=False)
@@ -311,27 +414,47 @@ def main(args: Args) -> None:
         # 1. Rollout: G completions per prompt from pi_old.
         with timer("rollout"):
             engine.wake_up()
-            seeds = prompt_seeds(args.seed, step, args.prompts_per_step, rank, len(batch_rows))  # the same samples on any number of ranks
-            groups = engine.generate([r["prompt_ids"] for r in batch_rows], G, args.max_completion_len, args.temperature, args.top_p, seed=seeds)
+            seeds = prompt_seeds(
+                args.seed, step, args.prompts_per_step, rank, len(batch_rows)
+            )  # the same samples on any number of ranks
+            groups = engine.generate(
+                [r["prompt_ids"] for r in batch_rows],
+                G,
+                args.max_completion_len,
+                args.temperature,
+                args.top_p,
+                seed=seeds,
+            )
         rollout_rows = [r for r in batch_rows for _ in range(G)]
         completions = [c for g in groups for c in g]
         texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
 
         # 2. Rewards.
         with timer("scoring"):
-            rewards, accuracy = compute_rewards(texts, [r["answer"] for r in rollout_rows], reward_names, verifier, prompt_ends_with_think=opens_think)
+            rewards, accuracy = compute_rewards(
+                texts, [r["answer"] for r in rollout_rows], reward_names, verifier, prompt_ends_with_think=opens_think
+            )
             rewards = torch.tensor(rewards, device=accelerator.device)
             accuracy = torch.tensor(accuracy, device=accelerator.device)
 
         # 3. Old log-probs (and token entropy) from the trainer, before any update.
         with timer("old_logp"):
             engine.sleep()
-            batch = pack([r["prompt_ids"] for r in rollout_rows], [c.token_ids for c in completions], tokenizer.pad_token_id, accelerator.device)
+            batch = pack(
+                [r["prompt_ids"] for r in rollout_rows],
+                [c.token_ids for c in completions],
+                tokenizer.pad_token_id,
+                accelerator.device,
+            )
             mask = batch["completion_mask"]
             n = len(completions)
             on_policy = not NEEDS_PI_OLD and args.mu == 1 and args.num_minibatches == 1 and ref_model is None
-            plan = micro_batch_plan(accelerator, model, batch, list(range(n)), args.micro_batch_size, args.max_tokens_per_micro_batch)
-            old = old_logprobs(model, batch, args, [] if on_policy else plan, ref_model)  # on-policy: filled by the update's own pass
+            plan = micro_batch_plan(
+                accelerator, model, batch, list(range(n)), args.micro_batch_size, args.max_tokens_per_micro_batch
+            )
+            old = old_logprobs(
+                model, batch, args, [] if on_policy else plan, ref_model
+            )  # on-policy: filled by the update's own pass
             rollout_logp = pad_right([c.logprobs for c in completions], mask.shape[1], device=accelerator.device)
 
         # 4. Advantages, re-weighted by pi_old's confidence in mixed groups (eqs. 4-6).
@@ -347,7 +470,9 @@ def main(args: Args) -> None:
                 for start in range(0, n - mb_size + 1, mb_size):
                     rows_mb = order[start : start + mb_size]
                     if args.num_minibatches > 1:
-                        plan = micro_batch_plan(accelerator, model, batch, rows_mb, args.micro_batch_size, args.max_tokens_per_micro_batch)
+                        plan = micro_batch_plan(
+                            accelerator, model, batch, rows_mb, args.micro_batch_size, args.max_tokens_per_micro_batch
+                        )
                     # Global denominators: DDP averages gradients over ranks, so per-rank
                     # losses are divided by (global count / world) to make the mean exact.
                     num_tokens = global_sum(accelerator, mask[rows_mb].sum().item()) / world
@@ -355,16 +480,39 @@ def main(args: Args) -> None:
                     for i, idx in enumerate(plan):
                         mb = select(batch, idx)
                         with micro_batch(accelerator, model, last=i == len(plan) - 1):  # grads sync on the last
-                            logp, ent = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=mb["completion_mask"].shape[1], with_entropy=on_policy)
+                            logp, ent = sequence_logprobs(
+                                model,
+                                mb["input_ids"],
+                                mb["attention_mask"],
+                                args.temperature,
+                                logits_to_keep=mb["completion_mask"].shape[1],
+                                with_entropy=on_policy,
+                            )
                             if on_policy:  # pi_old is this very policy: its log-probs are this pass's, detached
-                                old["logp"][idx, : logp.shape[1]], old["entropy"][idx, : logp.shape[1]] = logp.detach()[: len(idx)], ent.detach()[: len(idx)]
-                            loss, stats = policy_loss(logp, old["logp"][mb["rows"]], advantages[mb["rows"]], mb["completion_mask"], args, len(rows_mb), num_tokens, old["ref_logp"][mb["rows"]])
+                                old["logp"][idx, : logp.shape[1]], old["entropy"][idx, : logp.shape[1]] = (
+                                    logp.detach()[: len(idx)],
+                                    ent.detach()[: len(idx)],
+                                )
+                            loss, stats = policy_loss(
+                                logp,
+                                old["logp"][mb["rows"]],
+                                advantages[mb["rows"]],
+                                mb["completion_mask"],
+                                args,
+                                len(rows_mb),
+                                num_tokens,
+                                old["ref_logp"][mb["rows"]],
+                            )
                             accelerator.backward(loss)
                         step_loss += loss.item()
                         sums = {k: v + stats.get(k, 0.0) for k, v in sums.items()}
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
-                    step_loss = global_sum(accelerator, step_loss)
-                    if guard.check(step + 1, step_loss, grad_norm, scheduler.get_last_lr()[0]):  # a NaN/inf update is skipped
+                    step_loss = (
+                        global_sum(accelerator, step_loss) / world
+                    )  # the mini-batch loss (each rank holds its share x world)
+                    if guard.check(
+                        step + 1, step_loss, grad_norm, scheduler.get_last_lr()[0]
+                    ):  # a NaN/inf update is skipped
                         optimizer.step()
                         scheduler.step()
                     sums["loss"] += step_loss
@@ -380,7 +528,11 @@ def main(args: Args) -> None:
         r_grp = rewards.view(-1, G)
         lengths = mask.sum(-1)
         step_s = sum(timer.seconds.values())
-        tok = global_sum(accelerator, {k: sums[k] for k in ("clip_low", "clip_high", "approx_kl", "tokens")} | {"entropy": (old["entropy"] * mask).sum().item(), "mask": mask.sum().item()})
+        tok = global_sum(
+            accelerator,
+            {k: sums[k] for k in ("clip_low", "clip_high", "approx_kl", "tokens")}
+            | {"entropy": (old["entropy"] * mask).sum().item(), "mask": mask.sum().item()},
+        )
         metrics = {
             "train/reward": rewards.mean(),
             "train/accuracy": accuracy.mean(),
@@ -388,9 +540,18 @@ def main(args: Args) -> None:
             "train/truncated_frac": sum(not c.finished for c in completions) / n,
             "train/entropy": tok["entropy"] / max(tok["mask"], 1),
             "train/zero_adv_group_frac": (r_grp.max(1).values == r_grp.min(1).values).float().mean(),
-            "train/adv_var_within_group": (advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)).view(-1, G).var(1).mean(),
-            "train/rollout_logp_gap": masked_mean((rollout_logp.nan_to_num() - old["logp"]).abs(), mask * rollout_logp.isfinite()),
-            "train/grad_norm": math.nan if grad_norm is None else grad_norm,  # None: DeepSpeed clips inside its own step
+            "train/adv_var_within_group": (
+                advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)
+            )
+            .view(-1, G)
+            .var(1)
+            .mean(),
+            "train/rollout_logp_gap": masked_mean(
+                (rollout_logp.nan_to_num() - old["logp"]).abs(), mask * rollout_logp.isfinite()
+            ),
+            "train/grad_norm": math.nan
+            if grad_norm is None
+            else grad_norm,  # None: DeepSpeed clips inside its own step
             "train/lr": scheduler.get_last_lr()[0],
             "train/clip_frac_low": tok["clip_low"] / max(tok["tokens"], 1),
             "train/clip_frac_high": tok["clip_high"] / max(tok["tokens"], 1),
@@ -409,13 +570,26 @@ def main(args: Args) -> None:
                 summary, records = run_eval()
             metrics |= summary | {"time/eval_s": timer.seconds["eval"]}
             if step + 1 == total_steps and accelerator.is_main_process:
-                write_results(args.output_dir, summary, records, {"step": step + 1, "benchmarks": args.eval_benchmarks, "n": args.eval_n})
+                write_results(
+                    args.output_dir,
+                    summary,
+                    records,
+                    {"step": step + 1, "benchmarks": args.eval_benchmarks, "n": args.eval_n},
+                )
         metrics = reduce_metrics(accelerator, {k: float(v) for k, v in metrics.items()})
         metrics["train/epoch"] = sampler.epoch
         logger.log(step + 1, metrics)
         watch.update(step + 1, metrics["train/zero_adv_group_frac"], metrics["train/truncated_frac"])
         if (args.save_steps and (step + 1) % args.save_steps == 0) or step + 1 == total_steps:
-            save_checkpoint(accelerator, model, tokenizer, args.output_dir, step + 1, {"sampler": sampler.state_dict()}, args.keep_last)
+            save_checkpoint(
+                accelerator,
+                model,
+                tokenizer,
+                args.output_dir,
+                step + 1,
+                {"sampler": sampler.state_dict()},
+                args.keep_last,
+            )
 
     logger.close()
     verifier.close()

@@ -21,8 +21,25 @@ PHASES = [f"time/{k}" for k in ("rollout_s", "gec_s", "scoring_s", "old_logp_s",
 
 
 def run(script: str, steps: int, rollout: str, out: Path) -> list[dict]:
-    cmd = [sys.executable, str(ROOT / script), "--steps", str(steps), "--rollout", rollout, "--eval_steps", str(steps), "--output_dir", str(out)]
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")})
+    cmd = [
+        sys.executable,
+        str(ROOT / script),
+        "--steps",
+        str(steps),
+        "--rollout",
+        rollout,
+        "--eval_steps",
+        str(steps),
+        "--output_dir",
+        str(out),
+    ]
+    subprocess.run(
+        cmd,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")},
+    )
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 

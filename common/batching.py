@@ -29,11 +29,18 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int, de
 
 def pad_right(rows: list[list[float]], width: int, value: float = 0.0, device=None) -> torch.Tensor:
     """Ragged per-token lists (e.g. the engine's log-probs) -> [N, width] tensor."""
-    return torch.tensor([r[:width] + [value] * (width - len(r[:width])) for r in rows], device=device, dtype=torch.float32)
+    return torch.tensor(
+        [r[:width] + [value] * (width - len(r[:width])) for r in rows], device=device, dtype=torch.float32
+    )
 
 
 def micro_batches(
-    prompt_lens: list[int], completion_lens: list[int], rows: list[int], micro_batch_size: int, max_tokens: int = 0, count: int = 0
+    prompt_lens: list[int],
+    completion_lens: list[int],
+    rows: list[int],
+    micro_batch_size: int,
+    max_tokens: int = 0,
+    count: int = 0,
 ) -> list[list[int]]:
     """Split `rows` (indices into the batch) into the micro-batches of one forward/backward each.
 

@@ -28,7 +28,13 @@ _NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
 def save_checkpoint(
-    accelerator: Accelerator, model: torch.nn.Module, tokenizer, output_dir: str | Path, step: int, trainer_state: dict, keep_last: int = 0
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    tokenizer,
+    output_dir: str | Path,
+    step: int,
+    trainer_state: dict,
+    keep_last: int = 0,
 ) -> Path:
     """Save everything needed to resume after `step`; keep only the newest `keep_last` complete ones (0: all).
 
@@ -129,12 +135,16 @@ def load_checkpoint(accelerator: Accelerator, output_dir: str | Path) -> dict:
             print(f"--resume: skipping {path}: {problem}")
     else:
         detail = "; ".join(errors) if errors else "none found"
-        raise SystemExit(f"--resume: no usable checkpoint under {output_dir} ({detail}); run without --resume to start fresh")
+        raise SystemExit(
+            f"--resume: no usable checkpoint under {output_dir} ({detail}); run without --resume to start fresh"
+        )
 
     saved_world = state.get("num_processes", accelerator.num_processes)
     if saved_world != accelerator.num_processes and main:
-        print(f"--resume: {path} was written by {saved_world} processes, this run has {accelerator.num_processes}: "
-              "ranks without a saved RNG state start from a fresh one")
+        print(
+            f"--resume: {path} was written by {saved_world} processes, this run has {accelerator.num_processes}: "
+            "ranks without a saved RNG state start from a fresh one"
+        )
     if main:
         _drop_metrics_after(Path(output_dir) / "metrics.jsonl", state["step"])
         print(f"resumed from {path} (step {state['step']})")

@@ -13,14 +13,16 @@ dataset's field mapping can be applied to a local file with ``preset=``.
 Templates are shared by training and evaluation so that a model is always
 evaluated with the prompt it was trained on.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import random
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 # ---------------------------------------------------------------------------
 # Prompt templates
@@ -44,11 +46,7 @@ R1_SYSTEM = (
 
 def _chatml(system: str) -> str:
     """Qwen2.5 chat markup with a fixed system turn and a `{problem}` slot."""
-    return (
-        f"<|im_start|>system\n{system}<|im_end|>\n"
-        "<|im_start|>user\n{problem}<|im_end|>\n"
-        "<|im_start|>assistant\n"
-    )
+    return f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{{problem}}<|im_end|>\n<|im_start|>assistant\n"
 
 
 # `{problem}` is substituted with str.replace, never str.format: both the
@@ -71,8 +69,10 @@ def format_prompt(problem: str, template: str = "qwen_math", tokenizer=None) -> 
     """Render `problem` into the named prompt template (`*_native` ones need the model's tokenizer)."""
     if template in NATIVE_TEMPLATES:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"template {template!r} renders with the model's chat template, and this tokenizer has none; "
-                             f"use {template.removesuffix('_native')!r} (Qwen ChatML markup) instead")
+            raise ValueError(
+                f"template {template!r} renders with the model's chat template, and this tokenizer has none; "
+                f"use {template.removesuffix('_native')!r} (Qwen ChatML markup) instead"
+            )
         messages = [{"role": "system", "content": NATIVE_TEMPLATES[template]}, {"role": "user", "content": problem}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     if template not in TEMPLATES:
@@ -132,8 +132,10 @@ def synthetic_arithmetic(
     space = sum(m * (m + 1) // 2 if op == "-" else m * m for op in ops)
     excluded = set(exclude)
     if n > space - len(excluded):  # conservative: some excluded texts may lie outside the space
-        raise ValueError(f"asked for {n} distinct problems but only {space} exist "
-                         f"(ops={ops!r}, max_operand={max_operand}, {len(excluded)} excluded)")
+        raise ValueError(
+            f"asked for {n} distinct problems but only {space} exist "
+            f"(ops={ops!r}, max_operand={max_operand}, {len(excluded)} excluded)"
+        )
 
     rng = random.Random(seed)
     rows, seen = [], set(excluded)
@@ -147,12 +149,14 @@ def synthetic_arithmetic(
             continue
         seen.add(problem)
         c = _OPS[op](a, b)
-        rows.append({
-            "problem": problem,
-            "answer": str(c),
-            # Short on purpose: a tiny model is SFT'd on it before RL.
-            "solution": f"{a} {op} {b} = {c}. The answer is \\boxed{{{c}}}.",
-        })
+        rows.append(
+            {
+                "problem": problem,
+                "answer": str(c),
+                # Short on purpose: a tiny model is SFT'd on it before RL.
+                "solution": f"{a} {op} {b} = {c}. The answer is \\boxed{{{c}}}.",
+            }
+        )
     return rows
 
 
@@ -165,9 +169,11 @@ def synthetic_eval_set() -> list[dict]:
 # Field mappings of known datasets
 # ---------------------------------------------------------------------------
 
-DAPO_PREFIX = ("Solve the following math problem step by step. The last line of your response "
-               "should be of the form Answer: $Answer (without quotes) where $Answer is the "
-               "answer to the problem.")
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response "
+    "should be of the form Answer: $Answer (without quotes) where $Answer is the "
+    "answer to the problem."
+)
 DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
 
 
@@ -179,7 +185,7 @@ def strip_dapo_instruction(text: str) -> str:
     """
     text = text.strip()
     if text.startswith(DAPO_PREFIX):
-        text = text[len(DAPO_PREFIX):]
+        text = text[len(DAPO_PREFIX) :]
     if text.endswith(DAPO_SUFFIX):
         text = text[: -len(DAPO_SUFFIX)]
     return text.strip()
@@ -188,6 +194,7 @@ def strip_dapo_instruction(text: str) -> str:
 @dataclass(frozen=True)
 class FieldMap:
     """Where a dataset keeps problem / answer / solution (dotted paths reach nested fields)."""
+
     problem: str = "problem"
     answer: str = "answer"
     solution: str | None = "solution"
@@ -200,8 +207,8 @@ DATASET_PRESETS: dict[str, FieldMap] = {
     # prompt = [{"role": "user", "content": <wrapped problem>}],
     # reward_model = {"ground_truth": ..., "style": "rule-lighteval/MATH_v2"}; no solution.
     "BytedTsinghua-SIA/DAPO-Math-17k": FieldMap(
-        problem="prompt", answer="reward_model.ground_truth", solution=None,
-        problem_transform=strip_dapo_instruction),
+        problem="prompt", answer="reward_model.ground_truth", solution=None, problem_transform=strip_dapo_instruction
+    ),
     "knoveleng/open-rs": FieldMap(),
     # Configs "default" (94K) and "extended" (131K); EGPO draws from both.
     "open-r1/OpenR1-Math-220k": FieldMap(config="default"),
@@ -244,8 +251,7 @@ def _as_text(value: Any) -> str:
 
 
 def _looks_like_path(source: str) -> bool:
-    return (os.path.exists(source) or source.endswith(_FILE_EXTS)
-            or source.startswith(("/", "./", "../", "~")))
+    return os.path.exists(source) or source.endswith(_FILE_EXTS) or source.startswith(("/", "./", "../", "~"))
 
 
 def _data_files(directory: Path, split: str) -> list[Path]:
@@ -285,6 +291,7 @@ def _read_file(path: Path, split: str) -> Iterator[dict]:
         yield from data
     elif path.suffix == ".parquet":
         import pyarrow.parquet as pq
+
         for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
             yield from batch.to_pylist()
     else:
@@ -296,18 +303,20 @@ def _raw_rows(source: str, split: str, config: str | None) -> Iterator[dict]:
         path = Path(source).expanduser()
         if not path.exists():
             raise FileNotFoundError(f"dataset file not found: {source}")
-        for f in (_data_files(path, split) if path.is_dir() else [path]):
+        for f in _data_files(path, split) if path.is_dir() else [path]:
             yield from _read_file(f, split)
         return
     try:
         import datasets
+
         ds = datasets.load_dataset(source, config, split=split)
     except Exception as e:  # offline, unknown name, bad split: all surface here
         raise RuntimeError(
             f"could not load {source!r} (config={config}, split={split}) from the Hugging Face hub: "
             f"{type(e).__name__}: {e}\nThe hub may be unreachable (no network here) or the name is "
             f"wrong. Download the dataset elsewhere and pass a local .jsonl/.json/.parquet file (or "
-            f"a directory holding one) as the source instead.") from e
+            f"a directory holding one) as the source instead."
+        ) from e
     yield from ds
 
 
@@ -324,7 +333,9 @@ def iter_math_dataset(
     """Stream `{"problem", "answer", "solution"}` rows; see `load_math_dataset`."""
     if source == SYNTHETIC_NAME:
         if split == "train":
-            rows = synthetic_arithmetic(SYNTHETIC_TRAIN_SIZE, seed=SYNTHETIC_TRAIN_SEED, max_operand=SYNTHETIC_MAX_OPERAND)
+            rows = synthetic_arithmetic(
+                SYNTHETIC_TRAIN_SIZE, seed=SYNTHETIC_TRAIN_SEED, max_operand=SYNTHETIC_MAX_OPERAND
+            )
         elif split in ("test", "eval", "validation"):
             rows = synthetic_eval_set()
         else:
@@ -362,7 +373,8 @@ def iter_math_dataset(
                     raise ValueError(
                         f"{key} field {path!r} not found in {source} (its fields: {', '.join(have) or 'none'}). "
                         f"Pass --{key}_field with the field that holds the {key} "
-                        f"(dotted paths such as reward_model.ground_truth reach nested fields).") from None
+                        f"(dotted paths such as reward_model.ground_truth reach nested fields)."
+                    ) from None
                 if i == 0 and key == "solution":
                     fields["solution"] = None  # the dataset has no solutions: stop looking
                 value = None
@@ -402,8 +414,7 @@ def load_math_dataset(
     Rows with empty answers are kept (answer ""); the `data.prepare` commands
     drop them. A missing solution is None.
     """
-    return list(iter_math_dataset(source, split, problem_field, answer_field, solution_field,
-                                  limit, preset, config))
+    return list(iter_math_dataset(source, split, problem_field, answer_field, solution_field, limit, preset, config))
 
 
 def write_jsonl(rows: Iterable[dict], path: str | os.PathLike) -> int:
@@ -422,6 +433,7 @@ def write_jsonl(rows: Iterable[dict], path: str | os.PathLike) -> int:
 # Prompt sampler
 # ---------------------------------------------------------------------------
 
+
 class PromptSampler:
     """Seeded, epoch-by-epoch prompt order, `prompts_per_step` global prompts a step.
 
@@ -433,8 +445,7 @@ class PromptSampler:
     different world size.
     """
 
-    def __init__(self, rows: list[dict], prompts_per_step: int, seed: int,
-                 rank: int = 0, world_size: int = 1):
+    def __init__(self, rows: list[dict], prompts_per_step: int, seed: int, rank: int = 0, world_size: int = 1):
         if not rows:
             raise ValueError("PromptSampler got an empty dataset")
         if prompts_per_step < 1:
@@ -442,8 +453,10 @@ class PromptSampler:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         if prompts_per_step % world_size:
-            raise ValueError(f"prompts_per_step ({prompts_per_step}) must be divisible by the "
-                             f"number of processes ({world_size}) so that each rank gets whole prompts")
+            raise ValueError(
+                f"prompts_per_step ({prompts_per_step}) must be divisible by the "
+                f"number of processes ({world_size}) so that each rank gets whole prompts"
+            )
         self.rows, self.prompts_per_step, self.seed = rows, prompts_per_step, seed
         self.rank, self.world_size = rank, world_size
         self._epoch, self._pos, self._step = 0, 0, 0
@@ -469,24 +482,30 @@ class PromptSampler:
         indices = []
         while len(indices) < self.prompts_per_step:
             take = min(self.prompts_per_step - len(indices), len(self._order) - self._pos)
-            indices += self._order[self._pos: self._pos + take]
+            indices += self._order[self._pos : self._pos + take]
             self._pos += take
             if self._pos == len(self._order):  # epoch done: reshuffle with seed + epoch
                 self._epoch, self._pos = self._epoch + 1, 0
                 self._order = self._permutation(self._epoch)
         self._step += 1
         share = self.prompts_per_step // self.world_size
-        mine = indices[self.rank * share: (self.rank + 1) * share]
+        mine = indices[self.rank * share : (self.rank + 1) * share]
         return [dict(self.rows[i]) for i in mine]  # copies: callers may annotate rows
 
     def state_dict(self) -> dict:
-        return {"epoch": self._epoch, "pos": self._pos, "step": self._step,
-                "seed": self.seed, "num_rows": len(self.rows)}
+        return {
+            "epoch": self._epoch,
+            "pos": self._pos,
+            "step": self._step,
+            "seed": self.seed,
+            "num_rows": len(self.rows),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state["num_rows"] != len(self.rows) or state["seed"] != self.seed:
             raise ValueError(
                 f"sampler state is for {state['num_rows']} rows / seed {state['seed']}, but this run has "
-                f"{len(self.rows)} rows / seed {self.seed}: resume with the same dataset and seed")
+                f"{len(self.rows)} rows / seed {self.seed}: resume with the same dataset and seed"
+            )
         self._epoch, self._pos, self._step = state["epoch"], state["pos"], state["step"]
         self._order = self._permutation(self._epoch)

@@ -19,7 +19,6 @@ from datetime import timedelta
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
 from common.batching import micro_batches
 
@@ -36,7 +35,9 @@ SUM_METRICS = {"time/tokens_per_s", "reward/timeouts"}  # the run's throughput a
 MAX_METRICS = {"time/peak_mem_gb"}  # the rank closest to running out
 
 
-def make_accelerator(mixed_precision: str = "no", grad_clip: float | None = None, micro_batch_size: int = 1) -> Accelerator:
+def make_accelerator(
+    mixed_precision: str = "no", grad_clip: float | None = None, micro_batch_size: int = 1
+) -> Accelerator:
     """The Accelerator, with DeepSpeed told what the scripts do themselves.
 
     The scripts feed no DataLoader to `prepare`, so DeepSpeed learns its micro-batch
@@ -51,7 +52,9 @@ def make_accelerator(mixed_precision: str = "no", grad_clip: float | None = None
         # Bookkeeping only (the scripts feed their own micro-batches); it must be consistent.
         config["gradient_accumulation_steps"] = 1  # the boundary is marked by `micro_batch` instead
         config["train_micro_batch_size_per_gpu"] = micro_batch_size
-        config["train_batch_size"] = micro_batch_size * (torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1)
+        config["train_batch_size"] = micro_batch_size * (
+            torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        )
         if grad_clip is not None:
             config["gradient_clipping"] = grad_clip
         if ds.zero_stage == 3:
@@ -89,14 +92,18 @@ def global_sum(accelerator: Accelerator, value):
     return out if isinstance(value, dict) else out[""]
 
 
-def micro_batch_plan(accelerator: Accelerator, model, batch: dict, rows: list[int], micro_batch_size: int, max_tokens: int) -> list[list[int]]:
+def micro_batch_plan(
+    accelerator: Accelerator, model, batch: dict, rows: list[int], micro_batch_size: int, max_tokens: int
+) -> list[list[int]]:
     """`common.batching.micro_batches` of `rows`; with sharded parameters (ZeRO-3, FSDP2), where every
     forward is a collective, as many micro-batches on every rank (the most any rank has)."""
     lens = (batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist())
     plan = micro_batches(*lens, rows, micro_batch_size, max_tokens)
     if accelerator.num_processes > 1 and is_sharded(model):
         count = torch.tensor(len(plan), device=accelerator.device)
-        plan = micro_batches(*lens, rows, micro_batch_size, max_tokens, count=int(accelerator.reduce(count, reduction="max")))
+        plan = micro_batches(
+            *lens, rows, micro_batch_size, max_tokens, count=int(accelerator.reduce(count, reduction="max"))
+        )
     return plan
 
 

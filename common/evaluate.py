@@ -28,6 +28,7 @@ local copy: `--benchmarks math500=path/to/file.jsonl` or `--data_dir DIR`
 holding `<name>.jsonl`. `--export_data DIR` writes such copies (on a machine
 with a network).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -36,13 +37,20 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from common.cli import arg, parse_args
-from common.data import (SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SIZE, TEMPLATE_CHOICES, format_prompt, load_math_dataset,
-                         write_jsonl)
+from common.data import (
+    SYNTHETIC_EVAL_PATH,
+    SYNTHETIC_EVAL_SIZE,
+    TEMPLATE_CHOICES,
+    format_prompt,
+    load_math_dataset,
+    write_jsonl,
+)
 from common.rewards import MathVerifier, extract_answer, extract_boxed
 
 RESULTS_FILE = "eval_results.json"
@@ -53,6 +61,7 @@ AGGREGATES = ("overall", "mean")  # reserved names in the summary keys
 # ---------------------------------------------------------------------------
 # Benchmarks
 # ---------------------------------------------------------------------------
+
 
 def _last_boxed(text: str) -> str:
     """Minerva keeps its gold answer as the last \\boxed{} of the reference solution."""
@@ -68,6 +77,7 @@ def _after_hashes(text: str) -> str:
 
 class Benchmark(NamedTuple):
     """Where a benchmark lives on the hub and which fields hold the problem and the gold answer."""
+
     hub: str | None  # None: local file only
     config: str | None
     split: str
@@ -94,7 +104,9 @@ BENCHMARKS: dict[str, Benchmark] = {
     "olympiadbench": Benchmark("knoveleng/OlympiadBench", None, "train", "question", "answer", size=675),
     "gsm8k": Benchmark("openai/gsm8k", "main", "test", "question", "answer", _after_hashes, size=1319),
     # The CPU demo's fixed arithmetic problems, shipped in the repo.
-    "synthetic": Benchmark(None, None, "test", "problem", "answer", size=SYNTHETIC_EVAL_SIZE, local=str(SYNTHETIC_EVAL_PATH)),
+    "synthetic": Benchmark(
+        None, None, "test", "problem", "answer", size=SYNTHETIC_EVAL_SIZE, local=str(SYNTHETIC_EVAL_PATH)
+    ),
 }
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -107,8 +119,9 @@ def _clean_answer(answer: str) -> str:
     return m.group(1) if m else answer.strip()
 
 
-def load_benchmark(name: str, source: str | None = None, data_dir: str | None = None,
-                   limit: int | None = None) -> list[dict]:
+def load_benchmark(
+    name: str, source: str | None = None, data_dir: str | None = None, limit: int | None = None
+) -> list[dict]:
     """Rows `{"problem", "answer"}` of one benchmark.
 
     source: a local file/directory or hub name to read instead of the registry's
@@ -118,8 +131,9 @@ def load_benchmark(name: str, source: str | None = None, data_dir: str | None = 
     already in our `{"problem", "answer"}` form; both are accepted.
     """
     if not _NAME_RE.fullmatch(name) or name in AGGREGATES:
-        raise ValueError(f"invalid benchmark name {name!r}: use letters, digits, '_', '-', '.', "
-                         f"and not {' or '.join(AGGREGATES)}")
+        raise ValueError(
+            f"invalid benchmark name {name!r}: use letters, digits, '_', '-', '.', and not {' or '.join(AGGREGATES)}"
+        )
     spec = BENCHMARKS.get(name)
     if source is None and data_dir is not None:
         source = next((str(p) for ext in _LOCAL_EXTS if (p := Path(data_dir) / f"{name}{ext}").exists()), None)
@@ -127,34 +141,46 @@ def load_benchmark(name: str, source: str | None = None, data_dir: str | None = 
         source = spec.local
     if spec is None:
         if source is None:
-            raise ValueError(f"unknown benchmark {name!r} and no file for it; known: {', '.join(BENCHMARKS)}. "
-                             f"Pass a file as --benchmarks {name}=path/to/{name}.jsonl (fields problem, answer).")
+            raise ValueError(
+                f"unknown benchmark {name!r} and no file for it; known: {', '.join(BENCHMARKS)}. "
+                f"Pass a file as --benchmarks {name}=path/to/{name}.jsonl (fields problem, answer)."
+            )
         spec = Benchmark(None, None, "test", "problem", "answer")
 
     if source is None:  # the hub
         try:
-            rows = load_math_dataset(spec.hub, spec.split, spec.problem_field, spec.answer_field,
-                                     solution_field=None, limit=limit, config=spec.config)
+            rows = load_math_dataset(
+                spec.hub,
+                spec.split,
+                spec.problem_field,
+                spec.answer_field,
+                solution_field=None,
+                limit=limit,
+                config=spec.config,
+            )
         except RuntimeError as e:
             raise RuntimeError(
                 f"benchmark {name!r}: could not load {spec.hub} from the Hugging Face hub ({e.__cause__ or e}).\n"
                 f"Without a network, pass a local copy: --benchmarks {name}=path/to/{name}.jsonl, or "
                 f"--data_dir DIR holding {name}.jsonl (`python -m common.evaluate --export_data DIR "
-                f"--benchmarks {name}` writes one on a machine that reaches the hub).") from None
+                f"--benchmarks {name}` writes one on a machine that reaches the hub)."
+            ) from None
     else:
         try:  # our own format first: every shipped or exported copy is in it
             rows = load_math_dataset(source, spec.split, "problem", "answer", limit=limit)
         except ValueError as ours:  # a raw dump of the hub dataset, in its own fields
             try:
-                rows = load_math_dataset(source, spec.split, spec.problem_field, spec.answer_field,
-                                         solution_field=None, limit=limit)
+                rows = load_math_dataset(
+                    source, spec.split, spec.problem_field, spec.answer_field, solution_field=None, limit=limit
+                )
             except ValueError:
                 if "field" not in str(ours):  # unreadable (bad JSON, ...), not a field mismatch
                     raise ValueError(f"benchmark {name!r}: {ours}") from None
                 fields = {"problem, answer", f"{spec.problem_field}, {spec.answer_field}"}
                 detail = str(ours).split(". Pass")[0]  # load_math_dataset's hint names training flags
-                raise ValueError(f"benchmark {name!r}: {source} needs the fields {' or '.join(sorted(fields))} "
-                                 f"({detail})") from None
+                raise ValueError(
+                    f"benchmark {name!r}: {source} needs the fields {' or '.join(sorted(fields))} ({detail})"
+                ) from None
     out = []
     for r in rows:
         answer = spec.answer_transform(r["answer"]) if spec.answer_transform else r["answer"]
@@ -165,7 +191,7 @@ def load_benchmark(name: str, source: str | None = None, data_dir: str | None = 
 
 
 def parse_benchmarks(text: str) -> list[tuple[str, str | None]]:
-    """"math500,aime24=data/aime24.jsonl" -> [("math500", None), ("aime24", "data/aime24.jsonl")]."""
+    """ "math500,aime24=data/aime24.jsonl" -> [("math500", None), ("aime24", "data/aime24.jsonl")]."""
     out = []
     for item in filter(None, (s.strip() for s in text.split(","))):
         name, _, source = item.partition("=")
@@ -188,6 +214,7 @@ def load_benchmarks(text: str, data_dir: str | None = None, limit: int | None = 
 # Scoring
 # ---------------------------------------------------------------------------
 
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k).
 
@@ -203,7 +230,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def default_ks(n: int) -> list[int]:
     """1, 2, 4, ... up to n."""
-    return [2 ** i for i in range(n.bit_length()) if 2 ** i <= n]
+    return [2**i for i in range(n.bit_length()) if 2**i <= n]
 
 
 def score_records(records: list[dict], verifier: MathVerifier) -> None:
@@ -257,10 +284,22 @@ def summarize(records: list[dict], ks: list[int] | None = None) -> dict[str, flo
 # Generation
 # ---------------------------------------------------------------------------
 
-def evaluate(engine, tokenizer, benchmarks: dict[str, list[dict]], template: str, n: int,
-             temperature: float, max_tokens: int, top_p: float = 1.0, seed: int = 0,
-             verifier: MathVerifier | None = None, ks: list[int] | None = None,
-             max_prompt_len: int | None = None, verbose: bool = False) -> tuple[dict[str, float], list[dict]]:
+
+def evaluate(
+    engine,
+    tokenizer,
+    benchmarks: dict[str, list[dict]],
+    template: str,
+    n: int,
+    temperature: float,
+    max_tokens: int,
+    top_p: float = 1.0,
+    seed: int = 0,
+    verifier: MathVerifier | None = None,
+    ks: list[int] | None = None,
+    max_prompt_len: int | None = None,
+    verbose: bool = False,
+) -> tuple[dict[str, float], list[dict]]:
     """Sample n completions per problem with `engine` and score them.
 
     engine: a `common.rollout` engine (the training loop's live one works: the
@@ -274,37 +313,60 @@ def evaluate(engine, tokenizer, benchmarks: dict[str, list[dict]], template: str
     from common.rollout import HFEngine
 
     if isinstance(engine, HFEngine) and temperature <= 0:
-        raise ValueError("the HF engine samples (do_sample=True) and needs temperature > 0; "
-                         "use the vLLM engine for greedy decoding, or a small temperature such as 0.1")
+        raise ValueError(
+            "the HF engine samples (do_sample=True) and needs temperature > 0; "
+            "use the vLLM engine for greedy decoding, or a small temperature such as 0.1"
+        )
     own_verifier = verifier is None
     verifier = verifier or MathVerifier()
     records: list[dict] = []
     try:
         for bench, rows in benchmarks.items():
             start = time.perf_counter()
-            prompts = [tokenizer(format_prompt(r["problem"], template, tokenizer), add_special_tokens=False).input_ids
-                       for r in rows]
+            prompts = [
+                tokenizer(format_prompt(r["problem"], template, tokenizer), add_special_tokens=False).input_ids
+                for r in rows
+            ]
             keep = [i for i, p in enumerate(prompts) if max_prompt_len is None or len(p) <= max_prompt_len]
-            groups = engine.generate([prompts[i] for i in keep], n, max_tokens, temperature, top_p, seed=seed) if keep else []
+            groups = (
+                engine.generate([prompts[i] for i in keep], n, max_tokens, temperature, top_p, seed=seed)
+                if keep
+                else []
+            )
             by_index = dict(zip(keep, groups))
             for i, r in enumerate(rows):
                 group = by_index.get(i)
-                rec = {"benchmark": bench, "index": i, "problem": r["problem"], "answer": r["answer"],
-                       "prompt_tokens": len(prompts[i])}
+                rec = {
+                    "benchmark": bench,
+                    "index": i,
+                    "problem": r["problem"],
+                    "answer": r["answer"],
+                    "prompt_tokens": len(prompts[i]),
+                }
                 if group is None:
-                    rec.update(skipped=f"prompt of {len(prompts[i])} tokens > max_prompt_len={max_prompt_len}",
-                               completions=[""] * n, num_tokens=[0] * n, finished=[False] * n)
+                    rec.update(
+                        skipped=f"prompt of {len(prompts[i])} tokens > max_prompt_len={max_prompt_len}",
+                        completions=[""] * n,
+                        num_tokens=[0] * n,
+                        finished=[False] * n,
+                    )
                 else:
-                    rec.update(completions=tokenizer.batch_decode([c.token_ids for c in group], skip_special_tokens=True),
-                               num_tokens=[len(c.token_ids) for c in group], finished=[c.finished for c in group])
+                    rec.update(
+                        completions=tokenizer.batch_decode([c.token_ids for c in group], skip_special_tokens=True),
+                        num_tokens=[len(c.token_ids) for c in group],
+                        finished=[c.finished for c in group],
+                    )
                 records.append(rec)
-            bench_records = records[-len(rows):]
+            bench_records = records[-len(rows) :]
             score_records(bench_records, verifier)
             if verbose:
                 acc = sum(sum(r["correct"]) / n for r in bench_records) / len(rows)
                 skipped = f", {len(rows) - len(keep)} prompts too long" if len(keep) < len(rows) else ""
-                print(f"{bench}: {len(rows)} problems x {n} samples, pass@1 {100 * acc:.1f}%{skipped} "
-                      f"({time.perf_counter() - start:.0f}s)", flush=True)
+                print(
+                    f"{bench}: {len(rows)} problems x {n} samples, pass@1 {100 * acc:.1f}%{skipped} "
+                    f"({time.perf_counter() - start:.0f}s)",
+                    flush=True,
+                )
     finally:
         if own_verifier:
             verifier.close()
@@ -314,6 +376,7 @@ def evaluate(engine, tokenizer, benchmarks: dict[str, list[dict]], template: str
 # ---------------------------------------------------------------------------
 # Results on disk
 # ---------------------------------------------------------------------------
+
 
 def write_results(out_dir: str | os.PathLike, summary: dict, records: list[dict], config: dict | None = None) -> Path:
     """`eval_results.json` ({"summary", "config"}) and `eval_records.jsonl` under out_dir; returns the JSON path."""
@@ -339,8 +402,11 @@ def read_records(path: str | os.PathLike) -> list[dict]:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: invalid JSON ({e})") from None
-            missing = [k for k in ("benchmark", "answer", "completions", "num_tokens", "finished")
-                       if not isinstance(rec, dict) or k not in rec]
+            missing = [
+                k
+                for k in ("benchmark", "answer", "completions", "num_tokens", "finished")
+                if not isinstance(rec, dict) or k not in rec
+            ]
             if missing:
                 raise ValueError(f"{path}:{lineno}: not an evaluation record (missing {', '.join(missing)})")
             records.append(rec)
@@ -349,8 +415,9 @@ def read_records(path: str | os.PathLike) -> list[dict]:
     return records
 
 
-def rescore(records_path: str | os.PathLike, verifier: MathVerifier | None = None,
-            ks: list[int] | None = None) -> tuple[dict[str, float], list[dict]]:
+def rescore(
+    records_path: str | os.PathLike, verifier: MathVerifier | None = None, ks: list[int] | None = None
+) -> tuple[dict[str, float], list[dict]]:
     """Re-check saved completions against their gold answers (no generation): (summary, records)."""
     records = read_records(records_path)
     own_verifier = verifier is None
@@ -381,10 +448,13 @@ def format_table(summary: dict) -> str:
     for bench in order:
         r = rows[bench]
         label = {"overall": "overall (per problem)", "mean": "mean (per benchmark)"}.get(bench, bench)
-        cells = [label, str(int(r["num_problems"])) if "num_problems" in r else "",
-                 *[_pct(r[f"pass@{k}"]) if f"pass@{k}" in r else "" for k in ks],
-                 f"{r['response_len']:.0f}" if "response_len" in r else "",
-                 _pct(r["truncated_frac"]) if "truncated_frac" in r else ""]
+        cells = [
+            label,
+            str(int(r["num_problems"])) if "num_problems" in r else "",
+            *[_pct(r[f"pass@{k}"]) if f"pass@{k}" in r else "" for k in ks],
+            f"{r['response_len']:.0f}" if "response_len" in r else "",
+            _pct(r["truncated_frac"]) if "truncated_frac" in r else "",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -393,10 +463,14 @@ def format_table(summary: dict) -> str:
 # CLI
 # ---------------------------------------------------------------------------
 
+
 @dataclass
 class Args:
-    model: str = arg("tiny", "model directory, checkpoint-N directory, training run directory (its newest "
-                             "checkpoint), or HF hub name; 'tiny' = the CPU demo model")
+    model: str = arg(
+        "tiny",
+        "model directory, checkpoint-N directory, training run directory (its newest "
+        "checkpoint), or HF hub name; 'tiny' = the CPU demo model",
+    )
     benchmarks: str = arg("synthetic", f"comma-separated names ({', '.join(BENCHMARKS)}), each optionally =FILE")
     data_dir: str | None = arg(None, "directory holding <benchmark>.jsonl local copies (looked up before the hub)")
     limit: int | None = arg(None, "evaluate only the first N problems of each benchmark (smoke tests)")
@@ -407,11 +481,17 @@ class Args:
     max_tokens: int = arg(4096, "max new tokens per completion")
     template: str = arg("qwen_math", "prompt template (use the one the model was trained with)", TEMPLATE_CHOICES)
     rollout: str = arg("vllm" if importlib.util.find_spec("vllm") else "hf", "generation backend", ["vllm", "hf"])
-    dtype: str = arg("auto", "model dtype: auto = the checkpoint's (vLLM) / bfloat16 on GPU, float32 on CPU (HF)",
-                     ["auto", "bfloat16", "float16", "float32"])
+    dtype: str = arg(
+        "auto",
+        "model dtype: auto = the checkpoint's (vLLM) / bfloat16 on GPU, float32 on CPU (HF)",
+        ["auto", "bfloat16", "float16", "float32"],
+    )
     seed: int = arg(0, "sampling seed")
-    output_dir: str | None = arg(None, "where eval_results.json / eval_records.jsonl go (default: the training "
-                                       "run directory when --model is one of its checkpoints, else runs/eval/<model>)")
+    output_dir: str | None = arg(
+        None,
+        "where eval_results.json / eval_records.jsonl go (default: the training "
+        "run directory when --model is one of its checkpoints, else runs/eval/<model>)",
+    )
     rescore: str | None = arg(None, "re-score this eval_records.jsonl instead of generating")
     export_data: str | None = arg(None, "write each benchmark as DIR/<name>.jsonl and exit (for offline use)")
     batch_size: int = arg(64, "sequences per generate call (HF backend)")
@@ -459,14 +539,26 @@ def _make_engine(args: Args, model_path: str, tokenizer, max_prompt_tokens: int)
         max_model_len = max_prompt_tokens + args.max_tokens
         limit = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
         if limit and max_model_len > limit:
-            print(f"note: prompt + --max_tokens ({max_model_len}) exceeds the model's context ({limit}); "
-                  f"completions stop at {limit} tokens in all")
+            print(
+                f"note: prompt + --max_tokens ({max_model_len}) exceeds the model's context ({limit}); "
+                f"completions stop at {limit} tokens in all"
+            )
             max_model_len = limit
-        return VLLMEngine(model_path, stop_ids, max_model_len=max_model_len, seed=args.seed, dtype=args.dtype,
-                          gpu_memory_utilization=args.gpu_memory_utilization), max_model_len
+        return VLLMEngine(
+            model_path,
+            stop_ids,
+            max_model_len=max_model_len,
+            seed=args.seed,
+            dtype=args.dtype,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        ), max_model_len
     cuda = torch.cuda.is_available()
-    dtype = {"auto": torch.bfloat16 if cuda else torch.float32, "bfloat16": torch.bfloat16,
-             "float16": torch.float16, "float32": torch.float32}[args.dtype]
+    dtype = {
+        "auto": torch.bfloat16 if cuda else torch.float32,
+        "bfloat16": torch.bfloat16,
+        "float16": torch.float16,
+        "float32": torch.float32,
+    }[args.dtype]
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to("cuda" if cuda else "cpu").eval()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     return HFEngine(model, stop_ids, pad, batch_size=args.batch_size), None
@@ -503,15 +595,32 @@ def main(args: Args) -> None:
 
     model_path, default_out = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    longest = max(len(tokenizer(format_prompt(r["problem"], args.template, tokenizer), add_special_tokens=False).input_ids)
-                  for rows in benchmarks.values() for r in rows)
+    longest = max(
+        len(tokenizer(format_prompt(r["problem"], args.template, tokenizer), add_special_tokens=False).input_ids)
+        for rows in benchmarks.values()
+        for r in rows
+    )
     engine, max_model_len = _make_engine(args, model_path, tokenizer, longest)
     start = time.perf_counter()
-    summary, records = evaluate(engine, tokenizer, benchmarks, args.template, args.n, args.temperature,
-                                args.max_tokens, args.top_p, args.seed, ks=ks, verbose=True)
+    summary, records = evaluate(
+        engine,
+        tokenizer,
+        benchmarks,
+        args.template,
+        args.n,
+        args.temperature,
+        args.max_tokens,
+        args.top_p,
+        args.seed,
+        ks=ks,
+        verbose=True,
+    )
     out_dir = Path(args.output_dir) if args.output_dir else default_out
-    config = asdict(args) | {"model_path": model_path, "max_model_len": max_model_len,
-                             "eval_s": round(time.perf_counter() - start, 1)}
+    config = asdict(args) | {
+        "model_path": model_path,
+        "max_model_len": max_model_len,
+        "eval_s": round(time.perf_counter() - start, 1),
+    }
     path = write_results(out_dir, summary, records, config)
     print(format_table(summary))
     print(f"wrote {path} and {out_dir / RECORDS_FILE}")

@@ -34,7 +34,9 @@ def _chunk_rows(vocab: int) -> int:
     return max(1, CHUNK_BYTES // (4 * vocab))
 
 
-def _logp_and_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool) -> torch.Tensor:
+def _logp_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> torch.Tensor:
     """[n, V] logits of any dtype -> [n, 2] fp32: log pi(target) and H(pi), pi = softmax(logits / T)."""
     logp_all = F.log_softmax(logits.float() / temperature, dim=-1)
     logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
@@ -54,7 +56,11 @@ def _chunked(fn, rows: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch
 
 
 def token_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False, chunk_rows: int | None = None
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(token_t | <t) and, optionally, H(pi(. | <t)) from given logits [..., V] (any dtype).
 
@@ -85,7 +91,9 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @contextlib.contextmanager
-def _head_returns_logprobs(model: torch.nn.Module, targets: torch.Tensor, temperature: float, with_entropy: bool, chunk_rows):
+def _head_returns_logprobs(
+    model: torch.nn.Module, targets: torch.Tensor, temperature: float, with_entropy: bool, chunk_rows
+):
     """Within the block, the model's output layer maps hidden states [B, K+1, D] to [B, K+1, 2]
     (log-prob of `targets` [B, K], entropy; the last position, which predicts past the
     sequence, gives zeros) instead of logits [B, K+1, V].
@@ -143,7 +151,11 @@ def sequence_logprobs(
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     with _head_returns_logprobs(model, input_ids[:, -K:], temperature, with_entropy, chunk_rows):
         out = model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, logits_to_keep=K + 1
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=K + 1,
         ).logits
     out = out[:, :-1].float()  # [B, K, 2], a few bytes per token
     return out[..., 0], out[..., 1] if with_entropy else None

@@ -13,9 +13,17 @@ class RunLogger:
     """Writes `metrics.jsonl` (and `config.json`) under run_dir; silent when not enabled (non-zero ranks)."""
 
     # Figures shown next to the progress bar.
-    SHOWN = {"train/reward": "reward", "train/accuracy": "acc", "train/response_len": "len", "train/entropy": "entropy", "time/step_s": "s/step"}
+    SHOWN = {
+        "train/reward": "reward",
+        "train/accuracy": "acc",
+        "train/response_len": "len",
+        "train/entropy": "entropy",
+        "time/step_s": "s/step",
+    }
 
-    def __init__(self, run_dir: str | Path, total_steps: int, config: dict, enabled: bool = True, initial_step: int = 0):
+    def __init__(
+        self, run_dir: str | Path, total_steps: int, config: dict, enabled: bool = True, initial_step: int = 0
+    ):
         self.enabled = enabled
         # One bar per run: transformers' own (weight loading, checkpoint shards) would interleave with it.
         from transformers.utils import logging as hf_logging
@@ -35,7 +43,9 @@ class RunLogger:
         row = {"step": step, "time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
-        self.bar.set_postfix({name: f"{row[k]:.3g}" for k, name in self.SHOWN.items() if isinstance(row.get(k), float)}, refresh=False)
+        self.bar.set_postfix(
+            {name: f"{row[k]:.3g}" for k, name in self.SHOWN.items() if isinstance(row.get(k), float)}, refresh=False
+        )
         self.bar.update(1 if advance else 0)
 
     def write(self, line: str) -> None:

@@ -14,6 +14,7 @@ those under a namespace other than the shared `train/`, `eval/`, `time/` and
 benchmark: from `eval_results.json`, else the last periodic evaluation logged
 in `metrics.jsonl`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,10 @@ METRICS_FILE = "metrics.jsonl"
 RESULTS_FILE = "eval_results.json"  # = common.evaluate.RESULTS_FILE (not imported: no torch needed here)
 
 # The metrics every script logs, in panel order.
-COMMON = tuple(f"train/{k}" for k in ("reward", "accuracy", "entropy", "response_len", "zero_adv_group_frac", "adv_var_within_group"))
+COMMON = tuple(
+    f"train/{k}"
+    for k in ("reward", "accuracy", "entropy", "response_len", "zero_adv_group_frac", "adv_var_within_group")
+)
 EVAL_KEY = "eval/overall/pass@1"
 # Namespaces every script shares; any other namespace is one method's own.
 SHARED_NAMESPACES = ("train/", "eval/", "time/", "reward/")
@@ -38,6 +42,7 @@ class LogError(ValueError):
 # ---------------------------------------------------------------------------
 # Reading
 # ---------------------------------------------------------------------------
+
 
 def _metrics_path(run: str | Path) -> Path:
     run = Path(run)
@@ -68,7 +73,7 @@ def read_metrics(run: str | Path) -> list[dict]:
                 raise LogError(f"{path}:{lineno}: malformed log line, expected a JSON object, got {type(row).__name__}")
             step = row.get("step")
             if isinstance(step, bool) or not isinstance(step, (int, float)):
-                raise LogError(f"{path}:{lineno}: malformed log line, no numeric \"step\" (got {step!r})")
+                raise LogError(f'{path}:{lineno}: malformed log line, no numeric "step" (got {step!r})')
             by_step[step] = row
     if not by_step:
         raise LogError(f"{path}: empty log, no metric rows")
@@ -104,7 +109,7 @@ def read_eval(run: str | Path, rows: list[dict] | None = None) -> tuple[dict[str
             raise LogError(f"{path}: malformed, not JSON ({e.msg})") from None
         summary = data.get("summary") if isinstance(data, dict) else None
         if not isinstance(summary, dict):
-            raise LogError(f"{path}: malformed, no \"summary\" object (write it with common.evaluate)")
+            raise LogError(f'{path}: malformed, no "summary" object (write it with common.evaluate)')
         return summary, RESULTS_FILE
     for row in reversed(rows if rows is not None else read_metrics(run)):  # last periodic evaluation
         summary = {k: v for k, v in row.items() if k.startswith("eval/") and _number(v) is not None}
@@ -117,6 +122,7 @@ def read_eval(run: str | Path, rows: list[dict] | None = None) -> tuple[dict[str
 # Figure
 # ---------------------------------------------------------------------------
 
+
 def choose_metrics(runs: dict[str, list[dict]], max_extra: int = 6) -> list[str]:
     """Panels: the common metrics any run has, eval pass@1, then the methods' own metrics (capped)."""
     keys = [numeric_keys(rows) for rows in runs.values()]
@@ -126,8 +132,10 @@ def choose_metrics(runs: dict[str, list[dict]], max_extra: int = 6) -> list[str]
         chosen.append(EVAL_KEY)
     extra = sorted(k for k in present - set(chosen) if "/" in k and not k.startswith(SHARED_NAMESPACES))
     if len(extra) > max_extra:
-        print(f"note: {len(extra) - max_extra} method-specific metrics not plotted (--max_extra {max_extra}): "
-              f"{', '.join(extra[max_extra:])}")
+        print(
+            f"note: {len(extra) - max_extra} method-specific metrics not plotted (--max_extra {max_extra}): "
+            f"{', '.join(extra[max_extra:])}"
+        )
     return chosen + extra[:max_extra]
 
 
@@ -175,10 +183,9 @@ def plot_runs(runs: dict[str, list[dict]], metrics: list[str], output: str | Pat
         ax.set_title(key, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(metrics):]:
+    for ax in list(axes.flat)[len(metrics) :]:
         ax.axis("off")
-    handles = {label: plt.Line2D([], [], color=colors[i % len(colors)], linewidth=2)
-               for i, label in enumerate(runs)}
+    handles = {label: plt.Line2D([], [], color=colors[i % len(colors)], linewidth=2) for i, label in enumerate(runs)}
     fig.legend(handles.values(), handles.keys(), loc="upper center", ncol=min(len(runs), 5), frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / (3.3 * nrows)))
     output = Path(output)
@@ -191,6 +198,7 @@ def plot_runs(runs: dict[str, list[dict]], metrics: list[str], output: str | Pat
 # ---------------------------------------------------------------------------
 # Table
 # ---------------------------------------------------------------------------
+
 
 def results_table(evals: dict[str, tuple[dict[str, float], str] | None]) -> str:
     """Markdown: one table per k (pass@k in %), a row per run, a column per benchmark."""
@@ -209,7 +217,9 @@ def results_table(evals: dict[str, tuple[dict[str, float], str] | None]) -> str:
             elif parts[2] == "num_problems":
                 sizes.setdefault(parts[1], set()).add(int(value))
     if not ks:
-        return "No evaluation results: run `python -m common.evaluate --output_dir RUN_DIR`, or train with --eval_steps.\n"
+        return (
+            "No evaluation results: run `python -m common.evaluate --output_dir RUN_DIR`, or train with --eval_steps.\n"
+        )
     benches = [b for b in benches if b not in ("overall", "mean")] + [b for b in ("overall", "mean") if b in benches]
 
     def head(b: str) -> str:
@@ -218,12 +228,20 @@ def results_table(evals: dict[str, tuple[dict[str, float], str] | None]) -> str:
 
     out = []
     for k in sorted(ks):
-        out += [f"### pass@{k} (%)", "", "| run | " + " | ".join(map(head, benches)) + " | source |",
-                "|---|" + "---|" * (len(benches) + 1)]
+        out += [
+            f"### pass@{k} (%)",
+            "",
+            "| run | " + " | ".join(map(head, benches)) + " | source |",
+            "|---|" + "---|" * (len(benches) + 1),
+        ]
         for label, item in evals.items():
             summary, source = item or ({}, "no evaluation")
-            cells = [f"{100 * summary[f'eval/{b}/pass@{k}']:.1f}" if _number(summary.get(f"eval/{b}/pass@{k}")) is not None
-                     else "—" for b in benches]
+            cells = [
+                f"{100 * summary[f'eval/{b}/pass@{k}']:.1f}"
+                if _number(summary.get(f"eval/{b}/pass@{k}")) is not None
+                else "—"
+                for b in benches
+            ]
             out.append(f"| {label} | " + " | ".join(cells) + f" | {source} |")
         out.append("")
     out.append("overall = total correct / total problems; mean = unweighted mean over benchmarks.")
@@ -233,6 +251,7 @@ def results_table(evals: dict[str, tuple[dict[str, float], str] | None]) -> str:
 # ---------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------
+
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -10,6 +10,7 @@ HuggingFace's math-verify (sympy) in a child process that is killed when it
 takes too long: sympy can hang on model-written expressions (10^{10^{10^{10}}})
 in C code that no signal interrupts, so only a process boundary bounds it.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -20,7 +21,7 @@ import sys
 import threading
 import types
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 # ---------------------------------------------------------------------------
 # Answer extraction
@@ -70,7 +71,7 @@ def extract_boxed(text: str) -> str | None:
         i += 1
     if i < len(text) and text[i] == "{":
         close = _closing_brace(text, i)
-        return None if close is None else text[i + 1:close]
+        return None if close is None else text[i + 1 : close]
     # `\boxed 5`: the argument is the next run of non-space, non-`$` characters.
     token = re.match(r"[^\s$]+", text[i:])
     return token.group(0) if token else None
@@ -111,7 +112,7 @@ def _normalize(s: str) -> str:
     # brace closes at the very end, so `\text{a}+\text{b}` is left alone.
     m = _TEXT_WRAPPER_RE.match(s)
     if m and _closing_brace(s, m.end()) == len(s) - 1:
-        s = s[m.end() + 1:-1]
+        s = s[m.end() + 1 : -1]
     s = _DROP_RE.sub("", s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = "".join(s.split())
@@ -196,7 +197,7 @@ def _main_module_hidden():
         sys.modules["__main__"] = main
 
 
-_LIVE_VERIFIERS: "weakref.WeakSet[MathVerifier]" = weakref.WeakSet()
+_LIVE_VERIFIERS: weakref.WeakSet[MathVerifier] = weakref.WeakSet()
 
 
 @atexit.register
@@ -323,7 +324,7 @@ class MathVerifier:
         with self._lock:
             self._kill()
 
-    def __enter__(self) -> "MathVerifier":
+    def __enter__(self) -> MathVerifier:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -342,14 +343,16 @@ class MathVerifier:
 # Every REWARD_FUNCS entry can be called as fn(completions, answers, verifier);
 # the format rewards accept and ignore the last two.
 
+
 def accuracy_reward(completions: list[str], answers: list[str], verifier: MathVerifier) -> list[float]:
     """1.0 if extract_answer(completion) is equivalent to the gold answer, else 0.0."""
     preds = [extract_answer(c) for c in completions]
     return [float(ok) for ok in verifier.verify_batch(preds, answers)]
 
 
-def boxed_format_reward(completions: list[str], answers: list[str] | None = None,
-                        verifier: MathVerifier | None = None) -> list[float]:
+def boxed_format_reward(
+    completions: list[str], answers: list[str] | None = None, verifier: MathVerifier | None = None
+) -> list[float]:
     """1.0 if the completion has a complete (balanced) final box with non-empty content, else 0.0.
 
     "Final box" is what extract_boxed finds, so this rewards exactly the answers
@@ -362,9 +365,13 @@ _THINK_FORMAT_RE = re.compile(r"^<think>\n?.*?\n?</think>\s*<answer>\n?.*?\n?</a
 _THINK_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 
 
-def think_format_reward(completions: list[str], answers: list[str] | None = None,
-                        verifier: MathVerifier | None = None, *,
-                        prompt_ends_with_think: bool = False) -> list[float]:
+def think_format_reward(
+    completions: list[str],
+    answers: list[str] | None = None,
+    verifier: MathVerifier | None = None,
+    *,
+    prompt_ends_with_think: bool = False,
+) -> list[float]:
     """R1 format: 1.0 for `<think>...</think> <answer>...</answer>`, exactly one of each tag, else 0.0.
 
     With `prompt_ends_with_think=True` (chat templates that end the prompt with
@@ -389,9 +396,14 @@ REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
 }
 
 
-def compute_rewards(completions: list[str], answers: list[str], reward_names: list[str],
-                    verifier: MathVerifier, *,
-                    prompt_ends_with_think: bool = False) -> tuple[list[float], list[float]]:
+def compute_rewards(
+    completions: list[str],
+    answers: list[str],
+    reward_names: list[str],
+    verifier: MathVerifier,
+    *,
+    prompt_ends_with_think: bool = False,
+) -> tuple[list[float], list[float]]:
     """(total reward per completion = sum of the named rewards, 0/1 accuracy per completion).
 
     Accuracy is always computed (it is the metric to log even when training on

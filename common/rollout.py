@@ -96,7 +96,9 @@ def _end_reload(worker):
         getattr(runner, reset, lambda: None)()
 
 
-def _batches(named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def _batches(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Consecutive lists of (name, tensor) of at most max_bytes each (a larger tensor goes alone)."""
     batch, size = [], 0
     for name, t in named_tensors:
@@ -118,7 +120,9 @@ def prompt_seeds(seed: int, step: int, prompts_per_step: int, rank: int, num_loc
     vLLM on GPU up to batch-dependent rounding).
     """
     first = step * prompts_per_step + rank * num_local  # the prompt's index among all prompts of the run
-    return [seed + (first + i) * 1_000_003 for i in range(num_local)]  # prime stride: runs with nearby seeds do not share seeds
+    return [
+        seed + (first + i) * 1_000_003 for i in range(num_local)
+    ]  # prime stride: runs with nearby seeds do not share seeds
 
 
 class VLLMEngine:
@@ -137,7 +141,9 @@ class VLLMEngine:
         # serialisation of the weights (ALGORITHMS.md, "Shared pieces").
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no INFO lines on every weight sync
-        if not torch.cuda.is_available():  # vLLM's CPU KV cache (GiB): its default takes far more RAM than small runs need
+        if (
+            not torch.cuda.is_available()
+        ):  # vLLM's CPU KV cache (GiB): its default takes far more RAM than small runs need
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         from vllm import LLM
 
@@ -169,7 +175,12 @@ class VLLMEngine:
         self.sleep_mode = enable_sleep_mode and torch.cuda.is_available()
 
     def generate(
-        self, prompts: list[list[int]], n: int, max_tokens: int, temperature: float, top_p: float = 1.0,
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
         seed: int | list[int] | None = None,
     ) -> list[list[Completion]]:
         """n completions for each prompt (a list of token ids); `seed`: one for the call or one per prompt."""
@@ -239,11 +250,18 @@ class HFEngine:
         self.batch_size = batch_size
         # ZeRO-3 / FSDP2: every forward is a collective, so all ranks keep stepping
         # until the last one is done (generate's synced_gpus).
-        self.synced = is_sharded(model) and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        self.synced = (
+            is_sharded(model) and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        )
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], n: int, max_tokens: int, temperature: float, top_p: float = 1.0,
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
         seed: int | list[int] | None = None,
     ) -> list[list[Completion]]:
         """n completions for each prompt. With one seed per prompt, each prompt's group is
@@ -269,7 +287,9 @@ class HFEngine:
         self.model.train(was_training)
         return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _sample(self, flat: list[list[int]], max_tokens: int, temperature: float, top_p: float, device) -> list[Completion]:
+    def _sample(
+        self, flat: list[list[int]], max_tokens: int, temperature: float, top_p: float, device
+    ) -> list[Completion]:
         results: list[Completion] = []
         for i in range(0, len(flat), self.batch_size):
             chunk = flat[i : i + self.batch_size]

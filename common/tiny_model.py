@@ -42,7 +42,10 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 512) -> PreTrainedToken
     )
     tok.train_from_iterator(corpus, trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", additional_special_tokens=SPECIAL_TOKENS[1:]
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:],
     )
 
 
@@ -69,7 +72,9 @@ def unboxed(row: dict) -> str:
     return row["solution"].replace(f"\\boxed{{{row['answer']}}}", row["answer"])
 
 
-def sft(model, tokenizer, rows: list[dict], template: str, steps: int, lr: float, batch_size: int, seed: int, noise: float) -> None:
+def sft(
+    model, tokenizer, rows: list[dict], template: str, steps: int, lr: float, batch_size: int, seed: int, noise: float
+) -> None:
     """Supervised warm-start on prompt -> solution<eos> (loss on the solution only); a `noise` share is unboxed."""
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -86,7 +91,7 @@ def sft(model, tokenizer, rows: list[dict], template: str, steps: int, lr: float
         seqs, labels = zip(*(examples[i] for i in picks))
         width = max(map(len, seqs))
         ids = torch.tensor([s + [tokenizer.pad_token_id] * (width - len(s)) for s in seqs])
-        lab = torch.tensor([l + [-100] * (width - len(l)) for l in labels])
+        lab = torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels])
         loss = model(input_ids=ids, attention_mask=(lab != -100) | (ids != tokenizer.pad_token_id), labels=lab).loss
         opt.zero_grad()
         loss.backward()
@@ -95,14 +100,22 @@ def sft(model, tokenizer, rows: list[dict], template: str, steps: int, lr: float
 
 
 def build_tiny_model(
-    output: str | Path, sft_steps: int = 500, sft_lr: float = 3e-3, sft_noise: float = 0.5, seed: int = 0, template: str = "qwen_math"
+    output: str | Path,
+    sft_steps: int = 500,
+    sft_lr: float = 3e-3,
+    sft_noise: float = 0.5,
+    seed: int = 0,
+    template: str = "qwen_math",
 ) -> Path:
     """Build tokenizer + model (+ SFT warm-start) and save them as a HF checkpoint directory."""
     output = Path(output)
     torch.manual_seed(seed)
     rows = load_math_dataset("synthetic-arith")  # the RL training problems; the eval set stays unseen
     corpus = [format_prompt(r["problem"], t) for r in rows for t in TEMPLATES] + [r["solution"] for r in rows]
-    corpus += ["Wait! Something is wrong here. After verification, the correct answer is \\boxed{}.", "<think></think><answer></answer>"]
+    corpus += [
+        "Wait! Something is wrong here. After verification, the correct answer is \\boxed{}.",
+        "<think></think><answer></answer>",
+    ]
     tokenizer = build_tokenizer(corpus)
     config = tiny_qwen2_config(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
     model = Qwen2ForCausalLM(config)
@@ -112,7 +125,9 @@ def build_tiny_model(
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(tmp)
-    (tmp / "tiny_model.json").write_text(json.dumps({"version": VERSION, "sft_steps": sft_steps, "sft_noise": sft_noise, "seed": seed}))
+    (tmp / "tiny_model.json").write_text(
+        json.dumps({"version": VERSION, "sft_steps": sft_steps, "sft_noise": sft_noise, "seed": seed})
+    )
     tmp.rename(output)  # atomic: a half-built directory is never reused
     return output
 

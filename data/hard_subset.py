@@ -16,6 +16,7 @@ Not stated by the paper, so chosen here: temperature 0.6 and 1024 new tokens (it
 sampling settings), the qwen_math template, and prompts longer than `--max_prompt_len`
 skipped (training drops them too).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,20 +27,33 @@ from common.data import TEMPLATE_CHOICES, format_prompt, load_math_dataset, writ
 from common.rewards import MathVerifier, accuracy_reward
 
 
-def sample_accuracies(rows: list[dict], engine, tokenizer, verifier: MathVerifier, samples: int = 8, max_tokens: int = 1024,
-                      temperature: float = 0.6, top_p: float = 1.0, template: str = "qwen_math", seed: int = 0,
-                      batch_size: int = 256) -> list[float]:
+def sample_accuracies(
+    rows: list[dict],
+    engine,
+    tokenizer,
+    verifier: MathVerifier,
+    samples: int = 8,
+    max_tokens: int = 1024,
+    temperature: float = 0.6,
+    top_p: float = 1.0,
+    template: str = "qwen_math",
+    seed: int = 0,
+    batch_size: int = 256,
+) -> list[float]:
     """Each row's accuracy over `samples` completions from `engine` (`generate` as in common.rollout)."""
     from tqdm import tqdm
 
     accuracies = []
     for start in tqdm(range(0, len(rows), batch_size), desc="sampling", unit="batch"):
-        chunk = rows[start:start + batch_size]
-        prompts = [tokenizer(format_prompt(r["problem"], template, tokenizer), add_special_tokens=False).input_ids for r in chunk]
+        chunk = rows[start : start + batch_size]
+        prompts = [
+            tokenizer(format_prompt(r["problem"], template, tokenizer), add_special_tokens=False).input_ids
+            for r in chunk
+        ]
         groups = engine.generate(prompts, samples, max_tokens, temperature, top_p, seed=seed + start)
         texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for g in groups for c in g]
         correct = accuracy_reward(texts, [r["answer"] for r in chunk for _ in range(samples)], verifier)
-        accuracies += [sum(correct[i * samples:(i + 1) * samples]) / samples for i in range(len(chunk))]
+        accuracies += [sum(correct[i * samples : (i + 1) * samples]) / samples for i in range(len(chunk))]
     return accuracies
 
 
@@ -60,19 +74,30 @@ def make_engine(args, tokenizer):
     stop_ids = stop_token_ids(tokenizer, args.model)
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     if args.rollout == "vllm":
-        return VLLMEngine(args.model, stop_ids, max_model_len=args.max_prompt_len + args.max_tokens, seed=args.seed,
-                          dtype=str(dtype).removeprefix("torch."), gpu_memory_utilization=args.gpu_memory_utilization)
+        return VLLMEngine(
+            args.model,
+            stop_ids,
+            max_model_len=args.max_prompt_len + args.max_tokens,
+            seed=args.seed,
+            dtype=str(dtype).removeprefix("torch."),
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        )
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to("cuda" if torch.cuda.is_available() else "cpu")
-    return HFEngine(model.eval(), stop_ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(
+        "cuda" if torch.cuda.is_available() else "cpu"
+    )
+    return HFEngine(
+        model.eval(), stop_ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     from common.rollout import vllm_available
 
-    p = argparse.ArgumentParser(prog="python -m data.hard_subset", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m data.hard_subset", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", required=True, help="model that judges difficulty (paper: Qwen/Qwen2.5-Math-7B)")
     p.add_argument("--source", required=True, help="problems to rank: local file/directory or hub name")
     p.add_argument("--output", required=True, help="JSONL file to write")
@@ -98,19 +123,38 @@ def main(argv: list[str] | None = None) -> None:
 
     rows = load_math_dataset(args.source, args.split, args.problem_field, args.answer_field, args.solution_field)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    kept = [r for r in rows if len(tokenizer(format_prompt(r["problem"], args.template, tokenizer), add_special_tokens=False).input_ids) <= args.max_prompt_len]
-    print(f"{len(rows)} problems loaded, {len(rows) - len(kept)} skipped (prompt > --max_prompt_len {args.max_prompt_len} tokens)")
+    kept = [
+        r
+        for r in rows
+        if len(tokenizer(format_prompt(r["problem"], args.template, tokenizer), add_special_tokens=False).input_ids)
+        <= args.max_prompt_len
+    ]
+    print(
+        f"{len(rows)} problems loaded, {len(rows) - len(kept)} skipped (prompt > --max_prompt_len {args.max_prompt_len} tokens)"
+    )
     if len(kept) < args.n:
         print(f"warning: only {len(kept)} problems, fewer than --n {args.n}; all are kept (ranked)")
     engine = make_engine(args, tokenizer)
     with MathVerifier() as verifier:
-        accuracies = sample_accuracies(kept, engine, tokenizer, verifier, args.samples, args.max_tokens, args.temperature,
-                                       args.top_p, args.template, args.seed)
+        accuracies = sample_accuracies(
+            kept,
+            engine,
+            tokenizer,
+            verifier,
+            args.samples,
+            args.max_tokens,
+            args.temperature,
+            args.top_p,
+            args.template,
+            args.seed,
+        )
     selected = hardest(kept, accuracies, args.n, args.seed)
     never = sum(r["model_accuracy"] == 0 for r in selected)
-    print(f"mean accuracy: all {sum(accuracies) / max(1, len(accuracies)):.3f}, kept "
-          f"{sum(r['model_accuracy'] for r in selected) / max(1, len(selected)):.3f}; "
-          f"{never} of {len(selected)} kept never answered correctly in {args.samples} samples")
+    print(
+        f"mean accuracy: all {sum(accuracies) / max(1, len(accuracies)):.3f}, kept "
+        f"{sum(r['model_accuracy'] for r in selected) / max(1, len(selected)):.3f}; "
+        f"{never} of {len(selected)} kept never answered correctly in {args.samples} samples"
+    )
     print(f"wrote {write_jsonl(selected, args.output)} rows to {args.output}")
 
 

@@ -30,17 +30,26 @@ field mapping is applied to it (override with --problem_field etc.).
 
 Every step prints its row counts before and after.
 """
+
 from __future__ import annotations
 
 import argparse
 import random
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from common.cli import clear_errors
-from common.data import (SYNTHETIC_MAX_OPERAND, SYNTHETIC_TRAIN_SIZE, TEMPLATE_CHOICES, format_prompt, iter_math_dataset,
-                         strip_dapo_instruction, synthetic_arithmetic,
-                         write_jsonl)
+from common.data import (
+    SYNTHETIC_MAX_OPERAND,
+    SYNTHETIC_TRAIN_SIZE,
+    TEMPLATE_CHOICES,
+    format_prompt,
+    iter_math_dataset,
+    strip_dapo_instruction,
+    synthetic_arithmetic,
+    write_jsonl,
+)
 
 DEFAULT_SOURCES = {
     "edge": "agentica-org/DeepScaleR-Preview-Dataset",
@@ -94,6 +103,7 @@ def _dedup(rows: Iterable[dict], name: str = "deduplicate problems") -> list[dic
 # EDGE-GRPO: DeepScaleR-Random-1K
 # ---------------------------------------------------------------------------
 
+
 def prepare_edge(rows: list[dict], n: int | None = 1000, seed: int = 42) -> list[dict]:
     """Keep rows whose solution has a \\boxed{} final answer, then a seeded random `n`."""
     from common.rewards import extract_boxed
@@ -145,10 +155,13 @@ def is_single_value_answer(answer: str) -> bool:
 def load_tokenizer(tokenizer: Any):
     """A tokenizer object, or load one from a path / hub name."""
     if tokenizer is None:
-        raise ValueError("the EGPO prompt-length filter counts tokens: pass --tokenizer "
-                         "(a Hugging Face tokenizer path, e.g. the model you will train)")
+        raise ValueError(
+            "the EGPO prompt-length filter counts tokens: pass --tokenizer "
+            "(a Hugging Face tokenizer path, e.g. the model you will train)"
+        )
     if isinstance(tokenizer, str):
         from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(tokenizer)
     return tokenizer
 
@@ -157,13 +170,19 @@ def prompt_token_lengths(problems: list[str], tokenizer, template: str, batch_si
     """Token count of each problem's rendered prompt (chat markup included, no extra BOS/EOS)."""
     lengths = []
     for i in range(0, len(problems), batch_size):
-        texts = [format_prompt(p, template, tokenizer) for p in problems[i: i + batch_size]]
+        texts = [format_prompt(p, template, tokenizer) for p in problems[i : i + batch_size]]
         lengths += [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     return lengths
 
 
-def prepare_egpo(rows: list[dict], tokenizer: Any, template: str = "qwen_math",
-                 max_prompt_tokens: int = 1024, n: int | None = None, seed: int = 42) -> list[dict]:
+def prepare_egpo(
+    rows: list[dict],
+    tokenizer: Any,
+    template: str = "qwen_math",
+    max_prompt_tokens: int = 1024,
+    n: int | None = None,
+    seed: int = 42,
+) -> list[dict]:
     """Single-value answers, exact dedup, rendered prompt <= `max_prompt_tokens`, optional seeded `n`."""
     tokenizer = load_tokenizer(tokenizer)  # fail before the slow steps
     print(f"egpo: {len(rows)} rows loaded")
@@ -181,6 +200,7 @@ def prepare_egpo(rows: list[dict], tokenizer: Any, template: str = "qwen_math",
 # CW-GRPO: Open-RS as is
 # ---------------------------------------------------------------------------
 
+
 def prepare_cw(rows: list[dict]) -> list[dict]:
     """Open-RS unchanged except rows without an answer."""
     print(f"cw: {len(rows)} rows loaded")
@@ -191,11 +211,13 @@ def prepare_cw(rows: list[dict]) -> list[dict]:
 # Pro-GRPO: DAPO-Math-17k, unwrapped and deduplicated
 # ---------------------------------------------------------------------------
 
+
 def prepare_pro(rows: Iterable[dict]) -> list[dict]:
     """Strip DAPO's instruction wrapper and keep one row per distinct problem.
 
     Streams: the hub copy has ~1.8M rows (each problem ~100 times).
     """
+
     def unwrapped():
         for r in rows:
             yield {**r, "problem": strip_dapo_instruction(r["problem"])}
@@ -204,7 +226,9 @@ def prepare_pro(rows: Iterable[dict]) -> list[dict]:
     return _complete(_dedup(unwrapped(), "deduplicate repeated problems"))
 
 
-def prepare_synthetic(n: int = SYNTHETIC_TRAIN_SIZE, seed: int = 42, max_operand: int = SYNTHETIC_MAX_OPERAND, ops: str = "+") -> list[dict]:
+def prepare_synthetic(
+    n: int = SYNTHETIC_TRAIN_SIZE, seed: int = 42, max_operand: int = SYNTHETIC_MAX_OPERAND, ops: str = "+"
+) -> list[dict]:
     """A synthetic arithmetic training set (e.g. a harder one: `--max_operand 99 --ops +-`)."""
     rows = synthetic_arithmetic(n, seed, max_operand, ops)
     print(f"synthetic: {len(rows)} problems (ops {ops!r}, operands 0..{max_operand})")
@@ -215,25 +239,36 @@ def prepare_synthetic(n: int = SYNTHETIC_TRAIN_SIZE, seed: int = 42, max_operand
 # CLI
 # ---------------------------------------------------------------------------
 
+
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m data.prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("dataset", choices=["edge", "egpo", "cw", "pro", "synthetic"])
     p.add_argument("--output", required=True, help="JSONL file to write")
     p.add_argument("--source", default=None, help="local file/directory or hub name (default: the paper's)")
     p.add_argument("--split", default="train")
-    p.add_argument("--config", default=None,
-                   help="hub config(s), comma-separated (egpo: 'default', or 'default,extended' as in the paper)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="hub config(s), comma-separated (egpo: 'default', or 'default,extended' as in the paper)",
+    )
     p.add_argument("--problem_field", default=None)
     p.add_argument("--answer_field", default=None)
     p.add_argument("--solution_field", default=None)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--n", type=int, default=None,
-                   help="rows to sample at the end (edge: 1000, synthetic: all non-eval problems, others: keep all)")
+    p.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="rows to sample at the end (edge: 1000, synthetic: all non-eval problems, others: keep all)",
+    )
     p.add_argument("--tokenizer", default=None, help="egpo: tokenizer that counts prompt tokens")
     p.add_argument("--template", default="qwen_math", choices=TEMPLATE_CHOICES, help="egpo: prompt template")
     p.add_argument("--max_prompt_tokens", type=int, default=1024, help="egpo: prompt length limit")
-    p.add_argument("--max_operand", type=int, default=SYNTHETIC_MAX_OPERAND, help="synthetic: operands in [0, max_operand]")
+    p.add_argument(
+        "--max_operand", type=int, default=SYNTHETIC_MAX_OPERAND, help="synthetic: operands in [0, max_operand]"
+    )
     p.add_argument("--ops", default="+", help="synthetic: operators among + - *, e.g. '+-'")
     args = p.parse_args(argv)
 
@@ -246,15 +281,21 @@ def main(argv: list[str] | None = None) -> None:
 
         def stream():
             for config in configs:
-                yield from iter_math_dataset(source, args.split, args.problem_field, args.answer_field,
-                                             args.solution_field, preset=preset, config=config)
+                yield from iter_math_dataset(
+                    source,
+                    args.split,
+                    args.problem_field,
+                    args.answer_field,
+                    args.solution_field,
+                    preset=preset,
+                    config=config,
+                )
 
         if args.dataset == "edge":
             rows = prepare_edge(list(stream()), n=args.n or 1000, seed=args.seed)
         elif args.dataset == "egpo":
             tokenizer = load_tokenizer(args.tokenizer)  # before loading 220K rows
-            rows = prepare_egpo(list(stream()), tokenizer, args.template, args.max_prompt_tokens,
-                                args.n, args.seed)
+            rows = prepare_egpo(list(stream()), tokenizer, args.template, args.max_prompt_tokens, args.n, args.seed)
         elif args.dataset == "cw":
             rows = prepare_cw(list(stream()))
         else:

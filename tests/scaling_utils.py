@@ -68,23 +68,45 @@ def build_coin_model(random_dir: Path, out: Path) -> tuple[Path, Path]:
     return model_dir, data
 
 
-def launch(script: Path, out_dir: Path, *flags: str, num_processes: int = 1, timeout: int = 300) -> tuple[list[dict], str]:
+def launch(
+    script: Path, out_dir: Path, *flags: str, num_processes: int = 1, timeout: int = 300
+) -> tuple[list[dict], str]:
     """Run a training script on 1 process, or N CPU processes (gloo) via accelerate launch.
 
     Returns its metrics rows and its console output. `accelerate launch --cpu
     --num_processes N` would start ONE process here (its CPU multi-process launcher
     is mpirun); `--multi_gpu` with ACCELERATE_USE_CPU=true starts N via torchrun.
     """
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
     cmd = [sys.executable, str(script)]
     if num_processes > 1:
         env["ACCELERATE_USE_CPU"] = "true"
         cmd = [
-            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            str(num_processes),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(_free_port()),
             str(script),
         ]
-    proc = subprocess.run([*cmd, "--output_dir", str(out_dir), *flags], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [*cmd, "--output_dir", str(out_dir), *flags], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, f"{script.name} x{num_processes} failed:\n{proc.stderr[-4000:]}"
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     return rows, proc.stdout + proc.stderr
@@ -108,8 +130,26 @@ def checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
 # micro-batches, token-mean loss (global token denominators) and two passes
 # (so the second has ratios != 1: clipping and KL are exercised).
 RUN_FLAGS = (
-    "--rollout", "hf", "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "8",
-    "--micro_batch_size", "3", "--loss_agg", "token-mean", "--mu", "2", "--lr", "1e-2", "--seed", "3", "--keep_last", "0",
+    "--rollout",
+    "hf",
+    "--prompts_per_step",
+    "4",
+    "--group_size",
+    "4",
+    "--max_completion_len",
+    "8",
+    "--micro_batch_size",
+    "3",
+    "--loss_agg",
+    "token-mean",
+    "--mu",
+    "2",
+    "--lr",
+    "1e-2",
+    "--seed",
+    "3",
+    "--keep_last",
+    "0",
 )
 
 

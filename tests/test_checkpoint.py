@@ -27,13 +27,15 @@ def test_resume_after_a_kill_reaches_the_same_weights(tmp_path_factory, tiny_ran
     logged = (base / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text(logged[0] + "\n" + logged[1] + "\n" + logged[2][:20])
 
-    rows, out = launch(ROOT / "grpo_base.py", run, *coin_flags(base.parent), "--steps", "3", "--save_steps", "1", "--resume")
+    rows, out = launch(
+        ROOT / "grpo_base.py", run, *coin_flags(base.parent), "--steps", "3", "--save_steps", "1", "--resume"
+    )
     assert f"skipping {run / 'checkpoint-2'}: no COMPLETE marker" in out
     assert f"resumed from {run / 'checkpoint-1'} (step 1)" in out
     assert [r["step"] for r in rows] == [1, 2, 3]  # the killed run's step-2 row and half line are gone
     expected = [json.loads(line) for line in logged]
     for got, want in zip(rows[1:], expected[1:]):
-        for k in ("reward", "response_len", "loss", "grad_norm", "lr"):
+        for k in ("train/reward", "train/response_len", "train/loss", "train/grad_norm", "train/lr"):
             assert got[k] == want[k], (got["step"], k, got[k], want[k])
     w_resumed, w_straight = checkpoint_weights(run / "checkpoint-3"), checkpoint_weights(base / "checkpoint-3")
     assert w_resumed.keys() == w_straight.keys()

@@ -93,7 +93,9 @@ def test_degenerate_groups_never_nan():
     # One token per completion in a group of 2: the two c are equal up to rounding, so sigma is 0 or
     # ~1e-8 and every kernel weight underflows; either way the weights fall back to 1.
     for logp in ([-0.3, -1.7], [-1e-8, -80.0], [-1e4, -3.0], [-1.0, -1.0]):
-        adv, info = kernel_weighted_advantages(torch.tensor([1.0, 0.0]), torch.tensor(logp)[:, None], torch.ones(2, 1), 2, Args())
+        adv, info = kernel_weighted_advantages(
+            torch.tensor([1.0, 0.0]), torch.tensor(logp)[:, None], torch.ones(2, 1), 2, Args()
+        )
         assert torch.isfinite(adv).all() and (info["w"] == 1).all(), logp
     # Extreme and mixed scales in bigger groups stay finite with mean 1.
     rewards, logp, mask, G = random_batch(seed=2)
@@ -115,8 +117,19 @@ def test_covariance_stats_hand_computed():
     stats = {k: float(v) for k, v in covariance_stats(info, REWARDS, MASK, 2).items()}
     # Only group 1 has a signal: |c| = [0, 2a/3, 2a/3]; the top 1% is one token, half of sum |c|.
     top = 2 * a / 3
-    assert stats == pytest.approx({"cov_mean": 0.0, "cov_abs_p60": top, "cov_abs_p80": top, "cov_abs_p99": top,
-                                   "cov_abs_p99.99": top, "cov_abs_max": top, "cov_top1pct_share": 0.5, "cov_top1pct_weight": W[0]}, abs=1e-6)
+    assert stats == pytest.approx(
+        {
+            "cov_mean": 0.0,
+            "cov_abs_p60": top,
+            "cov_abs_p80": top,
+            "cov_abs_p99": top,
+            "cov_abs_p99.99": top,
+            "cov_abs_max": top,
+            "cov_top1pct_share": 0.5,
+            "cov_top1pct_weight": W[0],
+        },
+        abs=1e-6,
+    )
     empty = covariance_stats(info, torch.ones(4), MASK, 2)
     assert all(math.isnan(v) for v in empty.values())  # no group with a signal: null in the log
 
@@ -131,14 +144,40 @@ def test_validate_uses_the_group_size():
 
 # ---------------------------------------------------------------- CLI
 
-EXTRA_METRICS = {*(f"cw/{k}" for k in ("cov_mean", "cov_abs_p60", "cov_abs_p80", "cov_abs_p99", "cov_abs_p99.99", "cov_abs_max")),
-                 "cw/cov_top1pct_share", "cw/cov_top1pct_weight", "train/entropy"}
+EXTRA_METRICS = {
+    *(f"cw/{k}" for k in ("cov_mean", "cov_abs_p60", "cov_abs_p80", "cov_abs_p99", "cov_abs_p99.99", "cov_abs_max")),
+    "cw/cov_top1pct_share",
+    "cw/cov_top1pct_weight",
+    "train/entropy",
+}
 
 
-@pytest.mark.parametrize("rollout_engine", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vllm not installed")])])
+@pytest.mark.parametrize(
+    "rollout_engine",
+    [
+        "hf",
+        pytest.param(
+            "vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vllm not installed")]
+        ),
+    ],
+)
 def test_two_steps_log_the_extra_metrics(rollout_engine, tiny_random_dir, tmp_path):
-    rows = run_script("cw_grpo.py", tmp_path, "--model", str(tiny_random_dir), "--rollout", rollout_engine, "--steps", "2",
-                      "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "16")
+    rows = run_script(
+        "cw_grpo.py",
+        tmp_path,
+        "--model",
+        str(tiny_random_dir),
+        "--rollout",
+        rollout_engine,
+        "--steps",
+        "2",
+        "--prompts_per_step",
+        "4",
+        "--group_size",
+        "4",
+        "--max_completion_len",
+        "16",
+    )
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert EXTRA_METRICS <= set(r), EXTRA_METRICS - set(r)

@@ -1,19 +1,30 @@
 """Tests for common/data.py and data/prepare.py on local stand-ins of each paper's dataset."""
+
 import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.data import (DAPO_PREFIX, DAPO_SUFFIX, SYNTHETIC_EVAL_PATH,
-                         SYNTHETIC_MAX_OPERAND, SYNTHETIC_TRAIN_SIZE, PromptSampler, synthetic_eval_set, format_prompt, load_math_dataset,
-                         synthetic_arithmetic, write_jsonl)
+from common.data import (
+    DAPO_PREFIX,
+    DAPO_SUFFIX,
+    SYNTHETIC_EVAL_PATH,
+    SYNTHETIC_MAX_OPERAND,
+    SYNTHETIC_TRAIN_SIZE,
+    PromptSampler,
+    format_prompt,
+    load_math_dataset,
+    synthetic_arithmetic,
+    synthetic_eval_set,
+    write_jsonl,
+)
 from data import prepare
-
 
 # ---------------------------------------------------------------------------
 # Stand-in files in each dataset's real schema
 # ---------------------------------------------------------------------------
+
 
 def write_parquet(rows, path):
     pq.write_table(pa.Table.from_pylist(rows), path)
@@ -31,8 +42,11 @@ def deepscaler_rows():
         {"problem": "Compute 1+1.", "answer": "2", "solution": "We add: $1+1=\\boxed{2}$."},
         {"problem": "Find x if 2x=6.", "answer": "3", "solution": ""},
         {"problem": "What is 2^3?", "answer": "8", "solution": "2^3 = 8, so the answer is 8."},
-        {"problem": "Simplify \\frac{4}{6}.", "answer": "\\frac{2}{3}",
-         "solution": "Divide by 2: \\boxed{\\frac{2}{3}}"},
+        {
+            "problem": "Simplify \\frac{4}{6}.",
+            "answer": "\\frac{2}{3}",
+            "solution": "Divide by 2: \\boxed{\\frac{2}{3}}",
+        },
     ] + [
         {"problem": f"Compute {i}+{i}.", "answer": str(2 * i), "solution": f"Twice {i} is \\boxed{{{2 * i}}}."}
         for i in range(2, 40)
@@ -52,7 +66,7 @@ def dapo_row(problem, answer, index):
 def dapo_rows():
     # DAPO-Math-17k repeats every problem many times.
     rows = []
-    for rep in range(3):
+    for _ in range(3):
         rows.append(dapo_row("Let $x$ satisfy $x+1=3$. Find $x$.", "2", len(rows)))
         rows.append(dapo_row("How many primes are below 10?", "4", len(rows)))
     rows.append(dapo_row("Find the sum of {1, 2, 3}.", "6", len(rows)))
@@ -60,15 +74,36 @@ def dapo_rows():
 
 
 def openr1_rows():
-    base = {"problem_type": "Algebra", "question_type": "math-word-problem", "source": "olympiads",
-            "uuid": "u", "is_reasoning_complete": [True], "generations": ["..."],
-            "correctness_math_verify": [True], "correctness_llama": None,
-            "finish_reasons": None, "correctness_count": 1,
-            "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}
-    answers = ["5", "2, 3", "x=1 \\text{ or } x=2", "", "(1, 2)", "1,000", "\\boxed{1}\\boxed{2}",
-               "proof", "[0, 1)", "a=1; b=2", "\\frac{1}{2}"]
-    rows = [{**base, "problem": f"Problem {i}: solve it.", "answer": a, "solution": f"sol {i}"}
-            for i, a in enumerate(answers)]
+    base = {
+        "problem_type": "Algebra",
+        "question_type": "math-word-problem",
+        "source": "olympiads",
+        "uuid": "u",
+        "is_reasoning_complete": [True],
+        "generations": ["..."],
+        "correctness_math_verify": [True],
+        "correctness_llama": None,
+        "finish_reasons": None,
+        "correctness_count": 1,
+        "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+    }
+    answers = [
+        "5",
+        "2, 3",
+        "x=1 \\text{ or } x=2",
+        "",
+        "(1, 2)",
+        "1,000",
+        "\\boxed{1}\\boxed{2}",
+        "proof",
+        "[0, 1)",
+        "a=1; b=2",
+        "\\frac{1}{2}",
+    ]
+    rows = [
+        {**base, "problem": f"Problem {i}: solve it.", "answer": a, "solution": f"sol {i}"}
+        for i, a in enumerate(answers)
+    ]
     rows.append({**base, "problem": "Problem 0:  solve it.", "answer": "5", "solution": "dup"})  # duplicate
     rows.append({**base, "problem": "long " * 40 + "problem", "answer": "7", "solution": "s"})
     return rows
@@ -97,10 +132,13 @@ def save(rows, tmp_path, fmt, name="data"):
 # Templates
 # ---------------------------------------------------------------------------
 
+
 def test_templates_render():
     qm = format_prompt("What is {x}?")
-    assert qm == ("<|im_start|>system\nPlease reason step by step, and put your final answer within "
-                  "\\boxed{}.<|im_end|>\n<|im_start|>user\nWhat is {x}?<|im_end|>\n<|im_start|>assistant\n")
+    assert qm == (
+        "<|im_start|>system\nPlease reason step by step, and put your final answer within "
+        "\\boxed{}.<|im_end|>\n<|im_start|>user\nWhat is {x}?<|im_end|>\n<|im_start|>assistant\n"
+    )
     r1 = format_prompt("P", "r1")
     assert r1.startswith("<|im_start|>system\nA conversation between User and Assistant.")
     assert "within \\boxed{} . The reasoning" in r1 and "NOT use other languages.<|im_end|>" in r1
@@ -118,6 +156,7 @@ def test_unknown_template():
 # Loading
 # ---------------------------------------------------------------------------
 
+
 def test_load_plain_schema(tmp_path, fmt):
     src = save(deepscaler_rows(), tmp_path, fmt)
     rows = load_math_dataset(src)
@@ -134,13 +173,15 @@ def test_load_dapo_schema_with_preset_and_dotted_paths(tmp_path, fmt):
     # The same through explicit fields: chat messages give the user content, wrapper kept.
     rows = load_math_dataset(src, problem_field="prompt.0.content", answer_field="reward_model.ground_truth")
     assert rows[0]["problem"].startswith("Solve the following") and rows[0]["answer"] == "2"
-    rows = load_math_dataset(src, problem_field="prompt", answer_field="reward_model.ground_truth",
-                             solution_field="extra_info.index")
+    rows = load_math_dataset(
+        src, problem_field="prompt", answer_field="reward_model.ground_truth", solution_field="extra_info.index"
+    )
     assert rows[2]["solution"] == "2"
 
 
 def test_hub_name_mapping_used_for_hub(monkeypatch):
     import datasets
+
     calls = {}
 
     def fake_load_dataset(name, config=None, split=None):
@@ -207,6 +248,7 @@ def test_json_and_directory_sources(tmp_path):
 # ---------------------------------------------------------------------------
 # Synthetic task
 # ---------------------------------------------------------------------------
+
 
 def test_synthetic_deterministic_and_correct():
     a = synthetic_arithmetic(300, seed=3, max_operand=50, ops="+-*")
@@ -301,6 +343,7 @@ def test_sampler_errors():
 # data.prepare filters
 # ---------------------------------------------------------------------------
 
+
 def test_prepare_edge(tmp_path, fmt, capsys):
     src = save(deepscaler_rows(), tmp_path, fmt)
     rows = load_math_dataset(src, preset="agentica-org/DeepScaleR-Preview-Dataset")
@@ -331,8 +374,9 @@ def tiny_tokenizer_path(tmp_path_factory):
 
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(["Problem solve it long please reason step"],
-                            trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    tok.train_from_iterator(
+        ["Problem solve it long please reason step"], trainers.WordLevelTrainer(special_tokens=["[UNK]"])
+    )
     path = tmp_path_factory.mktemp("tok")
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(path)
     return str(path)
@@ -341,8 +385,10 @@ def tiny_tokenizer_path(tmp_path_factory):
 def test_prepare_egpo(tmp_path, fmt, tiny_tokenizer_path):
     src = save(openr1_rows(), tmp_path, fmt)
     rows = load_math_dataset(src, preset="open-r1/OpenR1-Math-220k")
-    from common.data import format_prompt
     from transformers import AutoTokenizer
+
+    from common.data import format_prompt
+
     tok = AutoTokenizer.from_pretrained(tiny_tokenizer_path)
     short = len(tok(format_prompt("Problem 0: solve it.", "qwen_math"), add_special_tokens=False)["input_ids"])
     long = len(tok(format_prompt(rows[-1]["problem"], "qwen_math"), add_special_tokens=False)["input_ids"])
@@ -354,8 +400,19 @@ def test_prepare_egpo(tmp_path, fmt, tiny_tokenizer_path):
     with pytest.raises(ValueError, match="--tokenizer"):
         prepare.prepare_egpo(rows, None)
     out = tmp_path / "egpo.jsonl"
-    prepare.main(["egpo", "--source", src, "--output", str(out), "--tokenizer", tiny_tokenizer_path,
-                  "--max_prompt_tokens", str(short + 5)])
+    prepare.main(
+        [
+            "egpo",
+            "--source",
+            src,
+            "--output",
+            str(out),
+            "--tokenizer",
+            tiny_tokenizer_path,
+            "--max_prompt_tokens",
+            str(short + 5),
+        ]
+    )
     assert load_math_dataset(str(out)) == kept
     with pytest.raises(ValueError, match="--tokenizer"):
         prepare.main(["egpo", "--source", src, "--output", str(out)])
@@ -366,8 +423,10 @@ def test_prepare_cw(tmp_path, fmt):
     out = tmp_path / "cw.jsonl"
     prepare.main(["cw", "--source", src, "--output", str(out)])
     rows = load_math_dataset(str(out))
-    assert rows == [{"problem": "What is 3*4?", "answer": "12", "solution": "3*4=\\boxed{12}"},
-                    {"problem": "What is 5-2?", "answer": "3", "solution": "\\boxed{3}"}]
+    assert rows == [
+        {"problem": "What is 3*4?", "answer": "12", "solution": "3*4=\\boxed{12}"},
+        {"problem": "What is 5-2?", "answer": "3", "solution": "\\boxed{3}"},
+    ]
 
 
 def test_prepare_pro(tmp_path, fmt, capsys):
@@ -382,8 +441,7 @@ def test_prepare_pro(tmp_path, fmt, capsys):
     ]
     assert "7 -> 3" in capsys.readouterr().out
     # Also unwraps when the problem field is given explicitly (wrapper still present).
-    rows = prepare.prepare_pro(load_math_dataset(src, problem_field="prompt",
-                                                 answer_field="reward_model.ground_truth"))
+    rows = prepare.prepare_pro(load_math_dataset(src, problem_field="prompt", answer_field="reward_model.ground_truth"))
     assert rows[0]["problem"] == "Let $x$ satisfy $x+1=3$. Find $x$."
 
 

@@ -37,16 +37,29 @@ def test_two_processes_match_one_process(tmp_path_factory, tiny_random_dir, tmp_
     assert [r["step"] for r in two] == [1, 2]
     for a, b in zip(one, two):
         # Same completions on both layouts: the rollout is rank-invariant.
-        for k in ("train/reward", "train/accuracy", "train/response_len", "train/truncated_frac", "train/zero_adv_group_frac"):
+        for k in (
+            "train/reward",
+            "train/accuracy",
+            "train/response_len",
+            "train/truncated_frac",
+            "train/zero_adv_group_frac",
+        ):
             assert a[k] == b[k], (a["step"], k, a[k], b[k])
         # The update: global token denominators and DDP's gradient mean reproduce one process.
         for k in ("train/loss", "train/grad_norm"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), (a["step"], k, a[k], b[k])
         # Token-weighted over all ranks' tokens: the same numbers as one process, up to rounding.
-        for k in ("train/entropy", "clip_frac_low", "clip_frac_high", "train/approx_kl"):
-            assert b[f"train/{k}"] == pytest.approx(a[f"train/{k}"], rel=1e-3, abs=1e-6), (a["step"], k, a[f"train/{k}"], b[f"train/{k}"])
+        for k in ("entropy", "clip_frac_low", "clip_frac_high", "approx_kl"):
+            assert b[f"train/{k}"] == pytest.approx(a[f"train/{k}"], rel=1e-3, abs=1e-6), (
+                a["step"],
+                k,
+                a[f"train/{k}"],
+                b[f"train/{k}"],
+            )
         assert b["time/peak_mem_gb"] > 0
-    assert a["train/grad_norm"] > 0 and a["train/clip_frac_low"] + a["train/clip_frac_high"] > 0, "the run must really train for this comparison to mean anything"
+    assert a["train/grad_norm"] > 0 and a["train/clip_frac_low"] + a["train/clip_frac_high"] > 0, (
+        "the run must really train for this comparison to mean anything"
+    )
     # The same weights after two steps, up to rounding: reduction order differs, and
     # Adam's m / sqrt(v) turns rounding-sized gradients into lr-sized steps for a rare
     # element, so each tensor's difference is measured against its whole update.
@@ -92,7 +105,10 @@ def test_prompt_seeds_do_not_depend_on_the_number_of_ranks():
 def test_hf_engine_group_depends_only_on_its_seed(tiny_random_model):
     model, tok = tiny_random_model
     engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id)
-    p1, p2 = tok("What is 1 + 2?", add_special_tokens=False).input_ids, tok("7 + 8 =", add_special_tokens=False).input_ids
+    p1, p2 = (
+        tok("What is 1 + 2?", add_special_tokens=False).input_ids,
+        tok("7 + 8 =", add_special_tokens=False).input_ids,
+    )
     state = torch.get_rng_state()
     both = engine.generate([p1, p2], n=3, max_tokens=6, temperature=1.0, seed=[11, 22])
     assert torch.equal(torch.get_rng_state(), state), "a seeded call must leave the global RNG alone"
@@ -109,8 +125,14 @@ def test_hf_engine_group_depends_only_on_its_seed(tiny_random_model):
 
 def test_hf_names_strip_wrapper_segments():
     assert hf_name("module.model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
-    assert hf_name("_orig_mod.model.layers.1._checkpoint_wrapped_module.self_attn.q_proj.weight") == "model.layers.1.self_attn.q_proj.weight"
-    assert hf_name("model._fsdp_wrapped_module.layers.2._fsdp_wrapped_module.input_layernorm.weight") == "model.layers.2.input_layernorm.weight"
+    assert (
+        hf_name("_orig_mod.model.layers.1._checkpoint_wrapped_module.self_attn.q_proj.weight")
+        == "model.layers.1.self_attn.q_proj.weight"
+    )
+    assert (
+        hf_name("model._fsdp_wrapped_module.layers.2._fsdp_wrapped_module.input_layernorm.weight")
+        == "model.layers.2.input_layernorm.weight"
+    )
     assert hf_name("lm_head.weight") == "lm_head.weight"
 
 
@@ -172,8 +194,17 @@ def test_zero3_gathers_one_parameter_at_a_time(tiny_random_dir, monkeypatch):
 def test_fsdp2_sync_on_two_cpu_processes(tiny_random_dir):
     """FSDP2 (DTensor parameters, gloo): full tensors per parameter, HF names, same on every rank."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-           str(ROOT / "tests" / "fsdp2_sync_worker.py"), str(tiny_random_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(_free_port()),
+        str(ROOT / "tests" / "fsdp2_sync_worker.py"),
+        str(tiny_random_dir),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -195,9 +226,13 @@ def test_vllm_reload_in_small_batches_matches_hf(tiny_random_dir, tiny_random_mo
     _, tok = tiny_random_model
     engine = VLLMEngine(str(tiny_random_dir), [tok.eos_token_id], max_model_len=512, seed=0, dtype="float32")
     model = AutoModelForCausalLM.from_pretrained(tiny_random_dir).eval()
-    prompts = [tok("What is 12 + 34? Please reason step by step. " * 4, add_special_tokens=False).input_ids,
-               tok("What is 7 + 8?", add_special_tokens=False).input_ids]
-    for trial, batch_bytes in enumerate([20_000, 1, 2**30]):  # ~a third of a layer, one tensor per call, everything at once
+    prompts = [
+        tok("What is 12 + 34? Please reason step by step. " * 4, add_special_tokens=False).input_ids,
+        tok("What is 7 + 8?", add_special_tokens=False).input_ids,
+    ]
+    for trial, batch_bytes in enumerate(
+        [20_000, 1, 2**30]
+    ):  # ~a third of a layer, one tensor per call, everything at once
         g = torch.Generator().manual_seed(trial)
         with torch.no_grad():
             for p in model.parameters():
@@ -207,7 +242,6 @@ def test_vllm_reload_in_small_batches_matches_hf(tiny_random_dir, tiny_random_mo
         groups = engine.generate(prompts, n=2, max_tokens=8, temperature=0.8)
         assert max_logp_error(model, prompts, groups, 0.8) < 1e-3, (batch_bytes, n_batches)
     assert n_batches == 1
-
 
 
 # --- The shipped accelerate configs --------------------------------------------------------

@@ -14,8 +14,18 @@ from train_utils import ROOT, run_script
 from common.logprobs import sequence_logprobs
 from common.rewards import MathVerifier, compute_rewards
 from common.rollout import Completion, HFEngine, VLLMEngine, vllm_available
-from data.hard_subset import hardest, main as hard_subset_main, sample_accuracies
-from edge_grpo import INJECTION, REFLECTION, Args, check_gec_data, entropy_driven_advantages, group_advantages, guided_error_correction, validate
+from data.hard_subset import hardest, sample_accuracies
+from data.hard_subset import main as hard_subset_main
+from edge_grpo import (
+    INJECTION,
+    REFLECTION,
+    Args,
+    check_gec_data,
+    entropy_driven_advantages,
+    group_advantages,
+    guided_error_correction,
+    validate,
+)
 
 needs_vllm = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vllm not installed")]
 T = 0.6
@@ -25,10 +35,13 @@ A = 0.5 / (math.sqrt(1 / 3) + 1e-6)  # GRPO advantage of a correct answer in rew
 def eda(rewards, P, G=4):
     """A_hat exactly as edge_grpo.main computes it."""
     P = torch.tensor(P)
-    return entropy_driven_advantages(group_advantages(torch.tensor(rewards), G), P, P.view(-1, G).mean(1).repeat_interleave(G))
+    return entropy_driven_advantages(
+        group_advantages(torch.tensor(rewards), G), P, P.view(-1, G).mean(1).repeat_interleave(G)
+    )
 
 
 # ---------------------------------------------------------------- EDA (eqs. 6, 7)
+
 
 def test_eda_mixed_groups_hand_computed():
     # Group 1: P = [0.5, 1, 1.5, 1], mean 1 -> P_hat = P. Group 2: P doubled, same P_hat (scale-free).
@@ -38,7 +51,9 @@ def test_eda_mixed_groups_hand_computed():
     torch.testing.assert_close(out[:2], torch.tensor([1.7320491, -0.8660246]))
 
 
-@pytest.mark.parametrize("rewards", [[2.0] * 4, [1.0] * 4, [0.0] * 4], ids=["all-correct", "all-correct-acc-only", "all-incorrect"])
+@pytest.mark.parametrize(
+    "rewards", [[2.0] * 4, [1.0] * 4, [0.0] * 4], ids=["all-correct", "all-correct-acc-only", "all-incorrect"]
+)
 def test_eda_keeps_collapsed_groups_at_zero(rewards):
     out = eda(rewards, [0.3, 0.0, 2.0, 1e-9])
     assert torch.isfinite(out).all() and (out == 0).all()
@@ -71,6 +86,7 @@ def test_eda_entropy_grad_needs_eda():
 
 
 # ---------------------------------------------------------------- GEC
+
 
 @pytest.fixture(scope="module")
 def hf_engine(tiny_random_model):
@@ -106,7 +122,9 @@ def test_gec_branch_proportions_over_4000_draws(tiny_random_model):
     engine = RecordingEngine(tok.eos_token_id)
     args = ([prompt] * n, completions, accuracy, ["2"] * n, ["1 + 1 = 2. \\boxed{2}"] * n, tok, engine)
     edited, branches = guided_error_correction(*args, random.Random(0), max_new_tokens=7)
-    assert all(b is None and e is c for b, e, c, acc in zip(branches, edited, completions, accuracy) if acc)  # correct: untouched
+    assert all(
+        b is None and e is c for b, e, c, acc in zip(branches, edited, completions, accuracy) if acc
+    )  # correct: untouched
     counts = {b: branches.count(b) for b in ("reflection", "injection", "replacement")}
     assert sum(counts.values()) == 4000
     for name, p in (("reflection", 0.5), ("injection", 0.25), ("replacement", 0.25)):
@@ -124,11 +142,15 @@ def test_gec_branch_proportions_over_4000_draws(tiny_random_model):
     assert forced.count("reflection") == 4000 and forced.count(None) == 1000
 
 
-def branch_example(tok, hf_engine, branch, completion, answer="\\frac{1}{2}", solution="Halve it: \\boxed{\\frac{1}{2}}"):
+def branch_example(
+    tok, hf_engine, branch, completion, answer="\\frac{1}{2}", solution="Halve it: \\boxed{\\frac{1}{2}}"
+):
     """Draw until `branch` comes up for a single incorrect completion."""
     prompt = tok("What is 1 + 1?", add_special_tokens=False).input_ids
     for seed in range(100):
-        edited, branches = guided_error_correction([prompt], [completion], [0.0], [answer], [solution], tok, hf_engine, random.Random(seed), max_new_tokens=4)
+        edited, branches = guided_error_correction(
+            [prompt], [completion], [0.0], [answer], [solution], tok, hf_engine, random.Random(seed), max_new_tokens=4
+        )
         if branches == [branch]:
             return edited[0]
     raise AssertionError(branch)
@@ -139,39 +161,68 @@ def test_gec_edits_token_ids_and_marks_inserted_tokens(tiny_random_model, hf_eng
     _, tok = tiny_random_model
     c = wrong(tok, finished=finished)
     body = c.token_ids[:-1] if finished else c.token_ids
-    for branch, new_text in (("injection", INJECTION.format("\\frac{1}{2}")), ("replacement", "Halve it: \\boxed{\\frac{1}{2}}")):
+    for branch, new_text in (
+        ("injection", INJECTION.format("\\frac{1}{2}")),
+        ("replacement", "Halve it: \\boxed{\\frac{1}{2}}"),
+    ):
         e = branch_example(tok, hf_engine, branch, c)
         new = tok(new_text, add_special_tokens=False).input_ids + [tok.eos_token_id]  # ends on an EOS either way
         start = body if branch == "injection" else []
         assert e.token_ids == start + new and e.finished
-        assert e.logprobs[: len(start)] == [-1.0] * len(start) and all(math.isnan(x) for x in e.logprobs[len(start):])
+        assert e.logprobs[: len(start)] == [-1.0] * len(start) and all(math.isnan(x) for x in e.logprobs[len(start) :])
     e = branch_example(tok, hf_engine, "reflection", c)
     refl = tok(REFLECTION, add_special_tokens=False).input_ids
     assert e.token_ids[: len(body) + len(refl)] == body + refl  # EOS dropped, reflection appended
-    cont = e.logprobs[len(body) + len(refl):]
+    cont = e.logprobs[len(body) + len(refl) :]
     assert 1 <= len(cont) <= 4 and all(math.isfinite(x) for x in cont)  # sampled by the engine
 
 
 def test_injected_answers_and_solutions_score_as_correct(tiny_random_model, hf_engine):
     _, tok = tiny_random_model
     answers = ["\\frac{1}{2}", "12", "x^2+1", "(1, 2)"]
-    solutions = ["Halve it: \\boxed{\\frac{1}{2}}", "3 * 4 = 12, so \\boxed{12}.", "Expand: \\boxed{x^2 + 1}", "So \\boxed{(1,2)}."]
-    edited = [branch_example(tok, hf_engine, branch, wrong(tok), a, s) for branch in ("injection", "replacement") for a, s in zip(answers, solutions)]
+    solutions = [
+        "Halve it: \\boxed{\\frac{1}{2}}",
+        "3 * 4 = 12, so \\boxed{12}.",
+        "Expand: \\boxed{x^2 + 1}",
+        "So \\boxed{(1,2)}.",
+    ]
+    edited = [
+        branch_example(tok, hf_engine, branch, wrong(tok), a, s)
+        for branch in ("injection", "replacement")
+        for a, s in zip(answers, solutions)
+    ]
     texts, golds = tok.batch_decode([e.token_ids for e in edited], skip_special_tokens=True), answers * 2
     with MathVerifier() as verifier:
         rewards, accuracy = compute_rewards(texts, golds, ["boxed_format", "accuracy"], verifier)
     assert accuracy == [1.0] * 8 and rewards == [2.0] * 8, list(zip(texts, rewards))
-    assert texts[0].startswith("1 + 1 = 3. The answer is \\boxed{3}.\nWait! Something is wrong here.")  # the wrong box stays, the last one counts
+    assert texts[0].startswith(
+        "1 + 1 = 3. The answer is \\boxed{3}.\nWait! Something is wrong here."
+    )  # the wrong box stays, the last one counts
 
 
 def check_continuation(model, tok, engine, max_logp_err):
     """Real completions -> all marked wrong -> reflection continued by `engine`; the trainer agrees on its log-probs."""
-    prompts = [tok("What is 12 + 34? Please reason.", add_special_tokens=False).input_ids, tok("What is 7 + 8?", add_special_tokens=False).input_ids]
+    prompts = [
+        tok("What is 12 + 34? Please reason.", add_special_tokens=False).input_ids,
+        tok("What is 7 + 8?", add_special_tokens=False).input_ids,
+    ]
     groups = engine.generate(prompts, 2, 12, T, seed=0)
     completions = [c for g in groups for c in g]
     prompt_of = [p for p in prompts for _ in range(2)]
-    edited, branches = guided_error_correction(prompt_of, completions, [0.0] * 4, ["46"] * 4, [None] * 4, tok, engine, random.Random(0),
-                                               mode="reflection_only", max_new_tokens=8, temperature=T, seeds=[1, 2, 3, 4])
+    edited, branches = guided_error_correction(
+        prompt_of,
+        completions,
+        [0.0] * 4,
+        ["46"] * 4,
+        [None] * 4,
+        tok,
+        engine,
+        random.Random(0),
+        mode="reflection_only",
+        max_new_tokens=8,
+        temperature=T,
+        seeds=[1, 2, 3, 4],
+    )
     refl = tok(REFLECTION, add_special_tokens=False).input_ids
     assert branches == ["reflection"] * 4
     for p, c, e in zip(prompt_of, completions, edited):
@@ -201,8 +252,12 @@ def test_gec_reflection_continues_through_vllm(tiny_random_model, tiny_random_di
 
 # ---------------------------------------------------------------- data checks
 
+
 def test_full_gec_refuses_rows_without_solution():
-    rows = [{"problem": "p", "answer": "1", "solution": "\\boxed{1}"}, {"problem": "q", "answer": "2", "solution": None}]
+    rows = [
+        {"problem": "p", "answer": "1", "solution": "\\boxed{1}"},
+        {"problem": "q", "answer": "2", "solution": None},
+    ]
     with pytest.raises(SystemExit, match="--gec full needs a reference solution.*1 of 2 rows lack a solution"):
         check_gec_data(rows, "full")
     check_gec_data(rows, "reflection_only")  # reflection needs no solution
@@ -213,10 +268,26 @@ def test_full_gec_refuses_rows_without_solution():
 
 def test_cli_refuses_dataset_without_solutions(tiny_random_dir, tmp_path):
     data = tmp_path / "no_solutions.jsonl"
-    data.write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(4)))
+    data.write_text(
+        "".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(4))
+    )
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "edge_grpo.py"), "--model", str(tiny_random_dir), "--dataset", str(data), "--rollout", "hf",
-         "--output_dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            str(ROOT / "edge_grpo.py"),
+            "--model",
+            str(tiny_random_dir),
+            "--dataset",
+            str(data),
+            "--rollout",
+            "hf",
+            "--output_dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "--gec full needs a reference solution" in proc.stderr and "4 of 4 rows lack a solution" in proc.stderr
@@ -225,10 +296,30 @@ def test_cli_refuses_dataset_without_solutions(tiny_random_dir, tmp_path):
 # ---------------------------------------------------------------- CLI
 
 EXTRA_METRICS = {
-    "train/adv_var_within_group", "edge/adv_var_within_group_before_eda", "edge/entropy_P", "gec/rollout_accuracy", "gec/reflection",
-    "gec/injection", "gec/replacement", "gec/fixed", "gec/reflection_fixed", "time/gec_s", "train/rollout_logp_gap",
+    "train/adv_var_within_group",
+    "edge/adv_var_within_group_before_eda",
+    "edge/entropy_P",
+    "gec/rollout_accuracy",
+    "gec/reflection",
+    "gec/injection",
+    "gec/replacement",
+    "gec/fixed",
+    "gec/reflection_fixed",
+    "time/gec_s",
+    "train/rollout_logp_gap",
 }
-FLAGS = ("--steps", "2", "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "16", "--gec_max_new_tokens", "8")
+FLAGS = (
+    "--steps",
+    "2",
+    "--prompts_per_step",
+    "4",
+    "--group_size",
+    "4",
+    "--max_completion_len",
+    "16",
+    "--gec_max_new_tokens",
+    "8",
+)
 
 
 @pytest.mark.parametrize("rollout", ["hf", pytest.param("vllm", marks=needs_vllm)])
@@ -238,7 +329,9 @@ def test_two_steps_log_the_extra_metrics(rollout, tiny_random_dir, tmp_path):
     for r in rows:
         assert EXTRA_METRICS <= set(r), EXTRA_METRICS - set(r)
         edited = r["gec/reflection"] + r["gec/injection"] + r["gec/replacement"]
-        assert edited == round(16 * (1 - r["gec/rollout_accuracy"])) > 0  # every wrong completion, and a random model is wrong
+        assert (
+            edited == round(16 * (1 - r["gec/rollout_accuracy"])) > 0
+        )  # every wrong completion, and a random model is wrong
         assert r["gec/fixed"] >= r["gec/injection"] + r["gec/replacement"]  # the synthetic solutions are right
         assert r["train/rollout_logp_gap"] < 1e-3  # finite: injected tokens are left out
     assert (tmp_path / "checkpoint-2" / "COMPLETE").exists()
@@ -246,13 +339,26 @@ def test_two_steps_log_the_extra_metrics(rollout, tiny_random_dir, tmp_path):
 
 
 def test_force_r_with_entropy_grad_runs(tiny_random_dir, tmp_path):
-    rows = run_script("edge_grpo.py", tmp_path, "--model", str(tiny_random_dir), "--rollout", "hf", "--gec", "reflection_only",
-                      "--eda_entropy_grad", *FLAGS[2:], "--steps", "1")
+    rows = run_script(
+        "edge_grpo.py",
+        tmp_path,
+        "--model",
+        str(tiny_random_dir),
+        "--rollout",
+        "hf",
+        "--gec",
+        "reflection_only",
+        "--eda_entropy_grad",
+        *FLAGS[2:],
+        "--steps",
+        "1",
+    )
     assert rows[0]["gec/injection"] == rows[0]["gec/replacement"] == 0 and rows[0]["gec/reflection"] > 0
     assert math.isfinite(rows[0]["train/loss"]) and math.isfinite(rows[0]["train/grad_norm"])
 
 
 # ---------------------------------------------------------------- Hard-1K
+
 
 def test_hardest_ranks_by_accuracy_and_breaks_ties_by_seed():
     rows = [{"problem": str(i)} for i in range(5)]
@@ -290,9 +396,30 @@ def test_sample_accuracies_counts_correct_samples(tiny_random_model):
 
 def test_hard_subset_cli_on_tiny_model(tiny_random_dir, tmp_path):
     src, out = tmp_path / "pool.jsonl", tmp_path / "hard.jsonl"
-    src.write_text("".join(json.dumps({"problem": f"What is {i} + 2?", "answer": str(i + 2), "solution": f"\\boxed{{{i + 2}}}"}) + "\n" for i in range(6)))
-    hard_subset_main(["--model", str(tiny_random_dir), "--rollout", "hf", "--source", str(src), "--output", str(out),
-                      "--n", "4", "--samples", "2", "--max_tokens", "8"])
+    src.write_text(
+        "".join(
+            json.dumps({"problem": f"What is {i} + 2?", "answer": str(i + 2), "solution": f"\\boxed{{{i + 2}}}"}) + "\n"
+            for i in range(6)
+        )
+    )
+    hard_subset_main(
+        [
+            "--model",
+            str(tiny_random_dir),
+            "--rollout",
+            "hf",
+            "--source",
+            str(src),
+            "--output",
+            str(out),
+            "--n",
+            "4",
+            "--samples",
+            "2",
+            "--max_tokens",
+            "8",
+        ]
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 4 and all({"problem", "answer", "solution", "model_accuracy"} <= set(r) for r in rows)
     accs = [r["model_accuracy"] for r in rows]

@@ -24,7 +24,9 @@ def rollout(H_rows, pad=2):
 
 def run(rewards, H, variant="egpo", **kw):
     logp, mask = rollout(H)
-    return calibrated_advantages(torch.tensor(rewards, dtype=torch.float32), logp, mask, G=4, args=Args(variant=variant, **kw))
+    return calibrated_advantages(
+        torch.tensor(rewards, dtype=torch.float32), logp, mask, G=4, args=Args(variant=variant, **kw)
+    )
 
 
 # Mixed group: rewards [1, 1, 0, 0], H = [0.4, 1.25, 0.25, 2.1] (mean 1), so the raw weights of eq. 7 are
@@ -102,7 +104,12 @@ def test_clamp_bounds_follow_the_flags():
     args = Args(lambda_max=3.0, lambda_min=0.25)
     _, info = calibrated_advantages(r, logp, mask, 8, args)
     w, correct = info["w"], r > 0
-    assert (w[correct] >= 1).all() and (w[correct] <= 3.0).all() and (w[~correct] >= 0.25).all() and (w[~correct] <= 1).all()
+    assert (
+        (w[correct] >= 1).all()
+        and (w[correct] <= 3.0).all()
+        and (w[~correct] >= 0.25).all()
+        and (w[~correct] <= 1).all()
+    )
     assert (w[correct] == 3.0).any() and (w[~correct] == 0.25).any()  # the bounds are reached, not only respected
 
 
@@ -111,13 +118,26 @@ def test_weight_stats_count_the_clamps_of_trained_groups():
     rewards = torch.tensor(MIXED_R + [1, 1, 1, 1], dtype=torch.float32)
     stats = {k: float(v) for k, v in weight_stats(info, rewards, 4, Args()).items()}
     # raw [2.5, 0.8, 4.0, 0.476] -> lambda_max, 1, 1, lambda_min
-    assert stats == pytest.approx({"w_min": 0.5, "w_mean": 1.125, "w_max": 2.0, "w_at_lambda_max_frac": 0.25, "w_at_one_frac": 0.5, "w_at_lambda_min_frac": 0.25})
+    assert stats == pytest.approx(
+        {
+            "w_min": 0.5,
+            "w_mean": 1.125,
+            "w_max": 2.0,
+            "w_at_lambda_max_frac": 0.25,
+            "w_at_one_frac": 0.5,
+            "w_at_lambda_min_frac": 0.25,
+        }
+    )
     only_correct = weight_stats(info, torch.ones(8), 4, Args())
     assert all(math.isnan(v) for v in only_correct.values())  # nothing trained: null in the log, no crash
 
 
 def test_validate_names_the_flag():
-    for bad, flag in [(dict(rewards="accuracy,boxed_format"), "--rewards"), (dict(lambda_min=1.5), "--lambda_min"), (dict(lambda_max=0.9), "--lambda_max")]:
+    for bad, flag in [
+        (dict(rewards="accuracy,boxed_format"), "--rewards"),
+        (dict(lambda_min=1.5), "--lambda_min"),
+        (dict(lambda_max=0.9), "--lambda_max"),
+    ]:
         with pytest.raises(SystemExit, match=flag):
             validate(Args(**bad))
     validate(Args(variant="c5"))
@@ -126,21 +146,58 @@ def test_validate_names_the_flag():
 
 # ---------------------------------------------------------------- CLI
 
-EXTRA_METRICS = {f"egpo/{k}" for k in ("entropy_proxy_correct", "entropy_proxy_incorrect", "nsr_group_frac", "w_min", "w_mean", "w_max",
-                 "w_at_lambda_max_frac", "w_at_one_frac", "w_at_lambda_min_frac")}
+EXTRA_METRICS = {
+    f"egpo/{k}"
+    for k in (
+        "entropy_proxy_correct",
+        "entropy_proxy_incorrect",
+        "nsr_group_frac",
+        "w_min",
+        "w_mean",
+        "w_max",
+        "w_at_lambda_max_frac",
+        "w_at_one_frac",
+        "w_at_lambda_min_frac",
+    )
+}
 
 
-@pytest.mark.parametrize("rollout_engine", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vllm not installed")])])
+@pytest.mark.parametrize(
+    "rollout_engine",
+    [
+        "hf",
+        pytest.param(
+            "vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vllm not installed")]
+        ),
+    ],
+)
 def test_two_steps_log_the_extra_metrics(rollout_engine, tiny_random_dir, tmp_path):
-    rows = run_script("egpo.py", tmp_path, "--model", str(tiny_random_dir), "--rollout", rollout_engine, "--steps", "2",
-                      "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "16")
+    rows = run_script(
+        "egpo.py",
+        tmp_path,
+        "--model",
+        str(tiny_random_dir),
+        "--rollout",
+        rollout_engine,
+        "--steps",
+        "2",
+        "--prompts_per_step",
+        "4",
+        "--group_size",
+        "4",
+        "--max_completion_len",
+        "16",
+    )
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert EXTRA_METRICS <= set(r), EXTRA_METRICS - set(r)
         # A random model is always wrong: every group is entirely incorrect, so GRPO would have
         # no signal; NSR gives every completion -w with w in [lambda_min, 1], and a positive loss.
         assert r["train/accuracy"] == 0 and r["egpo/nsr_group_frac"] == 1.0 and r["egpo/entropy_proxy_correct"] is None
-        assert r["egpo/entropy_proxy_incorrect"] > 0 and 0.5 <= r["egpo/w_min"] <= r["egpo/w_mean"] <= r["egpo/w_max"] <= 1.0
+        assert (
+            r["egpo/entropy_proxy_incorrect"] > 0
+            and 0.5 <= r["egpo/w_min"] <= r["egpo/w_mean"] <= r["egpo/w_max"] <= 1.0
+        )
         assert r["train/loss"] > 0 and r["train/grad_norm"] > 0
     assert (tmp_path / "checkpoint-2" / "COMPLETE").exists()
     assert json.loads((tmp_path / "config.json").read_text())["variant"] == "egpo"

@@ -1,4 +1,5 @@
 """Tests for common/evaluate.py: pass@k, averages, benchmark loading, end-to-end runs, re-scoring."""
+
 import importlib.util
 import json
 import math
@@ -39,19 +40,23 @@ def verifier():
 # pass@k
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n, c, k, expected", [
-    (5, 2, 2, 1 - 3 / 10),     # 1 - C(3,2)/C(5,2)
-    (10, 3, 1, 0.3),           # pass@1 = c / n
-    (4, 1, 2, 1 - 3 / 6),      # 1 - C(3,2)/C(4,2)
-    (8, 2, 4, 1 - 15 / 70),    # 1 - C(6,4)/C(8,4)
-    (4, 1, 4, 1.0),            # n = k: solved if any sample is
-    (4, 0, 4, 0.0),            # n = k, none correct
-    (16, 0, 8, 0.0),           # c = 0
-    (16, 16, 1, 1.0),          # c = n
-    (16, 16, 16, 1.0),
-    (16, 10, 8, 1.0),          # n - c < k: every k-subset holds a correct one
-    (1, 1, 1, 1.0),
-])
+
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (5, 2, 2, 1 - 3 / 10),  # 1 - C(3,2)/C(5,2)
+        (10, 3, 1, 0.3),  # pass@1 = c / n
+        (4, 1, 2, 1 - 3 / 6),  # 1 - C(3,2)/C(4,2)
+        (8, 2, 4, 1 - 15 / 70),  # 1 - C(6,4)/C(8,4)
+        (4, 1, 4, 1.0),  # n = k: solved if any sample is
+        (4, 0, 4, 0.0),  # n = k, none correct
+        (16, 0, 8, 0.0),  # c = 0
+        (16, 16, 1, 1.0),  # c = n
+        (16, 16, 16, 1.0),
+        (16, 10, 8, 1.0),  # n - c < k: every k-subset holds a correct one
+        (1, 1, 1, 1.0),
+    ],
+)
 def test_pass_at_k_hand_computed(n, c, k, expected):
     assert ev.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 
@@ -84,14 +89,22 @@ def test_default_ks():
 # Averages
 # ---------------------------------------------------------------------------
 
+
 def _record(bench, correct, tokens=10, finished=True):
-    return {"benchmark": bench, "answer": "1", "completions": [""] * len(correct), "correct": list(correct),
-            "num_tokens": [tokens] * len(correct), "finished": [finished] * len(correct)}
+    return {
+        "benchmark": bench,
+        "answer": "1",
+        "completions": [""] * len(correct),
+        "correct": list(correct),
+        "num_tokens": [tokens] * len(correct),
+        "finished": [finished] * len(correct),
+    }
 
 
 def test_summary_weighted_overall_and_unweighted_mean():
-    records = [_record("small", [True, True])] + [_record("big", [False, True] if i == 0 else [False, False], tokens=20)
-                                                   for i in range(3)]
+    records = [_record("small", [True, True])] + [
+        _record("big", [False, True] if i == 0 else [False, False], tokens=20) for i in range(3)
+    ]
     s = ev.summarize(records)
     assert s["eval/small/pass@1"] == 1.0
     assert s["eval/big/pass@1"] == pytest.approx(0.5 / 3)
@@ -124,6 +137,7 @@ def test_format_table_lists_benchmarks_and_averages():
 # Benchmark loading
 # ---------------------------------------------------------------------------
 
+
 def test_registry_covers_the_papers_benchmarks():
     for name in ("math500", "aime24", "aime25", "amc23", "amc", "minerva", "olympiadbench", "gsm8k", "synthetic"):
         assert name in ev.BENCHMARKS
@@ -133,16 +147,22 @@ def test_registry_covers_the_papers_benchmarks():
 def test_synthetic_benchmark_is_the_shipped_file():
     rows = ev.load_benchmark("synthetic")
     assert len(rows) == SYNTHETIC_EVAL_SIZE
-    assert rows == [{"problem": r["problem"], "answer": r["answer"]} for r in load_math_dataset(str(SYNTHETIC_EVAL_PATH))]
+    assert rows == [
+        {"problem": r["problem"], "answer": r["answer"]} for r in load_math_dataset(str(SYNTHETIC_EVAL_PATH))
+    ]
 
 
 def test_local_raw_dumps_use_the_hub_fields(tmp_path):
     write_jsonl([{"question": "Q1", "answer": "She pays 3 * 4 = 12.\n#### 1,200"}], tmp_path / "gsm8k.jsonl")
-    write_jsonl([{"problem": "P", "solution": r"So $v = \boxed{7.5 \times 10^{-4}}$ m/s.", "type": "x", "idx": 0}],
-                tmp_path / "minerva.jsonl")
+    write_jsonl(
+        [{"problem": "P", "solution": r"So $v = \boxed{7.5 \times 10^{-4}}$ m/s.", "type": "x", "idx": 0}],
+        tmp_path / "minerva.jsonl",
+    )
     write_jsonl([{"id": 1, "problem": "A", "answer": 27.0, "url": "u"}], tmp_path / "amc.jsonl")
-    write_jsonl([{"id": 1, "question": "O", "answer": r"$\frac{1}{2}$", "final_answer": ["x"]}],
-                tmp_path / "olympiadbench.jsonl")
+    write_jsonl(
+        [{"id": 1, "question": "O", "answer": r"$\frac{1}{2}$", "final_answer": ["x"]}],
+        tmp_path / "olympiadbench.jsonl",
+    )
     got = ev.load_benchmarks("gsm8k,minerva,amc,olympiadbench", data_dir=str(tmp_path))
     assert got["gsm8k"] == [{"problem": "Q1", "answer": "1200"}]
     assert got["minerva"] == [{"problem": "P", "answer": r"7.5 \times 10^{-4}"}]
@@ -154,8 +174,10 @@ def test_local_file_in_our_format_and_explicit_source(tmp_path):
     path = tmp_path / "mine.jsonl"
     write_jsonl([{"problem": "What is 1 + 1?", "answer": "2"}, {"problem": "Q", "answer": "#### 5"}], path)
     got = ev.load_benchmarks(f"gsm8k={path},custom={path}", limit=1)
-    assert got == {"gsm8k": [{"problem": "What is 1 + 1?", "answer": "2"}],
-                   "custom": [{"problem": "What is 1 + 1?", "answer": "2"}]}
+    assert got == {
+        "gsm8k": [{"problem": "What is 1 + 1?", "answer": "2"}],
+        "custom": [{"problem": "What is 1 + 1?", "answer": "2"}],
+    }
 
 
 def test_unknown_benchmark_and_bad_names(tmp_path):
@@ -165,8 +187,11 @@ def test_unknown_benchmark_and_bad_names(tmp_path):
         ev.load_benchmark("overall", source=str(SYNTHETIC_EVAL_PATH))
     bad = tmp_path / "bad.jsonl"
     write_jsonl([{"text": "no problem field"}], bad)
-    with pytest.raises(ValueError, match=r"benchmark 'olympiadbench': .*bad.jsonl needs the fields problem, answer "
-                                         r"or question, answer \(.*its fields: text\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"benchmark 'olympiadbench': .*bad.jsonl needs the fields problem, answer "
+        r"or question, answer \(.*its fields: text\)",
+    ):
         ev.load_benchmark("olympiadbench", source=str(bad))
     with pytest.raises(ValueError, match="named twice"):
         ev.load_benchmarks("synthetic,synthetic")
@@ -187,6 +212,7 @@ def test_hub_unreachable_says_to_pass_a_local_file(monkeypatch):
 # evaluate() with a scripted engine: known answers, known scores
 # ---------------------------------------------------------------------------
 
+
 class ScriptedEngine:
     """Returns fixed completion texts per prompt (cycled to n), as a rollout engine would."""
 
@@ -206,15 +232,30 @@ class ScriptedEngine:
 
 
 def test_evaluate_scores_and_records(tokenizer, verifier):
-    benchmarks = {"a": [{"problem": "What is 1 + 1?", "answer": "2"}, {"problem": "What is 2 + 2?", "answer": "4"}],
-                  "b": [{"problem": "What is 3 + 3?", "answer": "6"}]}
-    engine = ScriptedEngine(tokenizer, {
-        "1 + 1": [r"\boxed{2}", r"\boxed{3}", "no answer", r"\boxed{2}"],  # 2 of 4
-        "2 + 2": [r"\boxed{5}"],                                             # 0 of 4
-        "3 + 3": [r"\boxed{6}"],                                             # 4 of 4
-    })
-    summary, records = ev.evaluate(engine, tokenizer, benchmarks, "qwen_math", n=4, temperature=0.6,
-                                   max_tokens=32, top_p=0.95, seed=7, verifier=verifier)
+    benchmarks = {
+        "a": [{"problem": "What is 1 + 1?", "answer": "2"}, {"problem": "What is 2 + 2?", "answer": "4"}],
+        "b": [{"problem": "What is 3 + 3?", "answer": "6"}],
+    }
+    engine = ScriptedEngine(
+        tokenizer,
+        {
+            "1 + 1": [r"\boxed{2}", r"\boxed{3}", "no answer", r"\boxed{2}"],  # 2 of 4
+            "2 + 2": [r"\boxed{5}"],  # 0 of 4
+            "3 + 3": [r"\boxed{6}"],  # 4 of 4
+        },
+    )
+    summary, records = ev.evaluate(
+        engine,
+        tokenizer,
+        benchmarks,
+        "qwen_math",
+        n=4,
+        temperature=0.6,
+        max_tokens=32,
+        top_p=0.95,
+        seed=7,
+        verifier=verifier,
+    )
     assert engine.calls == [(2, 4, 32, 0.6, 0.95, 7), (1, 4, 32, 0.6, 0.95, 7)]
     assert summary["eval/a/pass@1"] == pytest.approx((0.5 + 0) / 2)
     assert summary["eval/a/pass@2"] == pytest.approx((1 - 1 / 6) / 2)
@@ -232,8 +273,17 @@ def test_evaluate_scores_and_records(tokenizer, verifier):
 def test_evaluate_counts_overlong_prompts_as_wrong(tokenizer, verifier):
     rows = [{"problem": "What is 1 + 1?", "answer": "2"}, {"problem": "What is 1 + 1? " * 50, "answer": "2"}]
     engine = ScriptedEngine(tokenizer, {"1 + 1": [r"\boxed{2}"]})
-    summary, records = ev.evaluate(engine, tokenizer, {"a": rows}, "qwen_math", n=2, temperature=1.0,
-                                   max_tokens=8, verifier=verifier, max_prompt_len=100)
+    summary, records = ev.evaluate(
+        engine,
+        tokenizer,
+        {"a": rows},
+        "qwen_math",
+        n=2,
+        temperature=1.0,
+        max_tokens=8,
+        verifier=verifier,
+        max_prompt_len=100,
+    )
     assert engine.calls[0][0] == 1  # only the short prompt was generated
     assert summary["eval/a/pass@1"] == 0.5 and summary["eval/a/num_problems"] == 2
     assert "max_prompt_len" in records[1]["skipped"] and records[1]["correct"] == [False, False]
@@ -244,12 +294,23 @@ def test_evaluate_counts_overlong_prompts_as_wrong(tokenizer, verifier):
 # End to end with the tiny model (HF engine), then re-scoring
 # ---------------------------------------------------------------------------
 
+
 def test_cli_end_to_end_hf_then_rescore(tiny_model, tmp_path, capsys):
     bench = tmp_path / "tiny_bench.jsonl"
     write_jsonl([{"question": f"What is {a} + {a}?", "answer": f"work\n#### {2 * a}"} for a in range(3)], bench)
     out = tmp_path / "out"
-    args = ev.Args(model=str(tiny_model), benchmarks=f"gsm8k={bench},synthetic", limit=2, n=4, k="1,2,4,8",
-                   temperature=1.0, max_tokens=12, rollout="hf", output_dir=str(out), seed=3)
+    args = ev.Args(
+        model=str(tiny_model),
+        benchmarks=f"gsm8k={bench},synthetic",
+        limit=2,
+        n=4,
+        k="1,2,4,8",
+        temperature=1.0,
+        max_tokens=12,
+        rollout="hf",
+        output_dir=str(out),
+        seed=3,
+    )
     ev.main(args)
     printed = capsys.readouterr().out
     assert "| gsm8k | 2 |" in printed and "| synthetic | 2 |" in printed
@@ -290,10 +351,13 @@ def test_rescore_rejects_a_non_record_file(tmp_path):
 
 
 def test_hf_engine_refuses_greedy(tiny_random_model, tokenizer):
-    engine = HFEngine(tiny_random_model[0], stop_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
+    engine = HFEngine(
+        tiny_random_model[0], stop_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
+    )
     with pytest.raises(ValueError, match="temperature > 0"):
-        ev.evaluate(engine, tokenizer, {"a": [{"problem": "p", "answer": "1"}]}, "qwen_math", n=1,
-                    temperature=0.0, max_tokens=4)
+        ev.evaluate(
+            engine, tokenizer, {"a": [{"problem": "p", "answer": "1"}]}, "qwen_math", n=1, temperature=0.0, max_tokens=4
+        )
 
 
 @pytest.mark.vllm
@@ -302,9 +366,31 @@ def test_cli_vllm_backend(tiny_model, tmp_path):
     out = tmp_path / "out"
     env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "common.evaluate", "--model", str(tiny_model), "--benchmarks", "synthetic",
-         "--limit", "3", "--n", "2", "--max_tokens", "8", "--rollout", "vllm", "--output_dir", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "common.evaluate",
+            "--model",
+            str(tiny_model),
+            "--benchmarks",
+            "synthetic",
+            "--limit",
+            "3",
+            "--n",
+            "2",
+            "--max_tokens",
+            "8",
+            "--rollout",
+            "vllm",
+            "--output_dir",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / ev.RESULTS_FILE).read_text())["summary"]
     assert summary["eval/synthetic/num_problems"] == 3 and "eval/synthetic/pass@2" in summary

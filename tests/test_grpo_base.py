@@ -65,7 +65,10 @@ def test_micro_batches_sum_to_the_full_batch_loss():
     for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
         args = Args(loss_agg=agg, max_completion_len=5)
         full = policy_loss(logp, old, adv, mask, args, 6, mask.sum().item())[0]
-        parts = sum(policy_loss(logp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], args, 6, mask.sum().item())[0] for i in (0, 2, 4))
+        parts = sum(
+            policy_loss(logp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], args, 6, mask.sum().item())[0]
+            for i in (0, 2, 4)
+        )
         torch.testing.assert_close(parts, full)
 
 

@@ -28,8 +28,19 @@ def demo_model_dir():
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_accuracy_rises_on_the_synthetic_task(script, demo_model_dir, tmp_path):
     rows = run_script(
-        script, tmp_path, "--model", str(demo_model_dir), "--rollout", ROLLOUT, "--steps", str(STEPS),
-        "--eval_steps", str(STEPS), "--eval_n", "4", timeout=600,
+        script,
+        tmp_path,
+        "--model",
+        str(demo_model_dir),
+        "--rollout",
+        ROLLOUT,
+        "--steps",
+        str(STEPS),
+        "--eval_steps",
+        str(STEPS),
+        "--eval_n",
+        "4",
+        timeout=600,
     )
     before = rows[0]["eval/synthetic/pass@1"]
     after = rows[-1]["eval/synthetic/pass@1"]

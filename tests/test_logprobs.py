@@ -100,7 +100,9 @@ def test_values_and_gradients_equal_the_direct_computation(tiny_random_model):
         return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
     for chunk in (1, 5, None):  # chunks smaller than, not dividing, and larger than the 18 rows
-        a = grads(lambda: sequence_logprobs(model, ids, attn, 0.7, logits_to_keep=6, with_entropy=True, chunk_rows=chunk))
+        a = grads(
+            lambda c=chunk: sequence_logprobs(model, ids, attn, 0.7, logits_to_keep=6, with_entropy=True, chunk_rows=c)
+        )
         b = grads(lambda: direct(model, ids, attn, 0.7, 6))
         torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(a[1], b[1], atol=1e-5, rtol=1e-5)
@@ -122,7 +124,9 @@ def test_nothing_vocabulary_sized_is_kept_for_backward(tiny_random_model):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logp, ent = sequence_logprobs(model, ids, torch.ones_like(ids), 1.0, logits_to_keep=30, with_entropy=True, chunk_rows=8)
+        logp, ent = sequence_logprobs(
+            model, ids, torch.ones_like(ids), 1.0, logits_to_keep=30, with_entropy=True, chunk_rows=8
+        )
     assert saved, "the hook must see the model's saved activations"
     assert not [s for s in saved if s and s[-1] == V and len(s) > 1 and s[0] > 1], [s for s in saved if s[-1] == V]
     (logp.sum() + ent.sum()).backward()

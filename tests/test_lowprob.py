@@ -47,7 +47,9 @@ def test_ties_and_bad_fraction():
         low_prob_mask(logp, torch.ones(1, 5), 0.0)
 
 
-@pytest.mark.parametrize(("fraction", "n", "k"), [(0.14, 50, 7), (0.28, 25, 7), (0.55, 100, 55), (0.2, 10, 2), (0.2, 11, 3), (0.2, 1, 1)])
+@pytest.mark.parametrize(
+    ("fraction", "n", "k"), [(0.14, 50, 7), (0.28, 25, 7), (0.55, 100, 55), (0.2, 10, 2), (0.2, 11, 3), (0.2, 1, 1)]
+)
 def test_count_is_exact_ceil_of_the_written_fraction(fraction, n, k):
     # Float products round up for some fractions (0.14 * 50 = 7.000000000000001): the count must not.
     logp = -torch.arange(n, dtype=torch.float32)[None]

@@ -1,4 +1,5 @@
 """Tests for common/plot.py: the comparison figure, the results table, and refusing bad logs."""
+
 import json
 
 import pytest
@@ -15,14 +16,29 @@ def write_log(run_dir, rows):
 def rows_for(method_key=None, steps=25, eval_every=None):
     rows = []
     for s in range(1, steps + 1):
-        row = {"step": s, "time": 1000.0 + s, "train/reward": s / steps, "train/accuracy": s / steps,
-               "train/entropy": None if s == 3 else 1.0 / s, "train/response_len": 40 + s, "train/zero_adv_group_frac": 0.5,
-               "train/adv_var_within_group": 0.9, "train/lr": 1e-6, "time/rollout_s": 1.2, "reward/timeouts": 0, "train/epoch": 0}
+        row = {
+            "step": s,
+            "time": 1000.0 + s,
+            "train/reward": s / steps,
+            "train/accuracy": s / steps,
+            "train/entropy": None if s == 3 else 1.0 / s,
+            "train/response_len": 40 + s,
+            "train/zero_adv_group_frac": 0.5,
+            "train/adv_var_within_group": 0.9,
+            "train/lr": 1e-6,
+            "time/rollout_s": 1.2,
+            "reward/timeouts": 0,
+            "train/epoch": 0,
+        }
         if method_key:
             row[method_key] = 0.1 * s
         if eval_every and s % eval_every == 0:
-            row |= {"eval/synthetic/pass@1": s / 50, "eval/synthetic/num_problems": 100,
-                    "eval/overall/pass@1": s / 50, "eval/mean/pass@1": s / 50}
+            row |= {
+                "eval/synthetic/pass@1": s / 50,
+                "eval/synthetic/num_problems": 100,
+                "eval/overall/pass@1": s / 50,
+                "eval/mean/pass@1": s / 50,
+            }
         rows.append(row)
     return rows
 
@@ -30,9 +46,20 @@ def rows_for(method_key=None, steps=25, eval_every=None):
 def test_plot_two_runs_writes_png_and_table(tmp_path, capsys):
     a = write_log(tmp_path / "grpo_base", rows_for(eval_every=10))
     b = write_log(tmp_path / "egpo", rows_for(method_key="egpo/w_mean"))
-    (b / "eval_results.json").write_text(json.dumps({"summary": {
-        "eval/math500/pass@1": 0.5, "eval/math500/pass@4": 0.75, "eval/math500/num_problems": 500,
-        "eval/overall/pass@1": 0.5, "eval/overall/pass@4": 0.75}, "config": {}}))
+    (b / "eval_results.json").write_text(
+        json.dumps(
+            {
+                "summary": {
+                    "eval/math500/pass@1": 0.5,
+                    "eval/math500/pass@4": 0.75,
+                    "eval/math500/num_problems": 500,
+                    "eval/overall/pass@1": 0.5,
+                    "eval/overall/pass@4": 0.75,
+                },
+                "config": {},
+            }
+        )
+    )
     png, table = tmp_path / "out" / "compare.png", tmp_path / "out" / "results.md"
     plot.main([str(a), str(b), "--output", str(png), "--table", str(table), "--smooth", "0.6"])
 
@@ -53,14 +80,24 @@ def test_panels_common_then_method_specific(tmp_path):
     assert panels[:6] == list(plot.COMMON)
     assert panels[6] == plot.EVAL_KEY
     assert panels[7:] == ["edge/entropy_P", "egpo/w_mean"]  # the methods' own namespaces; no timings, no bookkeeping
-    assert plot.choose_metrics({"a": rows_for(method_key="cw/cov_mean")}) == [*plot.COMMON, "cw/cov_mean"]  # one run: its own too
+    assert plot.choose_metrics({"a": rows_for(method_key="cw/cov_mean")}) == [
+        *plot.COMMON,
+        "cw/cov_mean",
+    ]  # one run: its own too
     many = {"a": [{"step": 1, **{f"pro/m{i}": 1.0 for i in range(10)}}], "b": [{"step": 1, "train/reward": 1.0}]}
     assert plot.choose_metrics(many, max_extra=3) == ["train/reward", "pro/m0", "pro/m1", "pro/m2"]
 
 
 def test_series_skips_nulls_and_keeps_last_row_of_a_repeated_step(tmp_path):
-    run = write_log(tmp_path / "r", [{"step": 1, "train/reward": 0.1}, {"step": 2, "train/reward": None},
-                                     {"step": 3, "train/reward": 0.3}, {"step": 2, "train/reward": 0.25}])
+    run = write_log(
+        tmp_path / "r",
+        [
+            {"step": 1, "train/reward": 0.1},
+            {"step": 2, "train/reward": None},
+            {"step": 3, "train/reward": 0.3},
+            {"step": 2, "train/reward": 0.25},
+        ],
+    )
     rows = plot.read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert plot.series(rows, "train/reward") == ([1, 2, 3], [0.1, 0.25, 0.3])
@@ -75,14 +112,17 @@ def test_run_labels_disambiguate_equal_names(tmp_path):
     assert plot.run_labels([str(a), str(b), str(c / "metrics.jsonl")]) == ["seed0/grpo", "seed1/grpo", "egpo"]
 
 
-@pytest.mark.parametrize("content, message", [
-    ("", "empty log"),
-    ("\n\n", "empty log"),
-    ('{"step": 1, "reward": 0.5}\n{"step": 2, "rew', ":2: malformed log line, not JSON"),
-    ('[1, 2]\n', ":1: malformed log line, expected a JSON object"),
-    ('{"reward": 0.5}\n', ':1: malformed log line, no numeric "step"'),
-    ('{"step": "one", "reward": 0.5}\n', ':1: malformed log line, no numeric "step"'),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", "empty log"),
+        ("\n\n", "empty log"),
+        ('{"step": 1, "reward": 0.5}\n{"step": 2, "rew', ":2: malformed log line, not JSON"),
+        ("[1, 2]\n", ":1: malformed log line, expected a JSON object"),
+        ('{"reward": 0.5}\n', ':1: malformed log line, no numeric "step"'),
+        ('{"step": "one", "reward": 0.5}\n', ':1: malformed log line, no numeric "step"'),
+    ],
+)
 def test_refuses_empty_or_malformed_log(tmp_path, content, message):
     good = write_log(tmp_path / "good", rows_for())
     bad = tmp_path / "bad"

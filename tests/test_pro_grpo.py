@@ -8,11 +8,10 @@ from train_utils import run_script
 
 import grpo_base
 import pro_grpo
-from common.batching import pack
+from common.batching import micro_batches, pack
 from common.lowprob import low_prob_mask
 from common.rollout import vllm_available
-from common.batching import micro_batches
-from pro_grpo import Args, group_advantages, old_logprobs, prompt_confidence, reweighted_advantages, validate
+from pro_grpo import Args, group_advantages, prompt_confidence, reweighted_advantages, validate
 
 ALPHA = 0.3
 A_STD = 1 / (math.sqrt(1 / 3) + 1e-6)  # 1 / (unbiased std of [1, 0, 0, 1] + eps)
@@ -44,7 +43,11 @@ def test_each_confidence_rule(rule, bonus):
 
 
 def test_rules_are_table_7s_rows():
-    assert next(f for f in Args.__dataclass_fields__.values() if f.name == "confidence_rule").metadata["choices"] == ["cq-co", "1-co", "1-cq-co"]
+    assert next(f for f in Args.__dataclass_fields__.values() if f.name == "confidence_rule").metadata["choices"] == [
+        "cq-co",
+        "1-co",
+        "1-cq-co",
+    ]
     assert Args().confidence_rule == "cq-co" and Args().alpha == 0.3
 
 
@@ -89,7 +92,9 @@ def pro_advantages_of(r, b, c_o, G, alpha, rule="cq-co"):
 def score(module, model, batch, args):
     """old_logprobs over the batch in micro-batches of args.micro_batch_size."""
     lens = batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist()
-    return module.old_logprobs(model, batch, args, micro_batches(*lens, list(range(len(lens[0]))), args.micro_batch_size))
+    return module.old_logprobs(
+        model, batch, args, micro_batches(*lens, list(range(len(lens[0]))), args.micro_batch_size)
+    )
 
 
 def scored(model, tok, prompts=PROMPTS, completions=COMPLETIONS, micro_batch_size=8):
@@ -105,11 +110,15 @@ def test_prompt_confidence_hand_computed_with_left_padding():
     # Row 1: 8 real tokens, 7 predicted, ceil(1.4) = 2 -> sqrt(0.1 * 0.2). Row 2: one token, nothing
     # predicted -> 1.0.
     pm = torch.tensor([[0.0, 0, 1, 1, 1, 1, 1, 1], [1] * 8, [0] * 7 + [1]])
-    logp = torch.log(torch.tensor([
-        [1e-9, 1e-40, 0.9, 0.5, 0.8, 0.3, 0.95],
-        [0.9, 0.1, 0.8, 0.7, 0.6, 0.2, 0.95],
-        [1e-9] * 7,
-    ]))
+    logp = torch.log(
+        torch.tensor(
+            [
+                [1e-9, 1e-40, 0.9, 0.5, 0.8, 0.3, 0.95],
+                [0.9, 0.1, 0.8, 0.7, 0.6, 0.2, 0.95],
+                [1e-9] * 7,
+            ]
+        )
+    )
     c_q = prompt_confidence(logp, pm, 0.2)
     torch.testing.assert_close(c_q, torch.tensor([0.3, math.sqrt(0.1 * 0.2), 1.0]))
 
@@ -164,8 +173,13 @@ def test_low_probability_set_is_ceil_20_percent_of_predicted_prompt_tokens(tiny_
 def test_prompt_confidence_is_equal_across_the_group(tiny_random_model):
     model, tok = tiny_random_model
     G = 4
-    batch, old = scored(model, tok, prompts=[p for p in PROMPTS for _ in range(G)],
-                        completions=["1", "22 22", "The sum is 46", "", "x", "9 + 9", "15", "7"], micro_batch_size=3)
+    batch, old = scored(
+        model,
+        tok,
+        prompts=[p for p in PROMPTS for _ in range(G)],
+        completions=["1", "22 22", "The sum is 46", "", "x", "9 + 9", "15", "7"],
+        micro_batch_size=3,
+    )
     c_q = prompt_confidence(old["prompt_logp"], batch["prompt_mask"]).view(-1, G)
     torch.testing.assert_close(c_q, c_q[:, :1].expand_as(c_q), atol=1e-6, rtol=1e-6)
 
@@ -173,22 +187,67 @@ def test_prompt_confidence_is_equal_across_the_group(tiny_random_model):
 # --- the CLI, two steps with each rollout backend -------------------------------------------------
 
 PRO_METRICS = {
-    *(f"pro/{k}" for k in ("conf_prompt", "conf_answer_correct", "conf_answer_incorrect", "lowprob_token_prob", "mixed_group_frac")),
-    "pro/bonus_abs", "pro/adv_sign_flip_frac",
-    *(f"train/{k}" for k in ("reward", "accuracy", "entropy", "zero_adv_group_frac", "clip_frac_low", "clip_frac_high", "rollout_logp_gap")),
+    *(
+        f"pro/{k}"
+        for k in (
+            "conf_prompt",
+            "conf_answer_correct",
+            "conf_answer_incorrect",
+            "lowprob_token_prob",
+            "mixed_group_frac",
+        )
+    ),
+    "pro/bonus_abs",
+    "pro/adv_sign_flip_frac",
+    *(
+        f"train/{k}"
+        for k in (
+            "reward",
+            "accuracy",
+            "entropy",
+            "zero_adv_group_frac",
+            "clip_frac_low",
+            "clip_frac_high",
+            "rollout_logp_gap",
+        )
+    ),
 }
 
 
-@pytest.mark.parametrize("rollout", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vllm not installed")])])
+@pytest.mark.parametrize(
+    "rollout",
+    [
+        "hf",
+        pytest.param(
+            "vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vllm not installed")]
+        ),
+    ],
+)
 def test_two_steps_log_the_confidence_metrics(rollout, tiny_random_dir, tmp_path):
     rows = run_script(
-        "pro_grpo.py", tmp_path, "--model", str(tiny_random_dir), "--rollout", rollout, "--steps", "2",
-        "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "16",
+        "pro_grpo.py",
+        tmp_path,
+        "--model",
+        str(tiny_random_dir),
+        "--rollout",
+        rollout,
+        "--steps",
+        "2",
+        "--prompts_per_step",
+        "4",
+        "--group_size",
+        "4",
+        "--max_completion_len",
+        "16",
     )
     assert [r["step"] for r in rows] == [1, 2]
     assert PRO_METRICS <= set(rows[-1]), PRO_METRICS - set(rows[-1])
     for r in rows:
-        assert 0 < r["pro/conf_prompt"] <= 1 and 0 < r["pro/lowprob_token_prob"] <= 1 and 0 <= r["pro/mixed_group_frac"] <= 1
+        assert (
+            0 < r["pro/conf_prompt"] <= 1
+            and 0 < r["pro/lowprob_token_prob"] <= 1
+            and 0 <= r["pro/mixed_group_frac"] <= 1
+        )
         if r["train/accuracy"] < 1:  # the random model is wrong nearly always
             assert 0 < r["pro/conf_answer_incorrect"] <= 1
     assert rows[-1]["train/rollout_logp_gap"] < 1e-3  # completion log-probs split correctly out of the full pass

@@ -66,12 +66,16 @@ def test_weight_sync_and_prefix_cache_reset(vllm_engine, tiny_random_dir, prompt
     # Reload without resetting the cache: the cached prompt KV still comes from the old weights.
     perturb(model, seed=0)
     vllm_engine.llm.collective_rpc(_reload_weights, args=(list(model.state_dict().items()),))
-    stale = max_logp_error(model, prompts, vllm_engine.generate(prompts, n=2, max_tokens=8, temperature=TEMPERATURE, seed=3))
+    stale = max_logp_error(
+        model, prompts, vllm_engine.generate(prompts, n=2, max_tokens=8, temperature=TEMPERATURE, seed=3)
+    )
 
     # The engine's own sync resets it: vLLM then matches the updated HF model.
     perturb(model, seed=1)
     vllm_engine.load_weights(model.state_dict().items())
-    synced = max_logp_error(model, prompts, vllm_engine.generate(prompts, n=4, max_tokens=16, temperature=TEMPERATURE, seed=4))
+    synced = max_logp_error(
+        model, prompts, vllm_engine.generate(prompts, n=4, max_tokens=16, temperature=TEMPERATURE, seed=4)
+    )
     assert synced < 1e-3
     assert stale > 100 * max(synced, 1e-5), f"stale prefix cache should show: stale={stale}, synced={synced}"
 

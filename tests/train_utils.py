@@ -30,7 +30,9 @@ def max_logp_error(model, prompts, groups, temperature: float) -> float:
         for c in group:
             ids = torch.tensor([prompt + c.token_ids])
             with torch.no_grad():
-                logp, _ = sequence_logprobs(model, ids, torch.ones_like(ids), temperature, logits_to_keep=len(c.token_ids))
+                logp, _ = sequence_logprobs(
+                    model, ids, torch.ones_like(ids), temperature, logits_to_keep=len(c.token_ids)
+                )
             err = (logp[0] - torch.tensor(c.logprobs)).abs().max().item()
             worst = max(worst, math.inf if math.isnan(err) else err)
     return worst
