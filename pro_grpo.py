@@ -48,7 +48,7 @@ from common.health import NonFiniteGuard, SignalWatch
 from common.logprobs import masked_mean, sequence_logprobs
 from common.lowprob import low_prob_confidence, low_prob_mask
 from common.metrics import PhaseTimer, RunLogger
-from common.rewards import REWARD_FUNCS, MathVerifier, compute_rewards
+from common.rewards import REWARD_FUNCS, MathVerifier, compute_rewards, default_workers
 from common.rollout import HFEngine, VLLMEngine, prompt_seeds, stop_token_ids, vllm_available
 from common.tiny_model import ensure_tiny_model
 
@@ -126,6 +126,11 @@ class Args:
     vllm_gpu_memory_utilization: float = arg(0.3, "share of GPU memory vLLM may take (weights + KV cache)")
     vllm_sleep: bool = arg(False, "release vLLM's GPU memory during the update (GPU only)")
     gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
+    verifier_workers: int = arg(0, "math-verify child processes per rank (0: a quarter of the cores, 1 to 4)")
+    verifier_memory_mb: int = arg(2048, "address-space limit of each math-verify child in MB (0: none)")
+    reward_time_budget_s: float = arg(
+        60.0, "seconds per step for symbolic answer checks; answers unchecked by then score 0 (reward/timeouts)"
+    )
     # Periodic evaluation (common/evaluate.py), logged as eval/<benchmark>/pass@k.
     eval_steps: int = arg(0, "evaluate every N steps and after the last (0: never)")
     eval_benchmarks: str = arg("synthetic", "comma-separated benchmark names (common.evaluate.BENCHMARKS) or name=FILE")
@@ -146,6 +151,10 @@ def validate(args: Args) -> None:
     require(
         args.max_tokens_per_micro_batch >= 0 and args.max_nonfinite_steps >= 0 and args.warn_flat_steps >= 0,
         "--max_tokens_per_micro_batch, --max_nonfinite_steps and --warn_flat_steps must be >= 0",
+    )
+    require(
+        args.verifier_workers >= 0 and args.verifier_memory_mb >= 0 and args.reward_time_budget_s >= 0,
+        "--verifier_workers, --verifier_memory_mb and --reward_time_budget_s must be >= 0 (0: automatic / no limit)",
     )
     n = args.prompts_per_step * args.group_size
     require(
@@ -378,7 +387,11 @@ def main(args: Args) -> None:
         start_step = state["step"]
         sampler.load_state_dict(state["sampler"])
         engine.load_weights(state_dict_for_sync(accelerator, model))
-    verifier = MathVerifier()
+    verifier = MathVerifier(
+        workers=args.verifier_workers or default_workers(),
+        memory_mb=args.verifier_memory_mb,
+        budget_s=args.reward_time_budget_s or None,
+    )
     reward_names = args.rewards.split(",")
     logger = RunLogger(
         args.output_dir, total_steps, asdict(args), enabled=accelerator.is_main_process, initial_step=start_step

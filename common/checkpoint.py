@@ -6,15 +6,21 @@
                              (one RNG file per rank; weights and optimiser sharded the
                              way DeepSpeed / FSDP keep them)
         trainer_state.json   step, number of processes, the prompt sampler's position
+        MANIFEST.json        size and SHA-256 of every file above
         COMPLETE             written last: a checkpoint without it is never used
 
 Everything is written under `checkpoint-<step>.tmp`, flushed to disk, and renamed
 at the end, so a crash while saving leaves the previous checkpoint as the latest.
-On `--resume` the newest checkpoint that is whole and loads is used; a broken one
-is reported and skipped. Multi-node: `output_dir` must be on a filesystem every
+On `--resume` the newest checkpoint that is whole, matches its manifest (a missing,
+truncated or altered file: RNG state, optimiser, weights) and loads is used; a
+broken one is reported with its reason and skipped. Evaluation checks the manifest
+too. Weights that are not finite are never saved: the save is skipped, so
+`--keep_last` can never delete the last good checkpoint in favour of a diverged one.
+Multi-node: `output_dir` must be on a filesystem every
 node sees (every rank writes its own RNG / optimiser shard files).
 """
 
+import hashlib
 import json
 import os
 import re
@@ -23,8 +29,10 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+MANIFEST = "MANIFEST.json"
 
 
 def save_checkpoint(
@@ -35,12 +43,16 @@ def save_checkpoint(
     step: int,
     trainer_state: dict,
     keep_last: int = 0,
-) -> Path:
-    """Save everything needed to resume after `step`; keep only the newest `keep_last` complete ones (0: all).
+) -> Path | None:
+    """Save everything needed to resume after `step` (None: not saved, the weights are not finite); keep only the newest `keep_last` complete ones (0: all).
 
     Every rank must call it (the states are sharded, the HF weights gathered).
     """
     output_dir = Path(output_dir)
+    if not weights_are_finite(accelerator, model):
+        if accelerator.is_main_process:
+            print(f"warning: step {step}: the weights hold NaN or inf; checkpoint-{step} is not saved")
+        return None
     final = output_dir / f"checkpoint-{step}"
     tmp = output_dir / f"checkpoint-{step}.tmp"
     if accelerator.is_main_process:
@@ -56,6 +68,7 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp / "model")
         state = {"step": step, "num_processes": accelerator.num_processes, **trainer_state}
         (tmp / "trainer_state.json").write_text(json.dumps(state))
+        (tmp / MANIFEST).write_text(json.dumps(_manifest(tmp), indent=1))
         _fsync([*tmp.rglob("*"), tmp])  # the data is on disk before COMPLETE says so
         (tmp / "COMPLETE").write_text("ok\n")
         _fsync([tmp / "COMPLETE", tmp])
@@ -68,6 +81,46 @@ def save_checkpoint(
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def weights_are_finite(accelerator: Accelerator, model: torch.nn.Module) -> bool:
+    """No NaN or inf in any parameter (each rank checks its shard; every rank gets the answer)."""
+    bad = sum(not bool(torch.isfinite(p.detach()).all()) for p in model.parameters() if p.numel())
+    if accelerator.num_processes > 1:
+        bad = accelerator.reduce(torch.tensor(float(bad), device=accelerator.device), reduction="sum").item()
+    return bad == 0
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(2**23):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _manifest(root: Path) -> dict:
+    """{relative path: {"bytes", "sha256"}} of every file under root (the manifest and marker aside)."""
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MANIFEST, "COMPLETE"))
+    return {str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+
+
+def manifest_problem(path: Path, checksums: bool = True) -> str | None:
+    """How `path`'s files differ from its MANIFEST.json (missing, extra-short, altered), or None.
+    Sizes only with checksums=False (fast); SHA-256 of every file otherwise."""
+    try:
+        expected = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        return f"no readable {MANIFEST} ({type(e).__name__})"
+    for name, entry in expected.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != entry["bytes"]:
+            return f"{name} has {f.stat().st_size} bytes, the manifest says {entry['bytes']} (truncated or replaced)"
+        if checksums and _sha256(f) != entry["sha256"]:
+            return f"{name} does not match its SHA-256 in the manifest (corrupted)"
+    return None
 
 
 def _fsync(paths) -> None:
@@ -103,7 +156,7 @@ def checkpoint_problem(path: Path) -> str | None:
         return "missing accelerate/ state"
     if not (path / "model" / "config.json").exists():
         return "missing model/config.json"
-    return None
+    return manifest_problem(path, checksums=False)
 
 
 def load_checkpoint(accelerator: Accelerator, output_dir: str | Path) -> dict:
@@ -118,6 +171,10 @@ def load_checkpoint(accelerator: Accelerator, output_dir: str | Path) -> dict:
     errors = []
     for path in list_checkpoints(output_dir):
         problem = checkpoint_problem(path)
+        if problem is None and main:
+            problem = manifest_problem(path)  # every byte, before any of it is trusted
+        if accelerator.num_processes > 1:  # rank 0 read the manifest: its verdict holds for everyone
+            problem = broadcast_object_list([problem], from_process=0)[0]
         if problem is None:
             try:
                 accelerator.load_state(str(path / "accelerate"))

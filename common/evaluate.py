@@ -519,6 +519,10 @@ def resolve_model(model: str) -> tuple[str, Path]:
             raise SystemExit(f"error: run directory {path} has no complete checkpoint-N/ to evaluate")
         path = done[0]
     if path.name.startswith("checkpoint-") and (path / "model" / "config.json").exists():
+        from common.checkpoint import manifest_problem
+
+        if problem := manifest_problem(path):
+            raise SystemExit(f"error: --model: checkpoint {path} is damaged: {problem}; evaluate an earlier checkpoint")
         path = path / "model"
     run = path.parent.parent if path.name == "model" and path.parent.name.startswith("checkpoint-") else None
     if run is not None and (run / "metrics.jsonl").is_file():

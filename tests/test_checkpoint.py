@@ -1,6 +1,8 @@
 """Checkpoints: atomic saves, resume = uninterrupted run, broken checkpoints refused."""
 
+import hashlib
 import json
+import random
 import shutil
 
 import pytest
@@ -87,10 +89,37 @@ def test_save_is_atomic_and_keeps_the_newest(trainer, tmp_path):
         assert (p / "model" / "tokenizer_config.json").exists()
 
 
+def _flip_bytes(path, n=1000):
+    data = bytearray(path.read_bytes())
+    for i in random.Random(0).sample(range(len(data)), min(n, len(data))):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _unloadable_but_listed(ckpt):
+    """A file the manifest vouches for that still cannot be loaded (a bug at save time)."""
+    (ckpt / "accelerate" / "optimizer.bin").write_bytes(b"\x80\x02trunc")
+    manifest = json.loads((ckpt / "MANIFEST.json").read_text())
+    manifest["accelerate/optimizer.bin"] = {"bytes": 7, "sha256": hashlib.sha256(b"\x80\x02trunc").hexdigest()}
+    (ckpt / "MANIFEST.json").write_text(json.dumps(manifest))
+
+
 CORRUPTIONS = {
     "no COMPLETE marker": lambda ckpt: (ckpt / "COMPLETE").unlink(),
     "unreadable trainer_state.json": lambda ckpt: (ckpt / "trainer_state.json").write_text('{"step": 2, "samp'),
-    "cannot load it": lambda ckpt: (ckpt / "accelerate" / "optimizer.bin").write_bytes(b"\x80\x02trunc"),
+    "cannot load it": _unloadable_but_listed,
+    # What the manifest catches: each resumed silently (different weights, or trained on garbage) before it.
+    "accelerate/random_states_0.pkl is missing": lambda ckpt: (ckpt / "accelerate" / "random_states_0.pkl").unlink(),
+    "accelerate/random_states_0.pkl does not match its SHA-256": lambda ckpt: _flip_bytes(
+        ckpt / "accelerate" / "random_states_0.pkl", 8
+    ),
+    "accelerate/model.safetensors does not match its SHA-256": lambda ckpt: _flip_bytes(
+        ckpt / "accelerate" / "model.safetensors"
+    ),
+    "model/model.safetensors has": lambda ckpt: (ckpt / "model" / "model.safetensors").write_bytes(
+        (ckpt / "model" / "model.safetensors").read_bytes()[:1000]
+    ),
+    "no readable MANIFEST.json": lambda ckpt: (ckpt / "MANIFEST.json").unlink(),
 }
 
 
@@ -124,3 +153,24 @@ def test_no_usable_checkpoint_is_a_clear_error(trainer, tmp_path):
     (tmp_path / "checkpoint-1" / "COMPLETE").unlink()
     with pytest.raises(SystemExit, match=r"no usable checkpoint .*checkpoint-1: no COMPLETE marker.*without --resume"):
         load_checkpoint(accelerator, tmp_path)
+
+
+def test_non_finite_weights_are_never_saved(trainer, tmp_path, capsys):
+    accelerator, model, tokenizer, *_ = trainer
+    assert save_checkpoint(accelerator, model, tokenizer, tmp_path, 1, {}) is not None
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] = float("nan")
+    assert save_checkpoint(accelerator, model, tokenizer, tmp_path, 2, {}, keep_last=1) is None
+    assert "not saved" in capsys.readouterr().out
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["checkpoint-1"]  # keep_last never drops the good one
+
+
+def test_evaluation_refuses_a_damaged_checkpoint(trainer, tmp_path):
+    from common.evaluate import resolve_model
+
+    accelerator, model, tokenizer, *_ = trainer
+    save_checkpoint(accelerator, model, tokenizer, tmp_path, 1, {})
+    assert resolve_model(str(tmp_path / "checkpoint-1"))[0] == str(tmp_path / "checkpoint-1" / "model")
+    _flip_bytes(tmp_path / "checkpoint-1" / "model" / "model.safetensors")
+    with pytest.raises(SystemExit, match="model/model.safetensors does not match its SHA-256"):
+        resolve_model(str(tmp_path / "checkpoint-1"))

@@ -2,10 +2,14 @@
 
 import os
 import random
+import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
+from train_utils import ROOT
 
 from common.rewards import (
     MAX_PRED_CHARS,
@@ -156,30 +160,31 @@ def test_length_cap_skips_sympy(verifier):
 def test_timeout_kills_and_restarts_child():
     with MathVerifier(timeout_s=0.5) as v:
         assert v.verify("1/2", "0.5")
-        old_pid = v._proc.pid
+        old_pid = v._children[0].proc.pid
         t0 = time.perf_counter()
         assert v.verify(HANGS, "1") is False
         assert time.perf_counter() - t0 < 0.5 + 2
+        assert v.take_timeouts() == 1 and v.take_timeouts() == 0
         assert v.verify("1/2", "0.5")
-        assert v._proc.pid != old_pid
-    assert v._proc is None  # closed by the context manager
+        assert v._children[0].proc.pid != old_pid
+    assert v._children == []  # closed by the context manager
 
 
 def test_child_death_is_survived():
     with MathVerifier(timeout_s=TIMEOUT_S) as v:
         assert v.verify("1/2", "0.5")
-        proc = v._proc
+        proc = v._children[0].proc
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(5)
         assert v.verify("1/2", "0.5")  # died between checks: restarted transparently
-        assert v._proc.pid != proc.pid
+        assert v._children[0].proc.pid != proc.pid
 
 
 def test_close_then_reuse():
     v = MathVerifier(timeout_s=TIMEOUT_S)
-    assert v.verify("68", "68") and v._proc is None  # exact match: no child started
+    assert v.verify("68", "68") and v._children == []  # exact match: no child started
     assert v.verify("1/2", "0.5")
-    proc = v._proc
+    proc = v._children[0].proc
     v.close()
     assert not proc.is_alive()
     assert v.verify("0.25", "1/4")  # lazily restarted
@@ -262,3 +267,119 @@ def test_compute_rewards(verifier):
 def test_compute_rewards_unknown_name(verifier):
     with pytest.raises(ValueError, match="valid choices.*accuracy.*boxed_format.*think_format"):
         compute_rewards(["x"], ["1"], ["accuracy", "lenght_penalty"], verifier)
+
+
+# --- what a trainer must survive: adversarial output, hard answers, its own death -------------------
+
+FUZZ_UNITS = [
+    "<answer>",
+    "</answer>",
+    "<think>",
+    "</think>",
+    "\\boxed{",
+    "\\boxed ",
+    "{",
+    "}",
+    "\\",
+    "^ ",
+    " ",
+    "$",
+    "1",
+    "\\fbox{",
+]
+
+
+@pytest.mark.parametrize("n", [1_000, 100_000, 1_000_000])
+def test_everything_that_parses_model_output_is_linear(n):
+    """Degenerate repetition (the R1 template's `<answer>` * 16000 took 7.8 s before) costs linear time:
+    1M characters of any mix of tags, braces and spaces are parsed within a fixed budget."""
+    rng = random.Random(n)
+    texts = [unit * (n // len(unit)) for unit in FUZZ_UNITS]  # one tag repeated
+    texts += ["".join(rng.choice(FUZZ_UNITS) for _ in range(n // 4))[:n] for _ in range(4)]  # mixes
+    texts += ["<answer>" * (n // 16) + "</answer>" * (n // 18), "\\boxed{" + "{" * (n // 2) + "}" * (n // 2)]
+    v = MathVerifier()  # only its fast path runs: these answers are too long for a child
+    t0 = time.perf_counter()
+    for text in texts:
+        extract_answer(text)
+        boxed_format_reward([text])
+        think_format_reward([text], prompt_ends_with_think=True)
+        v._fast(text, "1")
+    per_char = (time.perf_counter() - t0) / sum(map(len, texts))
+    assert per_char < 2e-6, f"{per_char * 1e6:.2f} us per character"  # linear: ~0.1 us; quadratic: seconds
+    assert v._children == []
+
+
+@pytest.mark.parametrize(
+    "pred, gold, expected",
+    [
+        ("1 2", "12", False),  # separate numbers are not joined by dropping the space
+        ("1 + 2", "1+2", True),  # layout spaces still do not matter
+        ("１２", "12", True),  # fullwidth digits (NFKC)
+        ("½", "\\frac{1}{2}", True),  # vulgar fraction
+        ("−3", "-3", True),  # the Unicode minus sign
+    ],
+)
+def test_unicode_and_whitespace_verdicts(verifier, pred, gold, expected):
+    assert verifier.verify(pred, gold) is expected
+
+
+def test_an_answer_is_one_balanced_group(verifier):
+    """`<answer>12} {13</answer>` used to be wrapped as \\boxed{12} {13} and graded as 12."""
+    assert extract_answer("<answer>12} {13</answer>") is None
+    assert accuracy_reward(["<think>x</think> <answer>12} {13</answer>"], ["12"], verifier) == [0.0]
+    assert extract_answer("<answer>\\{1, 2\\}</answer>") == "\\{1, 2\\}"  # escaped braces are literal
+    assert extract_answer("<answer>a<answer> 7 </answer>") == "7"  # the last complete block
+    assert verifier.verify("12} {13", "12") is False  # unbalanced: never wrapped
+
+
+def test_a_pool_checks_in_parallel_and_a_budget_bounds_the_batch():
+    with MathVerifier(timeout_s=3.0, workers=2) as v:
+        preds = [HANGS, "1/2", HANGS, "0.25"]
+        t0 = time.perf_counter()
+        assert v.verify_batch(preds, ["1", "0.5", "1", "1/4"]) == [False, True, False, True]
+        assert time.perf_counter() - t0 < 3.0 + 2.5  # the two hangs run side by side: one timeout, not two
+        assert v.take_timeouts() == 2
+        t0 = time.perf_counter()
+        assert v.verify_batch([HANGS] * 4 + ["1/2"], ["1"] * 4 + ["0.5"], budget_s=1.0) == [False] * 5
+        assert time.perf_counter() - t0 < 1.0 + 2.0
+        assert v.take_timeouts() == 5  # the two running and the three never started
+        assert v.verify("1/2", "0.5")  # the replaced children work
+
+
+def test_children_run_under_the_memory_limit():
+    with MathVerifier(memory_mb=1536) as v:
+        assert v.verify("1/2", "0.5")
+        limits = open(f"/proc/{v._children[0].proc.pid}/limits").read()
+        assert re.search(r"Max address space\s+1610612736\s", limits), limits
+    with pytest.raises(RuntimeError, match="failed to start"):
+        MathVerifier(memory_mb=1).verify("1/2", "0.5")  # too small to work in: a setup error, said so
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_the_children_die_with_the_trainer(sig):
+    """A trainer killed while its child grinds on `2^{10^{10}}` leaves no child behind."""
+    code = (
+        "from common.rewards import MathVerifier\n"
+        "v = MathVerifier(timeout_s=600, workers=2)\n"
+        "v._ensure_children()\n"
+        "print(*(c.proc.pid for c in v._children), flush=True)\n"
+        "v.verify_batch(['2^{10^{10}}', '10^{10^{10^{10}}}'], ['1', '1'])\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2 and all(map(_alive, pids))
+    time.sleep(1.0)  # both are mid-check
+    proc.send_signal(sig)
+    proc.wait(10)
+    deadline = time.monotonic() + 5
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, pids)), "a verifier child outlived its trainer"

@@ -1,6 +1,7 @@
 """grpo_base.py end to end: the real CLI with each rollout backend, and learning on the synthetic task."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -99,3 +100,38 @@ def test_bad_inputs_stop_with_a_message_naming_the_flag(flags, message, tiny_ran
     with pytest.raises(SystemExit, match=message) as stop:
         grpo_base.main(args)
     assert str(stop.value).startswith("error: ")
+
+
+def _run(tmp_path, *flags):
+    cmd = [sys.executable, str(ROOT / "grpo_base.py"), "--output_dir", str(tmp_path), "--rollout", "hf", *flags]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_a_diverging_run_is_stopped_and_its_checkpoints_stay_finite(tmp_path):
+    """--lr 1e3 used to train on NaN for every remaining step, save all-NaN checkpoints and exit 0.
+    (The demo model: a random one is always wrong, so it gets no gradient to diverge with.)"""
+    from safetensors.torch import load_file
+
+    from common.tiny_model import ensure_tiny_model
+
+    proc = _run(tmp_path, "--model", str(ensure_tiny_model()), "--lr", "1e3", "--steps", "8", "--save_steps", "2")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert re.search(r"error: step \d+: .* not finite for 3 optimiser steps in a row .* --lr", proc.stderr), (
+        proc.stderr[-2000:]
+    )
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["train/skipped_steps"] == 1 and rows[-1]["step"] < 8
+    checkpoints = sorted(tmp_path.glob("checkpoint-*"))
+    assert checkpoints, "the finite checkpoint before the divergence is kept"
+    for ckpt in checkpoints:
+        for name, t in load_file(ckpt / "model" / "model.safetensors").items():
+            assert t.isfinite().all(), (ckpt.name, name)
+
+
+def test_a_run_without_learning_signal_says_so(tiny_random_dir, tmp_path):
+    """A near-greedy temperature makes every group's completions (and rewards) equal: nothing can be learned."""
+    flags = ["--model", str(tiny_random_dir), "--temperature", "1e-6", "--steps", "2", "--warn_flat_steps", "2"]
+    proc = _run(tmp_path, *flags, "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "8")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "warning: step 2: for 2 steps every group's rewards were all equal" in proc.stderr + proc.stdout
+    assert "--temperature" in proc.stderr + proc.stdout
