@@ -116,6 +116,8 @@ class Args:
     )
     vllm_gpu_memory_utilization: float = arg(0.3, "share of GPU memory vLLM may take (weights + KV cache)")
     vllm_sleep: bool = arg(False, "release vLLM's GPU memory during the update (GPU only)")
+    vllm_max_num_seqs: int = arg(0, "sequences vLLM decodes at once (0: this rank's whole rollout, at most 1024)")
+    vllm_max_num_batched_tokens: int = arg(0, "tokens per vLLM forward, prefill chunks included (0: vLLM's default)")
     gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
     verifier_workers: int = arg(0, "math-verify child processes per rank (0: a quarter of the cores, 1 to 4)")
     verifier_memory_mb: int = arg(2048, "address-space limit of each math-verify child in MB (0: none)")
@@ -146,6 +148,10 @@ def validate(args: Args) -> None:
     require(
         args.verifier_workers >= 0 and args.verifier_memory_mb >= 0 and args.reward_time_budget_s >= 0,
         "--verifier_workers, --verifier_memory_mb and --reward_time_budget_s must be >= 0 (0: automatic / no limit)",
+    )
+    require(
+        args.vllm_max_num_seqs >= 0 and args.vllm_max_num_batched_tokens >= 0 and 0 < args.top_p <= 1,
+        "--vllm_max_num_seqs and --vllm_max_num_batched_tokens must be >= 0 (0: automatic), --top_p in (0, 1]",
     )
     n = args.prompts_per_step * args.group_size
     require(
@@ -414,6 +420,8 @@ def main(args: Args) -> None:
             gpu_memory_utilization=args.vllm_gpu_memory_utilization,
             enable_sleep_mode=args.vllm_sleep,
             distributed=world > 1,
+            max_num_seqs=args.vllm_max_num_seqs or min(1024, args.prompts_per_step // world * args.group_size),
+            max_num_batched_tokens=args.vllm_max_num_batched_tokens or None,
         )
     else:
         engine = HFEngine(accelerator.unwrap_model(model), stop_ids, tokenizer.pad_token_id)
@@ -462,7 +470,6 @@ def main(args: Args) -> None:
 
         # 1. Rollout: G completions per prompt from pi_old.
         with timer("rollout"):
-            engine.wake_up()
             seeds = prompt_seeds(
                 args.seed, step, args.prompts_per_step, rank, len(batch_rows)
             )  # the same samples on any number of ranks
@@ -607,7 +614,6 @@ def main(args: Args) -> None:
 
         # 6. Sync: the rollout engine samples from the new policy next step.
         with timer("sync"):
-            engine.wake_up()
             engine.load_weights(state_dict_for_sync(accelerator, model))
 
         # 7. Log.

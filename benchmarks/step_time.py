@@ -1,10 +1,15 @@
-"""Step time by phase for the five scripts on the same CPU demo run.
+"""Step time by phase for the five scripts on the same CPU demo run, and the update's overhead.
 
     python benchmarks/step_time.py [--steps 10] [--rollout vllm] [--scripts grpo_base.py,egpo.py]
 
 Runs each script on the demo model and task (same seed, same data), skips the
 first step (warm-up), and prints the mean seconds per phase, the overhead over
 grpo_base.py, peak memory, and the evaluated accuracy before and after.
+
+Then the update phase alone against a bare forward/backward over the same tokens:
+the scripts' path (length-bucketed micro-batches, the chunked log-prob head, the
+clipped surrogate) vs the model's own cross-entropy loss on the same micro-batches.
+Target: within 1.1x.
 """
 
 import argparse
@@ -48,7 +53,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rollout", default="vllm", choices=["vllm", "hf"])
     p.add_argument("--scripts", default=",".join(SCRIPTS))
+    p.add_argument("--update_only", action="store_true", help="only the update-overhead measurement")
     a = p.parse_args()
+    if a.update_only:
+        return update_overhead()
     table = {}
     with tempfile.TemporaryDirectory() as tmp:
         for script in a.scripts.split(","):
@@ -67,6 +75,60 @@ def main() -> None:
         overhead = f"{100 * (t['time/step_s'] / base - 1):+.0f}%" if base else "-"
         phases = " | ".join(f"{t[k]:.2f}" for k in PHASES)
         print(f"| {script} | {phases} | {overhead} | {t['peak_mem_gb']:.1f} | {t['before']:.2f} -> {t['after']:.2f} |")
+    update_overhead()
+
+
+def update_overhead(repeats: int = 5) -> None:
+    """Seconds per update of the scripts' path vs a bare forward/backward over the same micro-batches."""
+    import random
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(ROOT))
+    from common.batching import micro_batches, pack, select
+    from common.logprobs import sequence_logprobs
+    from common.tiny_model import ensure_tiny_model
+    from grpo_base import Args, policy_loss
+
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model())
+    V = model.config.vocab_size
+    prompts = [[rng.randrange(3, V) for _ in range(rng.randint(20, 40))] for _ in range(128)]  # the demo's shapes
+    completions = [[rng.randrange(3, V) for _ in range(rng.randint(4, 48))] for _ in range(128)]
+    batch = pack(prompts, completions, 0)
+    lens = batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist()
+    plan = micro_batches(*lens, list(range(128)), 32, max_tokens=2048)
+    args, adv, n_tok = Args(), torch.randn(128), batch["completion_mask"].sum().item()
+
+    def ours():
+        for idx in plan:
+            mb = select(batch, idx)
+            logp, _ = sequence_logprobs(
+                model, mb["input_ids"], mb["attention_mask"], 1.0, mb["completion_mask"].shape[1]
+            )
+            loss, _ = policy_loss(logp, logp.detach(), adv[mb["rows"]], mb["completion_mask"], args, 128, n_tok)
+            loss.backward()
+
+    def bare():
+        for idx in plan:
+            mb = select(batch, idx)
+            labels = mb["input_ids"].masked_fill(mb["attention_mask"] == 0, -100)
+            model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], labels=labels).loss.backward()
+
+    times = {}
+    for name, fn in [("bare", bare), ("ours", ours)] * 2:  # interleaved, the second round counted
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+            model.zero_grad(set_to_none=True)
+        times[name] = (time.perf_counter() - t0) / repeats
+    print(
+        f"\nupdate of 128 demo-sized sequences ({len(plan)} micro-batches): scripts' path {times['ours']:.3f} s, "
+        f"bare forward/backward {times['bare']:.3f} s, ratio {times['ours'] / times['bare']:.2f}x (target <= 1.1x)"
+    )
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ never exist, in either pass:
   ever made.
 - each chunk runs under activation checkpointing: autograd keeps the chunk's
   hidden states (D values per row, not V) and recomputes the chunk's logits in
-  backward, one chunk at a time. Peak memory is one chunk's fp32 logits (and
-  their gradient), whatever the sequence length.
+  backward, one chunk at a time. Peak memory is a few chunk-sized fp32 tensors
+  (`CHUNK_BYTES` each), whatever the sequence length.
 
 Values and gradients equal the direct computation (tests/test_logprobs.py);
 `benchmarks/memory.py` measures the bytes.
@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-# Rows per chunk: about 256 MB of fp32 logits at Qwen2.5's vocabulary.
-CHUNK_BYTES = 2**28
+# Rows per chunk: 64 MiB of fp32 logits at Qwen2.5's vocabulary (110 rows). A chunk holds
+# about four such tensors at once (logits / T, log-softmax, probabilities, a gradient).
+CHUNK_BYTES = 2**26
 
 
 def _chunk_rows(vocab: int) -> int:
@@ -37,11 +38,21 @@ def _chunk_rows(vocab: int) -> int:
 def _logp_and_entropy(
     logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
 ) -> torch.Tensor:
-    """[n, V] logits of any dtype -> [n, 2] fp32: log pi(target) and H(pi), pi = softmax(logits / T)."""
-    logp_all = F.log_softmax(logits.float() / temperature, dim=-1)
+    """[n, V] logits of any dtype -> [n, 2] fp32: log pi(target) and H(pi), pi = softmax(logits / T).
+
+    Each [n, V] temporary is made once: the fp32 copy (or the logits themselves) is divided
+    in place, and H = -sum p log p is a row-wise dot product, not an elementwise product.
+    """
+    z = logits.float() if logits.dtype != torch.float32 else logits
+    if temperature != 1.0:
+        z = z.div_(temperature) if z is not logits else z / temperature
+    logp_all = F.log_softmax(z, dim=-1)
+    del z
     logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    if not with_entropy:
+        return torch.stack([logp, torch.zeros_like(logp)], -1)
     # H = -sum p log p from the same log-softmax (stable when p underflows: 0 * -inf never occurs).
-    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
+    ent = -torch.bmm(logp_all.exp().unsqueeze(1), logp_all.unsqueeze(2)).view(-1)
     return torch.stack([logp, ent], -1)
 
 

@@ -16,6 +16,7 @@ which the scripts compare with the trainer's (the `rollout_logp_gap` metric).
 
 import importlib.util
 import logging
+import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -136,6 +137,8 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.3,
         enable_sleep_mode: bool = False,
         distributed: bool = False,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
     ):
         # In-process engine core: collective_rpc then reaches the model with no
         # serialisation of the weights (ALGORITHMS.md, "Shared pieces").
@@ -158,6 +161,10 @@ class VLLMEngine:
             kwargs["distributed_executor_backend"] = "external_launcher"
         if torch.cuda.is_available():
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
+        if max_num_seqs:  # sequences decoded together; a step's whole rollout at once if the KV cache holds it
+            kwargs["max_num_seqs"] = max_num_seqs
+        if max_num_batched_tokens:  # tokens per forward (chunked prefill budget)
+            kwargs["max_num_batched_tokens"] = max_num_batched_tokens
         self.llm = LLM(
             model=model_path,
             skip_tokenizer_init=True,  # we tokenise and detokenise ourselves
@@ -173,6 +180,7 @@ class VLLMEngine:
         )
         self.stop_token_ids = list(stop_token_ids)
         self.sleep_mode = enable_sleep_mode and torch.cuda.is_available()
+        self.asleep: set[str] = set()  # the parts released by sleep() and not woken yet
 
     def generate(
         self,
@@ -185,6 +193,8 @@ class VLLMEngine:
     ) -> list[list[Completion]]:
         """n completions for each prompt (a list of token ids); `seed`: one for the call or one per prompt."""
         from vllm import SamplingParams, TokensPrompt
+
+        self._wake("weights", "kv_cache")
 
         seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
@@ -224,8 +234,10 @@ class VLLMEngine:
         """Push HF-named parameters into vLLM's copy of the model, `batch_bytes` at a time.
 
         `named_tensors` is consumed lazily, so under ZeRO-3 / FSDP2 (where each item
-        is gathered on demand) at most one batch of full tensors exists at once.
+        is gathered on demand) at most one batch of full tensors exists at once. An engine
+        asleep wakes its weights only: the KV cache stays released until `generate`.
         """
+        self._wake("weights")
         self.llm.collective_rpc(_begin_reload)
         for batch in _batches(named_tensors, batch_bytes):
             self.llm.collective_rpc(_load_batch, args=(batch,))
@@ -233,23 +245,58 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
-        """Free vLLM's GPU memory (weights + KV cache) during the update."""
-        if self.sleep_mode:
+        """Free vLLM's GPU memory (weights offloaded to CPU, KV cache discarded) during the update.
+        The engine wakes by itself, in the order that needs the least memory: the weights
+        when `load_weights` pushes the new ones in, the KV cache when `generate` next runs."""
+        if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
 
-    def wake_up(self) -> None:
-        if self.sleep_mode:
-            self.llm.wake_up()
+    def _wake(self, *tags: str) -> None:
+        """Wake only what is asleep: vLLM warns (and reallocates nothing) on an awake engine."""
+        todo = [t for t in tags if t in self.asleep]
+        if todo:
+            self.llm.wake_up(tags=todo)
+            self.asleep -= set(todo)
+
+
+class _RowSampler:
+    """A logits processor that samples each row itself, under the row's own generator, and
+    forces generate's greedy pick onto that token.
+
+    Why: HF's sampler draws every row from one global RNG, so a row's sample depends on
+    the rows beside it, and `output_scores` keeps a [rows, V] fp32 tensor per generated
+    token (37 MiB per token at 64 rows of Qwen2.5's vocabulary). Here each row draws from
+    softmax(logits / T) (top-p applied) with its own seeded generator, and only the
+    sampled token's log-prob is kept: one number per row and step.
+    """
+
+    def __init__(self, generators: list[torch.Generator], temperature: float, top_p: float):
+        self.generators, self.temperature, self.top_p = generators, temperature, top_p
+        self.logprobs: list[torch.Tensor] = []  # [rows] per step
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        z = scores.float() / self.temperature
+        if self.top_p < 1.0:  # keep the smallest set of tokens whose probability reaches top_p
+            sorted_z, order = z.sort(-1, descending=True)
+            cum = sorted_z.softmax(-1).cumsum(-1)
+            drop = (cum - sorted_z.softmax(-1)) >= self.top_p  # the top token always stays
+            z = z.scatter(-1, order, sorted_z.masked_fill(drop, -math.inf))
+        logp = z.log_softmax(-1)
+        probs = logp.exp()
+        tokens = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
+        self.logprobs.append(logp.gather(-1, tokens[:, None]).squeeze(-1))
+        return scores.fill_(-math.inf).scatter_(-1, tokens[:, None], 0.0)  # greedy now picks the sample
 
 
 class HFEngine:
-    def __init__(self, model: torch.nn.Module, stop_token_ids: list[int], pad_token_id: int, batch_size: int = 64):
+    def __init__(self, model: torch.nn.Module, stop_token_ids: list[int], pad_token_id: int, batch_size: int = 256):
         self.model = model
         self.stop_token_ids = list(stop_token_ids)
         self.pad_token_id = pad_token_id
-        self.batch_size = batch_size
+        self.batch_size = batch_size  # rows per `generate` call
         # ZeRO-3 / FSDP2: every forward is a collective, so all ranks keep stepping
-        # until the last one is done (generate's synced_gpus).
+        # until the last one is done (generate's synced_gpus), and make as many calls.
         self.synced = (
             is_sharded(model) and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
         )
@@ -264,66 +311,66 @@ class HFEngine:
         top_p: float = 1.0,
         seed: int | list[int] | None = None,
     ) -> list[list[Completion]]:
-        """n completions for each prompt. With one seed per prompt, each prompt's group is
-        sampled alone under its own seed: the result does not depend on which other
-        prompts share the call (or the rank). A seeded call leaves the global RNG as it was."""
+        """n completions for each prompt, all prompts in one `generate` call (`batch_size` rows at a time).
+
+        With one seed per prompt, each completion is drawn with its own generator, seeded by
+        (its prompt's seed, its index in the group): what a prompt gets does not depend on which
+        other prompts share the call or the rank, up to float rounding in batched kernels.
+        One seed for the call seeds every row from it; none draws from the global RNG.
+        """
+        seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
+        if len(seeds) != len(prompts):
+            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         was_training = self.model.training
         self.model.eval()
         device = next(self.model.parameters()).device
-        if isinstance(seed, list):
-            if len(seed) != len(prompts):
-                raise ValueError(f"got {len(seed)} seeds for {len(prompts)} prompts")
-            jobs = [([p] * n, s) for p, s in zip(prompts, seed)]
-        else:
-            jobs = [([p for p in prompts for _ in range(n)], seed)]
+        rows = [(p, s, j) for p, s in zip(prompts, seeds) for j in range(n)]
+        calls = math.ceil(len(rows) / self.batch_size)
+        if self.synced:  # every rank makes the most calls any rank makes (an idle rank steps on a dummy row)
+            count = torch.tensor(calls, device=device)
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+            calls = int(count)
         results: list[Completion] = []
-        for flat, job_seed in jobs:
-            if job_seed is None:  # unseeded: draws from (and advances) the global RNG
-                results += self._sample(flat, max_tokens, temperature, top_p, device)
-                continue
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                torch.manual_seed(job_seed)
-                results += self._sample(flat, max_tokens, temperature, top_p, device)
+        for c in range(calls):
+            chunk = rows[c * self.batch_size : (c + 1) * self.batch_size]
+            results += self._sample(chunk or [([self.pad_token_id], 0, 0)], max_tokens, temperature, top_p, device)[
+                : len(chunk)
+            ]
         self.model.train(was_training)
         return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _sample(
-        self, flat: list[list[int]], max_tokens: int, temperature: float, top_p: float, device
-    ) -> list[Completion]:
-        results: list[Completion] = []
-        for i in range(0, len(flat), self.batch_size):
-            chunk = flat[i : i + self.batch_size]
-            width = max(map(len, chunk))
-            # Left padding: every prompt ends where generation starts.
-            ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p in chunk], device=device)
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                do_sample=True,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=0,
-                max_new_tokens=max_tokens,
-                eos_token_id=self.stop_token_ids,
-                pad_token_id=self.pad_token_id,
-                output_scores=True,  # processed scores: logits / T (and top-p)
-                return_dict_in_generate=True,
-                synced_gpus=self.synced,
-            )
-            new = out.sequences[:, width:]
-            logp = torch.stack(out.scores, 1).float().log_softmax(-1).gather(-1, new[..., None]).squeeze(-1)
-            for row, row_logp in zip(new.tolist(), logp.tolist()):
-                stop = next((j for j, t in enumerate(row) if t in self.stop_token_ids), None)
-                end = len(row) if stop is None else stop + 1  # keep the stop token
-                results.append(Completion(row[:end], row_logp[:end], finished=stop is not None))
+    def _sample(self, rows, max_tokens: int, temperature: float, top_p: float, device) -> list[Completion]:
+        """One `generate` call over rows of (prompt, seed, index in the group)."""
+        generators = []
+        for _, s, j in rows:
+            row_seed = int(torch.randint(0, 2**62, ())) if s is None else (s * 1_000_003 + j) % 2**63
+            generators.append(torch.Generator(device=device).manual_seed(row_seed))
+        sampler = _RowSampler(generators, temperature, top_p)
+        width = max(len(p) for p, _, _ in rows)
+        # Left padding: every prompt ends where generation starts.
+        ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p, _, _ in rows], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _, _ in rows], device=device)
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,  # the sampling is _RowSampler's
+            logits_processor=[sampler],
+            max_new_tokens=max_tokens,
+            eos_token_id=self.stop_token_ids,
+            pad_token_id=self.pad_token_id,
+            synced_gpus=self.synced,
+        )
+        new = out[:, width:].tolist()
+        logps = torch.stack(sampler.logprobs, 1).tolist() if sampler.logprobs else [[] for _ in rows]
+        results = []
+        for row, row_logp in zip(new, logps):
+            stop = next((j for j, t in enumerate(row) if t in self.stop_token_ids), None)
+            end = len(row) if stop is None else stop + 1  # keep the stop token
+            results.append(Completion(row[:end], row_logp[:end], finished=stop is not None))
         return results
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         pass  # generates with the training model itself
 
     def sleep(self) -> None:
-        pass
-
-    def wake_up(self) -> None:
-        pass
+        pass  # nothing to release: it is the training model

@@ -1,14 +1,12 @@
 """Scaling out: 2 processes = 1 process, weight sync under FSDP2 / ZeRO-3 / vLLM, rank-invariant sampling."""
 
-import os
-import subprocess
 import sys
 import types
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from scaling_utils import ROOT, _free_port, baseline_run, checkpoint_weights, coin_flags, launch
+from scaling_utils import ROOT, baseline_run, checkpoint_weights, coin_flags, launch, torchrun_workers
 from train_utils import max_logp_error
 from transformers import AutoModelForCausalLM
 
@@ -193,22 +191,15 @@ def test_zero3_gathers_one_parameter_at_a_time(tiny_random_dir, monkeypatch):
 
 def test_fsdp2_sync_on_two_cpu_processes(tiny_random_dir):
     """FSDP2 (DTensor parameters, gloo): full tensors per parameter, HF names, same on every rank."""
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(_free_port()),
-        str(ROOT / "tests" / "fsdp2_sync_worker.py"),
-        str(tiny_random_dir),
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    out = torchrun_workers("fsdp2_sync_worker.py", str(tiny_random_dir))
     assert "rank 0: FSDP2 sync ok" in out and "rank 1: FSDP2 sync ok" in out
+
+
+def test_hf_engine_on_a_sharded_model_keeps_ranks_in_step(tiny_random_dir):
+    """2 gloo processes, FSDP2: one rank has three prompts to generate, the other none (GEC on an
+    all-correct batch). The idle rank must step with the busy one, or every forward hangs."""
+    out = torchrun_workers("hf_sharded_generate_worker.py", str(tiny_random_dir))
+    assert "rank 0: 3 prompts generated" in out and "rank 1: 0 prompts generated" in out
 
 
 def test_peak_memory_is_reported():

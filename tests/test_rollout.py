@@ -101,3 +101,41 @@ def test_stop_tokens_are_one_function_for_training_and_evaluation(tiny_random_di
     tok = AutoTokenizer.from_pretrained(model_dir)
     assert rollout.stop_token_ids(tok, str(model_dir)) == sorted({eot, im_end, 7})
     assert not hasattr(evaluate, "_stop_token_ids"), "the evaluator must use common.rollout.stop_token_ids"
+
+
+def test_sleep_mode_wakes_weights_for_the_sync_and_the_kv_cache_for_sampling():
+    """vLLM sleep mode is GPU-only: its call order is checked on a recorder standing in for `vllm.LLM`.
+    Weights wake for the sync, the KV cache only when sampling; nothing is woken twice (vLLM warns)."""
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def sleep(self, level):
+            self.calls.append(("sleep", level))
+
+        def wake_up(self, tags):
+            self.calls.append(("wake_up", tuple(tags)))
+
+        def collective_rpc(self, fn, args=()):
+            self.calls.append(("rpc", fn.__name__))
+
+        def reset_prefix_cache(self):
+            self.calls.append(("reset_prefix_cache",))
+
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.llm, engine.sleep_mode, engine.asleep = Recorder(), True, set()
+    engine.load_weights([])  # awake: nothing to wake
+    engine.sleep()
+    engine.sleep()  # already asleep: no second call
+    engine.load_weights([("w", torch.zeros(2))])
+    engine._wake("weights", "kv_cache")  # what generate() does first
+    engine._wake("weights", "kv_cache")
+    calls = [c for c in engine.llm.calls if c[0] != "rpc"]
+    assert calls == [
+        ("reset_prefix_cache",),
+        ("sleep", 1),
+        ("wake_up", ("weights",)),
+        ("reset_prefix_cache",),
+        ("wake_up", ("kv_cache",)),
+    ]

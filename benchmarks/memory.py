@@ -1,0 +1,182 @@
+"""Memory of the log-prob path and padding of micro-batches, measured on CPU at real vocabulary size.
+
+    python benchmarks/memory.py [--lengths 512,2048,8192] [--batch 1]
+
+1. The log-prob (+ entropy) path, `common.logprobs.sequence_logprobs`, on a one-layer
+   model with Qwen2.5's 151,936-word vocabulary: the peak of the bytes it allocates in
+   the training pass (forward + backward) and in the no-grad scoring pass, and the bytes
+   autograd keeps for backward, each as a multiple of ONE fp32 [B, C, V] logits tensor.
+   Allocations are tracked op by op (a TorchDispatchMode that follows every storage
+   until it is freed), so the figures are what the path allocates, not the process RSS.
+   For comparison, the textbook path (the model's full logits, an fp32 log-softmax in
+   row chunks) is measured where it fits in this machine's memory.
+2. Micro-batching a long-tailed batch (lognormal completion lengths, mean ~1/4 of the
+   maximum): the share of processed tokens that are padding, with fixed micro-batches
+   of 4 sequences vs a token budget (`--max_tokens_per_micro_batch`).
+
+Targets: the log-prob path <= 0.1x of one fp32 logits tensor at 8,192 tokens in both
+passes; padding <= 10% of the tokens processed.
+"""
+
+import argparse
+import math
+import random
+import sys
+import weakref
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common.batching import micro_batches  # noqa: E402
+from common.logprobs import sequence_logprobs  # noqa: E402
+
+VOCAB = 151_936
+
+
+class AllocationTracker(TorchDispatchMode):
+    """Live and peak bytes of every storage created inside the block (freed ones subtracted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+
+    def _free(self, nbytes):
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and not hasattr(t.untyped_storage(), "_tracked"):
+                storage = t.untyped_storage()
+                storage._tracked = True
+                self.live += storage.nbytes()
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(storage, self._free, storage.nbytes())
+        return out
+
+
+def saved_bytes(fn) -> tuple[object, int]:
+    """fn()'s result and the bytes of the distinct storages autograd saves for backward (parameters aside)."""
+    params, seen, total = set(), set(), 0
+
+    def pack(t):
+        nonlocal total
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in seen and ptr not in params:
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        return fn(), total
+
+
+def one_layer_lm():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=16_384, tie_word_embeddings=True,
+    )  # fmt: skip
+    return Qwen2ForCausalLM(config).float()
+
+
+def textbook_logprobs(model, ids, attn, K, with_entropy=True):
+    """What the scripts did before: the model's full logits, then an fp32 log-softmax in row chunks."""
+    logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=K + 1).logits[:, :-1]
+    rows, targets = logits.reshape(-1, VOCAB), ids[:, -K:].reshape(-1)
+    logps, ents = [], []
+    for s in range(0, rows.shape[0], 1024):
+        lp = F.log_softmax(rows[s : s + 1024].float(), -1)
+        logps.append(lp.gather(-1, targets[s : s + 1024, None]).squeeze(-1))
+        ents.append(-(lp.exp() * lp).sum(-1))
+    return torch.cat(logps), torch.cat(ents) if with_entropy else None
+
+
+def measure(path, model, B, C, prompt=16) -> dict:
+    ids = torch.randint(0, VOCAB, (B, prompt + C))
+    attn = torch.ones_like(ids)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    out = {}
+    with torch.no_grad(), AllocationTracker() as t:
+        path(model, ids, attn, C)
+    out["score"] = t.peak
+    model.zero_grad(set_to_none=True)
+    with AllocationTracker() as t:
+        (logp, ent), saved = saved_bytes(lambda: path(model, ids, attn, C))
+        (logp.sum() + ent.sum()).backward()
+        del logp, ent
+    out["train"], out["saved"] = t.peak, saved - sum(0 for _ in params)
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def new_path(model, ids, attn, K):
+    return sequence_logprobs(model, ids, attn, 1.0, logits_to_keep=K, with_entropy=True)
+
+
+def padding_table(n=256, max_len=8192, seed=0) -> list[tuple[str, float, int]]:
+    rng = random.Random(seed)
+    mean = max_len / 4
+    sigma = 0.9
+    mu = math.log(mean) - sigma**2 / 2  # lognormal with this mean, cut at max_len
+    completions = [max(1, min(max_len, int(rng.lognormvariate(mu, sigma)))) for _ in range(n)]
+    prompts = [rng.randint(64, 512) for _ in range(n)]
+    real = sum(prompts) + sum(completions)
+    rows = []
+    for name, kw in [
+        ("fixed, 4 sequences", dict(micro_batch_size=4)),
+        ("token budget 16,384", dict(micro_batch_size=4, max_tokens=16_384)),
+        ("token budget 32,768", dict(micro_batch_size=4, max_tokens=32_768)),
+    ]:
+        plan = micro_batches(prompts, completions, list(range(n)), **kw)
+        processed = sum(len(mb) * (max(prompts[i] for i in mb) + max(completions[i] for i in mb)) for mb in plan)
+        rows.append((name, 1 - real / processed, len(plan)))
+    return rows, sum(completions) / n
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", default="512,2048,8192")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument(
+        "--textbook_max",
+        type=int,
+        default=2048,
+        help="longest C the textbook path is run at (it needs ~4 GB per 1k tokens)",
+    )
+    a = p.parse_args()
+    torch.manual_seed(0)
+    model = one_layer_lm()
+    print(
+        f"log-prob + entropy path, vocabulary {VOCAB:,}, batch {a.batch}; multiples of one fp32 [B, C, V] logits tensor\n"
+    )
+    print(
+        "| completion tokens | one fp32 logits | path | training pass peak | saved for backward | scoring pass peak |"
+    )
+    print("|---|---|---|---|---|---|")
+    for C in map(int, a.lengths.split(",")):
+        unit = a.batch * C * VOCAB * 4
+        paths = [("chunked LM head (now)", new_path)] + (
+            [("textbook (before)", textbook_logprobs)] if C <= a.textbook_max else []
+        )
+        for name, path in paths:
+            m = measure(path, model, a.batch, C)
+            print(
+                f"| {C:,} | {unit / 2**30:.2f} GiB | {name} | {m['train'] / unit:.3f}x | {m['saved'] / unit:.3f}x | {m['score'] / unit:.3f}x |",
+                flush=True,
+            )
+    rows, mean = padding_table()
+    print(f"\nmicro-batches of 256 sequences, completions lognormal (mean {mean:.0f}, max 8,192), prompts 64-512\n")
+    print("| micro-batching | padded share of processed tokens | micro-batches |\n|---|---|---|")
+    for name, share, count in rows:
+        print(f"| {name} | {share:.1%} | {count} |")
+
+
+if __name__ == "__main__":
+    main()
