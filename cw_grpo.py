@@ -34,19 +34,21 @@ from common.cli import arg, clear_errors, parse_args, require
 from common.data import TEMPLATE_CHOICES, PromptSampler, format_prompt, load_math_dataset, prompt_opens_think
 from common.distributed import (
     global_sum,
+    load_reference_model,
     make_accelerator,
     micro_batch,
     micro_batch_plan,
     peak_memory_gb,
     reduce_metrics,
     state_dict_for_sync,
+    zero3_requested,
 )
 from common.evaluate import evaluate, load_benchmarks, write_results
 from common.health import NonFiniteGuard, SignalWatch
 from common.logprobs import masked_mean, sequence_logprobs
 from common.metrics import PhaseTimer, RunLogger
 from common.rewards import REWARD_FUNCS, MathVerifier, compute_rewards, default_workers
-from common.rollout import HFEngine, VLLMEngine, prompt_seeds, stop_token_ids, vllm_available
+from common.rollout import HFEngine, VLLMEngine, check_context_length, prompt_seeds, stop_token_ids, vllm_available
 from common.tiny_model import ensure_tiny_model
 
 
@@ -114,6 +116,10 @@ class Args:
     vllm_max_num_seqs: int = arg(0, "sequences vLLM decodes at once (0: this rank's whole rollout, at most 1024)")
     vllm_max_num_batched_tokens: int = arg(0, "tokens per vLLM forward, prefill chunks included (0: vLLM's default)")
     gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
+    tis_cap: float = arg(
+        0.0,
+        "if > 0: weight each token's loss by min(pi_old / pi_rollout, tis_cap), correcting vLLM-vs-trainer mismatch",
+    )
     verifier_workers: int = arg(0, "math-verify child processes per rank (0: a quarter of the cores, 1 to 4)")
     verifier_memory_mb: int = arg(2048, "address-space limit of each math-verify child in MB (0: none)")
     reward_time_budget_s: float = arg(
@@ -147,6 +153,12 @@ def validate(args: Args) -> None:
     require(
         args.vllm_max_num_seqs >= 0 and args.vllm_max_num_batched_tokens >= 0 and 0 < args.top_p <= 1,
         "--vllm_max_num_seqs and --vllm_max_num_batched_tokens must be >= 0 (0: automatic), --top_p in (0, 1]",
+    )
+    require(args.tis_cap >= 0, f"--tis_cap must be >= 0 (got {args.tis_cap}; 0: off)")
+    require(
+        args.beta == 0 or not zero3_requested(),
+        "--beta > 0 under DeepSpeed ZeRO-3: the reference model would be partitioned and never wrapped; "
+        "use configs/accelerate/fsdp2.yaml (the reference model is then loaded whole on each GPU) or --beta 0",
     )
     n = args.prompts_per_step * args.group_size
     require(
@@ -232,14 +244,17 @@ def cw_advantages(rewards: torch.Tensor, old: dict, batch: dict, G: int, args: A
 NEEDS_PI_OLD = True
 
 
-def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=None):
+def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=None, rollout_logp=None):
     """Clipped surrogate (PPO/GRPO), per token, aggregated with global denominators.
 
-    logp/mask: [n, C] of one micro-batch; old_logp, ref_logp and token-level adv may be
-    wider (the whole batch's C) and are cut to C; adv: [n] or [n, C].
+    logp/mask: [n, C] of one micro-batch; old_logp, ref_logp, rollout_logp and token-level adv
+    may be wider (the whole batch's C) and are cut to C; adv: [n] or [n, C].
     num_seqs/num_tokens: sizes of the whole mini-batch this micro-batch belongs to,
     so summing micro-batch losses gives exactly the mini-batch loss.
-    Returns the loss and token sums for the step's metrics (clipped below / above, k3 KL, tokens).
+    --tis_cap C > 0: each token's surrogate is weighted by min(pi_old / pi_rollout, C), the
+    rollout engine's log-probs against the trainer's (truncated importance sampling).
+    Returns the loss and token sums for the step's metrics (clipped below / above, k3 KL,
+    tokens whose importance weight was capped, tokens).
     """
     C = logp.shape[1]
     adv = adv[:, None] if adv.dim() == 1 else adv[:, :C]
@@ -247,6 +262,10 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
     ratio = torch.exp(logp - old_logp)
     clipped = torch.clamp(ratio, 1 - args.eps_low, 1 + args.eps_high)
     per_token = -torch.min(ratio * adv, clipped * adv)
+    tis = torch.ones_like(logp)
+    if args.tis_cap > 0:  # engine-inserted tokens (NaN log-prob) keep weight 1
+        tis = torch.exp(old_logp - rollout_logp[:, :C]).nan_to_num(nan=1.0).clamp(max=args.tis_cap).detach()
+        per_token = per_token * tis
     if args.beta > 0:
         d = ref_logp[:, :C] - logp
         per_token = per_token + args.beta * (torch.exp(d) - d - 1)  # k3 estimator
@@ -262,6 +281,7 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
             "clip_low": (((ratio < 1 - args.eps_low) & (adv < 0)) * mask).sum().item(),  # the clip bounds a decrease
             "clip_high": (((ratio > 1 + args.eps_high) & (adv > 0)) * mask).sum().item(),  # ... an increase
             "approx_kl": ((ratio - 1 - (logp - old_logp)) * mask).sum().item(),  # k3 KL(pi_old || pi_theta)
+            "tis_capped": ((tis >= args.tis_cap) * mask).sum().item() if args.tis_cap > 0 else 0.0,
             "tokens": mask.sum().item(),
         }
     return loss, sums
@@ -304,6 +324,9 @@ def main(args: Args) -> None:
     # Policy, optimiser, data.
     with clear_errors("--model"):
         tokenizer = AutoTokenizer.from_pretrained(model_path)
+        check_context_length(
+            model_path, args.max_prompt_len + args.max_completion_len, "--max_prompt_len + --max_completion_len"
+        )
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     if tokenizer.pad_token_id is None:  # padding is masked out; any id will do
         tokenizer.pad_token = tokenizer.eos_token
@@ -311,11 +334,7 @@ def main(args: Args) -> None:
         model.gradient_checkpointing_enable()
     ref_model = None
     if args.beta > 0:  # only then: all four papers train without it
-        ref_model = (
-            AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if gpu else torch.float32)
-            .to(accelerator.device)
-            .eval()
-        )
+        ref_model = load_reference_model(model_path, torch.bfloat16 if gpu else torch.float32, accelerator.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -455,7 +474,7 @@ def main(args: Args) -> None:
         with timer("update"):
             model.train()
             mb_size = n // args.num_minibatches
-            sums = dict.fromkeys(("clip_low", "clip_high", "approx_kl", "tokens", "loss", "skipped"), 0.0)
+            sums = dict.fromkeys(("clip_low", "clip_high", "approx_kl", "tis_capped", "tokens", "loss", "skipped"), 0.0)
             for _ in range(args.mu):
                 order = torch.randperm(n).tolist() if args.num_minibatches > 1 else list(range(n))
                 for start in range(0, n - mb_size + 1, mb_size):
@@ -493,6 +512,7 @@ def main(args: Args) -> None:
                                 len(rows_mb),
                                 num_tokens,
                                 old["ref_logp"][mb["rows"]],
+                                rollout_logp[mb["rows"]],
                             )
                             accelerator.backward(loss)
                         step_loss += loss.item()
@@ -520,7 +540,7 @@ def main(args: Args) -> None:
         step_s = sum(timer.seconds.values())
         tok = global_sum(
             accelerator,
-            {k: sums[k] for k in ("clip_low", "clip_high", "approx_kl", "tokens")}
+            {k: sums[k] for k in ("clip_low", "clip_high", "approx_kl", "tis_capped", "tokens")}
             | {"entropy": (old["entropy"] * mask).sum().item(), "mask": mask.sum().item()},
         )
         metrics = {
@@ -546,6 +566,7 @@ def main(args: Args) -> None:
             "train/clip_frac_low": tok["clip_low"] / max(tok["tokens"], 1),
             "train/clip_frac_high": tok["clip_high"] / max(tok["tokens"], 1),
             "train/approx_kl": tok["approx_kl"] / max(tok["tokens"], 1),
+            "train/tis_capped_frac": tok["tis_capped"] / max(tok["tokens"], 1),
             "train/loss": sums["loss"] / (args.mu * args.num_minibatches),
             "train/skipped_steps": sums["skipped"],
             "reward/timeouts": verifier.take_timeouts(),

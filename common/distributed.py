@@ -12,6 +12,7 @@ one device: the rollout engine takes the pieces in bounded batches.
 """
 
 import contextlib
+import os
 import resource
 import sys
 from collections.abc import Iterator
@@ -79,6 +80,31 @@ def micro_batch(accelerator: Accelerator, model: torch.nn.Module, last: bool):
             yield
     finally:
         accelerator.sync_gradients = True
+
+
+def load_reference_model(model_path: str, dtype: torch.dtype, device) -> torch.nn.Module:
+    """The frozen reference model of the KL term (`--beta > 0`), with real weights on every rank.
+
+    accelerate's FSDP `cpu_ram_efficient_loading` makes transformers load all-zero weights on
+    every rank but local rank 0, counting on `prepare` to broadcast rank 0's: the reference
+    model is never prepared, so it would stay zero on 7 of 8 GPUs and the KL would pull the
+    policy toward the uniform distribution. It is loaded with that switch off (every rank
+    reads the checkpoint; the copy is whole on each GPU, not sharded).
+    """
+    from transformers import AutoModelForCausalLM
+
+    saved = os.environ.pop("FSDP_CPU_RAM_EFFICIENT_LOADING", None)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    finally:
+        if saved is not None:
+            os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = saved
+    return model.to(device).eval().requires_grad_(False)
+
+
+def zero3_requested() -> bool:
+    """Is this process launched with a DeepSpeed ZeRO-3 config (the variable accelerate launch sets)?"""
+    return os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
 
 
 def global_sum(accelerator: Accelerator, value):

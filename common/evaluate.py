@@ -310,7 +310,7 @@ def evaluate(
         records say so.
     Returns (flat summary, per-problem records).
     """
-    from common.rollout import HFEngine
+    from common.rollout import HFEngine, prompt_seeds
 
     if isinstance(engine, HFEngine) and temperature <= 0:
         raise ValueError(
@@ -328,8 +328,13 @@ def evaluate(
                 for r in rows
             ]
             keep = [i for i, p in enumerate(prompts) if max_prompt_len is None or len(p) <= max_prompt_len]
+            # One seed per problem (from its index): vLLM's GPU sampler draws from (seed, position),
+            # so a seed shared by all prompts would correlate their samples.
+            seeds = prompt_seeds(seed, 0, len(rows), 0, len(rows))
             groups = (
-                engine.generate([prompts[i] for i in keep], n, max_tokens, temperature, top_p, seed=seed)
+                engine.generate(
+                    [prompts[i] for i in keep], n, max_tokens, temperature, top_p, seed=[seeds[i] for i in keep]
+                )
                 if keep
                 else []
             )

@@ -62,6 +62,20 @@ def stop_token_ids(tokenizer, model_path: str) -> list[int]:
     return sorted(ids)
 
 
+def check_context_length(model_path: str, needed: int, flags: str) -> None:
+    """Stop with a one-line message, before anything loads, if prompt + completion (`needed`
+    tokens, the sum of `flags`) exceeds the model's context: vLLM would refuse it only after
+    the model has loaded, and the trainer would score positions the model was never trained on."""
+    from transformers import AutoConfig
+
+    limit = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+    if limit is not None and needed > limit:
+        raise SystemExit(
+            f"error: {flags} = {needed} tokens, more than {model_path}'s context of {limit} tokens: "
+            "lower --max_prompt_len or --max_completion_len"
+        )
+
+
 def _reload_weights(worker, items):
     """Runs inside each vLLM worker (collective_rpc): a whole-model reload in one call."""
     worker.model_runner.reload_weights(weights_iterator=iter(items))
@@ -141,8 +155,14 @@ class VLLMEngine:
         max_num_batched_tokens: int | None = None,
     ):
         # In-process engine core: collective_rpc then reaches the model with no
-        # serialisation of the weights (ALGORITHMS.md, "Shared pieces").
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # serialisation of the weights (a subprocess would be sent CUDA tensors, and
+        # the external launcher asserts it is off).
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":  # a user's setting cannot work here
+            logging.getLogger(__name__).warning(
+                "VLLM_ENABLE_V1_MULTIPROCESSING=%s ignored: the weight sync needs vLLM's engine in this process",
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
+            )
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no INFO lines on every weight sync
         if (
             not torch.cuda.is_available()

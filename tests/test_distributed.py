@@ -1,12 +1,14 @@
 """Scaling out: 2 processes = 1 process, weight sync under FSDP2 / ZeRO-3 / vLLM, rank-invariant sampling."""
 
+import os
+import subprocess
 import sys
 import types
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from scaling_utils import ROOT, baseline_run, checkpoint_weights, coin_flags, launch, torchrun_workers
+from scaling_utils import ROOT, _free_port, baseline_run, checkpoint_weights, coin_flags, launch, torchrun_workers
 from train_utils import max_logp_error
 from transformers import AutoModelForCausalLM
 
@@ -200,6 +202,22 @@ def test_hf_engine_on_a_sharded_model_keeps_ranks_in_step(tiny_random_dir):
     all-correct batch). The idle rank must step with the busy one, or every forward hangs."""
     out = torchrun_workers("hf_sharded_generate_worker.py", str(tiny_random_dir))
     assert "rank 0: 3 prompts generated" in out and "rank 1: 0 prompts generated" in out
+
+
+def test_reference_model_has_real_weights_on_every_rank(tiny_random_dir):
+    """FSDP's cpu_ram_efficient_loading: transformers loads zeros on ranks other than local rank 0. The
+    reference model (--beta > 0) is never prepared, so before it stayed zero there (the KL then pulls
+    toward the uniform distribution); it must hold the checkpoint's weights."""
+    from safetensors.torch import load_file
+
+    cmd = [sys.executable, str(ROOT / "tests" / "reference_model_worker.py"), str(tiny_random_dir), str(_free_port())]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "plain from_pretrained all zero: True" in proc.stdout  # the defect is real in this environment
+    assert "reference model all zero: False" in proc.stdout
+    assert load_file(tiny_random_dir / "model.safetensors")["model.layers.0.mlp.up_proj.weight"].abs().sum() > 0
 
 
 def test_peak_memory_is_reported():

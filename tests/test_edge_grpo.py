@@ -110,6 +110,7 @@ class RecordingEngine:
 
     def generate(self, prompts, n, max_tokens, temperature, top_p=1.0, seed=None):
         self.calls.append((prompts, n, max_tokens))
+        self.seeds = seed
         return [[Completion([self.eos_id], [-0.5], True) for _ in range(n)] for _ in prompts]
 
 
@@ -121,7 +122,9 @@ def test_gec_branch_proportions_over_4000_draws(tiny_random_model):
     completions = [wrong(tok) for _ in range(n)]
     engine = RecordingEngine(tok.eos_token_id)
     args = ([prompt] * n, completions, accuracy, ["2"] * n, ["1 + 1 = 2. \\boxed{2}"] * n, tok, engine)
-    edited, branches = guided_error_correction(*args, random.Random(0), max_new_tokens=7)
+    edited, branches = guided_error_correction(*args, random.Random(0), max_new_tokens=7, seeds=list(range(n)))
+    reflected = [i for i, b in enumerate(branches) if b == "reflection"]
+    assert engine.seeds == reflected  # each continuation under its own completion's seed: none shared
     assert all(
         b is None and e is c for b, e, c, acc in zip(branches, edited, completions, accuracy) if acc
     )  # correct: untouched

@@ -420,3 +420,16 @@ def test_resolve_model_finds_the_checkpoint_and_the_run_dir(tmp_path):
     (empty_run / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(SystemExit, match="no complete checkpoint"):
         ev.resolve_model(str(empty_run))
+
+
+def test_each_problem_samples_under_its_own_seed(tiny_random_model):
+    """Two identical problems must not get identical samples: one seed shared by every prompt makes
+    vLLM's GPU sampler (and the HF engine's per-row generators) draw the same stream for each."""
+    from common.evaluate import evaluate
+    from common.rollout import HFEngine
+
+    model, tok = tiny_random_model
+    engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id)
+    rows = [{"problem": "What is 3 + 4?", "answer": "7"}] * 2
+    _, records = evaluate(engine, tok, {"twins": rows}, "qwen_math", n=4, temperature=1.0, max_tokens=12, seed=0)
+    assert records[0]["completions"] != records[1]["completions"]

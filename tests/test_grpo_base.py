@@ -105,3 +105,48 @@ def test_k3_kl_term():
     loss, _ = policy_loss(logp, logp.clone(), torch.tensor([0.0]), torch.ones(1, 1), args, 1, 1, ref_logp=ref)
     d = -0.5
     assert loss.item() == pytest.approx(0.1 * (math.exp(d) - d - 1))
+
+
+def test_truncated_importance_sampling_hand_computed():
+    """--tis_cap 2: token weights min(pi_old / pi_rollout, 2) = 0.5, 1.5, 2 (capped from 3), and 1 for a
+    token the engine never sampled (NaN log-prob); each multiplies that token's surrogate."""
+    old = torch.zeros(1, 4)
+    rollout = torch.tensor([[math.log(2), math.log(2 / 3), math.log(1 / 3), math.nan]])
+    mask = torch.ones(1, 4)
+    args = Args(loss_agg="token-mean", tis_cap=2.0)
+    loss, sums = policy_loss(torch.zeros(1, 4), old, torch.tensor([1.0]), mask, args, 1, 4, rollout_logp=rollout)
+    assert loss.item() == pytest.approx(-(0.5 + 1.5 + 2.0 + 1.0) / 4)  # ratio 1, A = 1: -weight per token
+    assert sums["tis_capped"] == 1
+    off, sums = policy_loss(torch.zeros(1, 4), old, torch.tensor([1.0]), mask, Args(loss_agg="token-mean"), 1, 4)
+    assert off.item() == pytest.approx(-1.0) and sums["tis_capped"] == 0  # default off: the papers' objective
+
+
+def test_zero3_with_a_reference_model_is_refused(monkeypatch):
+    from grpo_base import validate
+
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")  # what `accelerate launch` sets for zero3.yaml
+    validate(Args(beta=0.0))
+    with pytest.raises(SystemExit, match="--beta > 0 under DeepSpeed ZeRO-3.*fsdp2.yaml"):
+        validate(Args(beta=0.04))
+
+
+def test_context_overflow_is_refused_before_the_model_loads(tiny_random_dir, tmp_path):
+    import shutil
+
+    from transformers import AutoConfig
+
+    import grpo_base
+
+    model_dir = tmp_path / "short-context"
+    shutil.copytree(tiny_random_dir, model_dir)
+    config = AutoConfig.from_pretrained(model_dir)
+    config.max_position_embeddings = 64
+    config.save_pretrained(model_dir)
+    (model_dir / "model.safetensors").write_bytes(b"not loaded: the check comes first")
+    args = grpo_base.Args(
+        model=str(model_dir), rollout="hf", max_prompt_len=40, max_completion_len=48, output_dir=str(tmp_path / "run")
+    )
+    with pytest.raises(
+        SystemExit, match=r"--max_prompt_len \+ --max_completion_len = 88 tokens, more than .* context of 64"
+    ):
+        grpo_base.main(args)

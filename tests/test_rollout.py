@@ -1,5 +1,7 @@
 """Rollout engines against the HF model: sampled-token log-probs, weight sync, prefix cache."""
 
+import os
+
 import pytest
 import torch
 import train_utils
@@ -139,3 +141,16 @@ def test_sleep_mode_wakes_weights_for_the_sync_and_the_kv_cache_for_sampling():
         ("reset_prefix_cache",),
         ("wake_up", ("kv_cache",)),
     ]
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_vllm_engine_runs_in_process_whatever_the_environment_says(tiny_random_dir, monkeypatch):
+    """VLLM_ENABLE_V1_MULTIPROCESSING=1 would put the engine in a subprocess (CUDA tensors sent to it on
+    one GPU, vLLM's own assertion under the external launcher): the engine overrides it, saying so."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    engine = VLLMEngine(str(tiny_random_dir), [0], max_model_len=64, seed=0, dtype="float32")
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    [[c]] = engine.generate([[5, 6, 7]], 1, 4, 1.0)
+    assert 0 < len(c.token_ids) <= 4
+    del engine
