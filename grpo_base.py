@@ -26,8 +26,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.batching import pack, pad_right, select
 from common.checkpoint import load_checkpoint, save_checkpoint
-from common.cli import arg, clear_errors, parse_args, require
-from common.data import TEMPLATE_CHOICES, PromptSampler, format_prompt, load_math_dataset, prompt_opens_think
+from common.cli import arg, check_run_flags, clear_errors, parse_args, require
+from common.data import TEMPLATE_CHOICES, PromptSampler, load_prompts
 from common.distributed import (
     global_sum,
     load_reference_model,
@@ -37,14 +37,13 @@ from common.distributed import (
     peak_memory_gb,
     reduce_metrics,
     state_dict_for_sync,
-    zero3_requested,
 )
 from common.evaluate import evaluate, load_benchmarks, write_results
 from common.health import NonFiniteGuard, SignalWatch
 from common.logprobs import masked_mean, sequence_logprobs
 from common.metrics import PhaseTimer, RunLogger
-from common.rewards import REWARD_FUNCS, MathVerifier, compute_rewards, default_workers
-from common.rollout import HFEngine, VLLMEngine, check_context_length, prompt_seeds, stop_token_ids, vllm_available
+from common.rewards import MathVerifier, compute_rewards, default_workers
+from common.rollout import check_context_length, make_engine, prompt_seeds, vllm_available
 from common.tiny_model import ensure_tiny_model
 
 
@@ -129,31 +128,10 @@ class Args:
 
 def validate(args: Args) -> None:
     """Refuse flag combinations that would fail deep inside torch or train silently wrong."""
+    check_run_flags(args)
     require(
         args.group_size >= 2,
         f"--group_size must be >= 2 (got {args.group_size}): GRPO compares completions within a group",
-    )
-    require(
-        args.prompts_per_step >= 1 and args.max_completion_len >= 1 and args.micro_batch_size >= 1,
-        "--prompts_per_step, --max_completion_len and --micro_batch_size must be >= 1",
-    )
-    require(
-        args.max_tokens_per_micro_batch >= 0 and args.max_nonfinite_steps >= 0 and args.warn_flat_steps >= 0,
-        "--max_tokens_per_micro_batch, --max_nonfinite_steps and --warn_flat_steps must be >= 0",
-    )
-    require(
-        args.verifier_workers >= 0 and args.verifier_memory_mb >= 0 and args.reward_time_budget_s >= 0,
-        "--verifier_workers, --verifier_memory_mb and --reward_time_budget_s must be >= 0 (0: automatic / no limit)",
-    )
-    require(
-        args.vllm_max_num_seqs >= 0 and args.vllm_max_num_batched_tokens >= 0 and 0 < args.top_p <= 1,
-        "--vllm_max_num_seqs and --vllm_max_num_batched_tokens must be >= 0 (0: automatic), --top_p in (0, 1]",
-    )
-    require(args.tis_cap >= 0, f"--tis_cap must be >= 0 (got {args.tis_cap}; 0: off)")
-    require(
-        args.beta == 0 or not zero3_requested(),
-        "--beta > 0 under DeepSpeed ZeRO-3: the reference model would be partitioned and never wrapped; "
-        "use configs/accelerate/fsdp2.yaml (the reference model is then loaded whole on each GPU) or --beta 0",
     )
     n = args.prompts_per_step * args.group_size
     require(
@@ -163,12 +141,6 @@ def validate(args: Args) -> None:
     require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps_low must be in [0, 1) and --eps_high >= 0")
     require(args.temperature > 0, "--temperature must be > 0 (log-probs are computed from logits / T)")
     require(args.mu >= 1, "--mu must be >= 1")
-    unknown = set(args.rewards.split(",")) - set(REWARD_FUNCS)
-    require(not unknown, f"--rewards: unknown term(s) {sorted(unknown)}; choose from {sorted(REWARD_FUNCS)}")
-    require(
-        args.eval_steps >= 0 and args.eval_n >= 1 and args.eval_temperature > 0,
-        "--eval_steps must be >= 0, --eval_n >= 1, --eval_temperature > 0",
-    )
 
 
 def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.Tensor:
@@ -286,45 +258,14 @@ def main(args: Args) -> None:
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
 
-    with clear_errors("--dataset"):
-        rows = load_math_dataset(
-            args.dataset,
-            problem_field=args.problem_field,
-            answer_field=args.answer_field,
-            solution_field=args.solution_field,
-        )
-    with clear_errors("--template"):
-        for r in rows:
-            r["prompt_ids"] = tokenizer(
-                format_prompt(r["problem"], args.template, tokenizer), add_special_tokens=False
-            ).input_ids
-        opens_think = prompt_opens_think(args.template, tokenizer)  # then completions start inside <think>
-    n_rows = len(rows)
-    rows = [r for r in rows if len(r["prompt_ids"]) <= args.max_prompt_len]
-    if len(rows) < n_rows and accelerator.is_main_process:
-        print(f"dropped {n_rows - len(rows)} of {n_rows} prompts longer than --max_prompt_len={args.max_prompt_len}")
+    rows, opens_think = load_prompts(args, tokenizer, say=print if accelerator.is_main_process else lambda _: None)
     sampler = PromptSampler(rows, args.prompts_per_step, seed=args.seed, rank=rank, world_size=world)
     total_steps = math.ceil(args.epochs * len(rows) / args.prompts_per_step) if args.epochs else args.steps
     with clear_errors("--eval_benchmarks"):
         eval_sets = load_benchmarks(args.eval_benchmarks) if args.eval_steps else {}  # fail fast, before training
 
     # Rollout engine, rewards, logging.
-    stop_ids = stop_token_ids(tokenizer, model_path)
-    if args.rollout == "vllm":
-        engine = VLLMEngine(
-            model_path,
-            stop_ids,
-            max_model_len=args.max_prompt_len + args.max_completion_len,
-            seed=args.seed + rank,
-            dtype="bfloat16" if gpu and args.precision != "fp32" else "float32",
-            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-            enable_sleep_mode=args.vllm_sleep,
-            distributed=world > 1,
-            max_num_seqs=args.vllm_max_num_seqs or min(1024, args.prompts_per_step // world * args.group_size),
-            max_num_batched_tokens=args.vllm_max_num_batched_tokens or None,
-        )
-    else:
-        engine = HFEngine(accelerator.unwrap_model(model), stop_ids, tokenizer.pad_token_id)
+    engine = make_engine(args, model_path, tokenizer, accelerator.unwrap_model(model), world, args.seed + rank)
     start_step = 0
     if args.resume:  # weights, optimiser, scheduler, RNG; then the data order and vLLM's copy
         state = load_checkpoint(accelerator, args.output_dir)

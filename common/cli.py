@@ -59,3 +59,38 @@ def clear_errors(flag: str | None = None):
         yield
     except (OSError, ValueError, RuntimeError) as e:
         raise SystemExit(f"error: {flag}: {e}" if flag else f"error: {e}") from None
+
+
+def check_run_flags(args) -> None:
+    """Refuse bad values of the flags every training script shares (not the method's own), one line each."""
+    from common.distributed import zero3_requested
+    from common.rewards import REWARD_FUNCS
+
+    require(
+        args.prompts_per_step >= 1 and args.max_completion_len >= 1 and args.micro_batch_size >= 1,
+        "--prompts_per_step, --max_completion_len and --micro_batch_size must be >= 1",
+    )
+    require(
+        args.max_tokens_per_micro_batch >= 0 and args.max_nonfinite_steps >= 0 and args.warn_flat_steps >= 0,
+        "--max_tokens_per_micro_batch, --max_nonfinite_steps and --warn_flat_steps must be >= 0",
+    )
+    require(
+        args.verifier_workers >= 0 and args.verifier_memory_mb >= 0 and args.reward_time_budget_s >= 0,
+        "--verifier_workers, --verifier_memory_mb and --reward_time_budget_s must be >= 0 (0: automatic / no limit)",
+    )
+    require(
+        args.vllm_max_num_seqs >= 0 and args.vllm_max_num_batched_tokens >= 0 and 0 < args.top_p <= 1,
+        "--vllm_max_num_seqs and --vllm_max_num_batched_tokens must be >= 0 (0: automatic), --top_p in (0, 1]",
+    )
+    require(args.tis_cap >= 0, f"--tis_cap must be >= 0 (got {args.tis_cap}; 0: off)")
+    require(
+        args.beta == 0 or not zero3_requested(),
+        "--beta > 0 under DeepSpeed ZeRO-3: the reference model would be partitioned and never wrapped; "
+        "use configs/accelerate/fsdp2.yaml (the reference model is then loaded whole on each GPU) or --beta 0",
+    )
+    unknown = set(args.rewards.split(",")) - set(REWARD_FUNCS)
+    require(not unknown, f"--rewards: unknown term(s) {sorted(unknown)}; choose from {sorted(REWARD_FUNCS)}")
+    require(
+        args.eval_steps >= 0 and args.eval_n >= 1 and args.eval_temperature > 0,
+        "--eval_steps must be >= 0, --eval_n >= 1, --eval_temperature > 0",
+    )

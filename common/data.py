@@ -417,6 +417,36 @@ def load_math_dataset(
     return list(iter_math_dataset(source, split, problem_field, answer_field, solution_field, limit, preset, config))
 
 
+def load_prompts(args, tokenizer, say=print) -> tuple[list[dict], bool]:
+    """The rows of `--dataset` (with `--problem_field` / `--answer_field` / `--solution_field`),
+    each with its prompt rendered by `--template` and tokenised ("prompt_ids"), the ones longer
+    than `--max_prompt_len` dropped and counted; and whether the prompt opens the <think> block.
+    A problem stops the run with one line naming the flag."""
+    from common.cli import clear_errors, require
+
+    with clear_errors("--dataset"):
+        rows = load_math_dataset(
+            args.dataset,
+            problem_field=args.problem_field,
+            answer_field=args.answer_field,
+            solution_field=args.solution_field,
+        )
+    require(rows, f"--dataset: {args.dataset} has no rows")
+    with clear_errors("--template"):
+        for r in rows:
+            r["prompt_ids"] = tokenizer(
+                format_prompt(r["problem"], args.template, tokenizer), add_special_tokens=False
+            ).input_ids
+        opens_think = prompt_opens_think(args.template, tokenizer)  # then completions start inside <think>
+    kept = [r for r in rows if len(r["prompt_ids"]) <= args.max_prompt_len]
+    require(kept, f"--max_prompt_len: all {len(rows)} prompts are longer than {args.max_prompt_len} tokens; raise it")
+    if len(kept) < len(rows):
+        say(
+            f"dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than --max_prompt_len={args.max_prompt_len}"
+        )
+    return kept, opens_think
+
+
 def write_jsonl(rows: Iterable[dict], path: str | os.PathLike) -> int:
     """Write rows as JSON lines (parent directories created); returns the row count."""
     path = Path(path)

@@ -62,6 +62,32 @@ def stop_token_ids(tokenizer, model_path: str) -> list[int]:
     return sorted(ids)
 
 
+def make_engine(args, model_path: str, tokenizer, model: torch.nn.Module, world: int, seed: int, extra_len: int = 0):
+    """The rollout engine `--rollout` names, set up from the training flags.
+
+    vLLM: a colocated engine (one per rank when `world` > 1) holding prompt + completion
+    (+ `extra_len`) tokens per sequence, bf16 on GPU unless `--precision fp32`, decoding this
+    rank's whole rollout at once unless `--vllm_max_num_seqs` says otherwise. HF: `model`
+    (unwrapped) itself.
+    """
+    stop_ids = stop_token_ids(tokenizer, model_path)
+    if args.rollout == "hf":
+        return HFEngine(model, stop_ids, tokenizer.pad_token_id)
+    gpu = torch.cuda.is_available()
+    return VLLMEngine(
+        model_path,
+        stop_ids,
+        max_model_len=args.max_prompt_len + args.max_completion_len + extra_len,
+        seed=seed,
+        dtype="bfloat16" if gpu and args.precision != "fp32" else "float32",
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        enable_sleep_mode=args.vllm_sleep,
+        distributed=world > 1,
+        max_num_seqs=args.vllm_max_num_seqs or min(1024, args.prompts_per_step // world * args.group_size),
+        max_num_batched_tokens=args.vllm_max_num_batched_tokens or None,
+    )
+
+
 def check_context_length(model_path: str, needed: int, flags: str) -> None:
     """Stop with a one-line message, before anything loads, if prompt + completion (`needed`
     tokens, the sum of `flags`) exceeds the model's context: vLLM would refuse it only after
