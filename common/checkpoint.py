@@ -68,7 +68,7 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp / "model")
         state = {"step": step, "num_processes": accelerator.num_processes, **trainer_state}
         (tmp / "trainer_state.json").write_text(json.dumps(state))
-        (tmp / MANIFEST).write_text(json.dumps(_manifest(tmp), indent=1))
+        write_manifest(tmp)
         _fsync([*tmp.rglob("*"), tmp])  # the data is on disk before COMPLETE says so
         (tmp / "COMPLETE").write_text("ok\n")
         _fsync([tmp / "COMPLETE", tmp])
@@ -99,10 +99,11 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _manifest(root: Path) -> dict:
-    """{relative path: {"bytes", "sha256"}} of every file under root (the manifest and marker aside)."""
+def write_manifest(root: Path) -> None:
+    """MANIFEST.json: {relative path: {"bytes", "sha256"}} of every file under root (marker aside)."""
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MANIFEST, "COMPLETE"))
-    return {str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    manifest = {str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
 def manifest_problem(path: Path, checksums: bool = True) -> str | None:

@@ -321,6 +321,7 @@ def evaluate(
     verifier = verifier or MathVerifier()
     records: list[dict] = []
     try:
+        first = 0  # problems seen so far: each problem's seed comes from its place among all of them
         for bench, rows in benchmarks.items():
             start = time.perf_counter()
             prompts = [
@@ -330,7 +331,8 @@ def evaluate(
             keep = [i for i, p in enumerate(prompts) if max_prompt_len is None or len(p) <= max_prompt_len]
             # One seed per problem (from its index): vLLM's GPU sampler draws from (seed, position),
             # so a seed shared by all prompts would correlate their samples.
-            seeds = prompt_seeds(seed, 0, len(rows), 0, len(rows))
+            seeds = prompt_seeds(seed, 0, 0, 0, first + len(rows))[first:]  # unique across benchmarks too
+            first += len(rows)
             groups = (
                 engine.generate(
                     [prompts[i] for i in keep], n, max_tokens, temperature, top_p, seed=[seeds[i] for i in keep]

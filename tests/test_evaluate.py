@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from common import evaluate as ev
+from common.checkpoint import write_manifest
 from common.data import SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SIZE, load_math_dataset, write_jsonl
 from common.rewards import MathVerifier
 from common.rollout import Completion, HFEngine
@@ -256,7 +257,8 @@ def test_evaluate_scores_and_records(tokenizer, verifier):
         seed=7,
         verifier=verifier,
     )
-    assert engine.calls == [(2, 4, 32, 0.6, 0.95, 7), (1, 4, 32, 0.6, 0.95, 7)]
+    seeds = [7 + i * 1_000_003 for i in range(3)]  # one per problem, unique across benchmarks
+    assert engine.calls == [(2, 4, 32, 0.6, 0.95, seeds[:2]), (1, 4, 32, 0.6, 0.95, seeds[2:])]
     assert summary["eval/a/pass@1"] == pytest.approx((0.5 + 0) / 2)
     assert summary["eval/a/pass@2"] == pytest.approx((1 - 1 / 6) / 2)
     assert summary["eval/b/pass@4"] == 1.0
@@ -404,6 +406,7 @@ def test_resolve_model_finds_the_checkpoint_and_the_run_dir(tmp_path):
         (run / f"checkpoint-{step}" / "model").mkdir(parents=True)
         (run / f"checkpoint-{step}" / "model" / "config.json").write_text("{}")
         if complete:
+            write_manifest(run / f"checkpoint-{step}")
             (run / f"checkpoint-{step}" / "COMPLETE").write_text("ok\n")
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     (run / "config.json").write_text('{"dtype": "auto"}')  # the run's flags, not a model config
