@@ -44,6 +44,7 @@ from common.logprobs import masked_mean, sequence_logprobs
 from common.metrics import PhaseTimer, RunLogger
 from common.rewards import MathVerifier, compute_rewards, default_workers
 from common.rollout import check_context_length, make_engine, prompt_seeds, vllm_available
+from common.run_dir import check_run_dir, start_run_dir
 from common.tiny_model import ensure_tiny_model
 
 
@@ -78,7 +79,8 @@ class Args:
     seed: int = arg(0, "random seed (data order, sampling, init)")
     save_steps: int = arg(0, "save a checkpoint every N steps (0: only at the end)")
     keep_last: int = arg(2, "checkpoints kept on disk (0: all)")
-    resume: bool = arg(False, "continue from the latest complete checkpoint in --output_dir")
+    resume: bool = arg(False, "continue the run in --output_dir from its latest complete checkpoint")
+    overwrite: bool = arg(False, "delete the run --output_dir holds and start a new one there")
     max_nonfinite_steps: int = arg(
         3,
         "stop the run after this many optimiser steps in a row with a NaN/inf loss or grad norm (each is skipped; 0: never stop)",
@@ -235,6 +237,7 @@ def main(args: Args) -> None:
         args.prompts_per_step % world == 0,
         f"--prompts_per_step={args.prompts_per_step} must divide by the {world} processes: each rank owns whole prompt groups",
     )
+    check_run_dir(args.output_dir, asdict(args), args.resume, args.overwrite)  # before anything loads
     set_seed(args.seed + rank)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # master weights
     model_path = str(ensure_tiny_model()) if args.model == "tiny" else args.model
@@ -278,9 +281,9 @@ def main(args: Args) -> None:
         budget_s=args.reward_time_budget_s or None,
     )
     reward_names = args.rewards.split(",")
-    logger = RunLogger(
-        args.output_dir, total_steps, asdict(args), enabled=accelerator.is_main_process, initial_step=start_step
-    )
+    if accelerator.is_main_process:  # everything has loaded: now the run directory is this run's
+        start_run_dir(args.output_dir, asdict(args), args.resume, args.overwrite)
+    logger = RunLogger(args.output_dir, total_steps, enabled=accelerator.is_main_process, initial_step=start_step)
     G = args.group_size
     guard, watch = (
         NonFiniteGuard(args.max_nonfinite_steps),

@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 
 class RunLogger:
-    """Writes `metrics.jsonl` (and `config.json`) under run_dir; silent when not enabled (non-zero ranks)."""
+    """Writes `metrics.jsonl` under run_dir (the flags: common/run_dir.py); silent when not enabled (non-zero ranks)."""
 
     # Figures shown next to the progress bar.
     SHOWN = {
@@ -21,9 +21,7 @@ class RunLogger:
         "time/step_s": "s/step",
     }
 
-    def __init__(
-        self, run_dir: str | Path, total_steps: int, config: dict, enabled: bool = True, initial_step: int = 0
-    ):
+    def __init__(self, run_dir: str | Path, total_steps: int, enabled: bool = True, initial_step: int = 0):
         self.enabled = enabled
         # One bar per run: transformers' own (weight loading, checkpoint shards) would interleave with it.
         from transformers.utils import logging as hf_logging
@@ -33,7 +31,6 @@ class RunLogger:
             return
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
         self.file = open(self.run_dir / "metrics.jsonl", "a")
         self.bar = tqdm(total=total_steps, initial=initial_step, dynamic_ncols=True, desc=self.run_dir.name)
 

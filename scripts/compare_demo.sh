@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 out=${1:-runs/compare_demo}
 runs=()
 for script in grpo_base edge_grpo egpo cw_grpo pro_grpo; do
-    python "$script.py" --seed 0 --steps 30 --eval_steps 10 --output_dir "$out/$script"
+    python "$script.py" --seed 0 --steps 30 --eval_steps 10 --output_dir "$out/$script" --overwrite
     runs+=("$out/$script")
 done
 python -m common.plot "${runs[@]}" --output docs/compare_demo.png --table docs/results_demo.md

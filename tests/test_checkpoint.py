@@ -22,6 +22,7 @@ def test_resume_after_a_kill_reaches_the_same_weights(tmp_path_factory, tiny_ran
     base = baseline_run(tmp_path_factory, tiny_random_dir)
     run = tmp_path / "run"
     run.mkdir()
+    shutil.copy(base / "run_config.json", run / "run_config.json")
     shutil.copytree(base / "checkpoint-1", run / "checkpoint-1")
     shutil.copytree(base / "checkpoint-2", run / "checkpoint-2")
     (run / "checkpoint-2" / "COMPLETE").unlink()

@@ -190,7 +190,7 @@ def test_two_steps_log_the_extra_metrics(rollout_engine, tiny_random_dir, tmp_pa
             assert all(isinstance(v, float) and math.isfinite(v) for v in cov)
         assert r["train/entropy"] > 0
     assert (tmp_path / "checkpoint-2" / "COMPLETE").exists()
-    config = json.loads((tmp_path / "config.json").read_text())
+    config = json.loads((tmp_path / "run_config.json").read_text())["flags"]
     assert config["cw"] is True and config["group_size"] == 4 and config["temperature"] == 0.7
 
 

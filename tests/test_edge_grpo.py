@@ -338,7 +338,7 @@ def test_two_steps_log_the_extra_metrics(rollout, tiny_random_dir, tmp_path):
         assert r["gec/fixed"] >= r["gec/injection"] + r["gec/replacement"]  # the synthetic solutions are right
         assert r["train/rollout_logp_gap"] < 1e-3  # finite: injected tokens are left out
     assert (tmp_path / "checkpoint-2" / "COMPLETE").exists()
-    assert json.loads((tmp_path / "config.json").read_text())["gec"] == "full"
+    assert json.loads((tmp_path / "run_config.json").read_text())["flags"]["gec"] == "full"
 
 
 def test_force_r_with_entropy_grad_runs(tiny_random_dir, tmp_path):

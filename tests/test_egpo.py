@@ -200,7 +200,7 @@ def test_two_steps_log_the_extra_metrics(rollout_engine, tiny_random_dir, tmp_pa
         )
         assert r["train/loss"] > 0 and r["train/grad_norm"] > 0
     assert (tmp_path / "checkpoint-2" / "COMPLETE").exists()
-    assert json.loads((tmp_path / "config.json").read_text())["variant"] == "egpo"
+    assert json.loads((tmp_path / "run_config.json").read_text())["flags"]["variant"] == "egpo"
 
 
 def test_bad_flags_get_a_clear_message():

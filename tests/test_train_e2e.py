@@ -63,7 +63,7 @@ def test_two_steps_write_metrics_and_checkpoint(rollout, tiny_random_dir, tmp_pa
     assert rows[-1]["train/rollout_logp_gap"] < 1e-3  # the engine samples from the policy being trained
     ckpt = tmp_path / "checkpoint-2"
     assert (ckpt / "COMPLETE").exists() and (ckpt / "model" / "config.json").exists()
-    assert json.loads((tmp_path / "config.json").read_text())["rollout"] == rollout
+    assert json.loads((tmp_path / "run_config.json").read_text())["flags"]["rollout"] == rollout
 
 
 def test_bad_flags_get_a_clear_message(tmp_path):
