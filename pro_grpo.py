@@ -48,7 +48,7 @@ from common.evaluate import evaluate, load_benchmarks, write_results
 from common.health import NonFiniteGuard, SignalWatch
 from common.logprobs import masked_mean, sequence_logprobs
 from common.lowprob import low_prob_confidence, low_prob_mask
-from common.metrics import PhaseTimer, RunLogger
+from common.metrics import PhaseTimer, RunLogger, quiet_libraries
 from common.rewards import MathVerifier, compute_rewards, default_workers
 from common.rollout import check_context_length, make_engine, prompt_seeds, vllm_available
 from common.run_dir import check_run_dir, start_run_dir
@@ -311,6 +311,7 @@ def old_logprobs(model, batch, args, plan, ref_model=None):
 
 def main(args: Args) -> None:
     validate(args)
+    quiet_libraries()  # our progress bar and lines; library notices that need no action are filtered
     gpu = torch.cuda.is_available()
     accelerator = make_accelerator(
         "bf16" if gpu and args.precision != "fp32" else "no", args.grad_clip, args.micro_batch_size
@@ -391,6 +392,7 @@ def main(args: Args) -> None:
     if args.eval_steps and start_step == 0:  # step 0: the policy before training, every curve's starting point
         logger.log(0, reduce_metrics(accelerator, run_eval()[0]), advance=False)
 
+    metrics, saved = {}, None
     for step in range(start_step, total_steps):
         timer = PhaseTimer(sync=torch.cuda.synchronize if gpu else None)
         batch_rows = sampler.next_batch()
@@ -565,7 +567,7 @@ def main(args: Args) -> None:
         logger.log(step + 1, metrics)
         watch.update(step + 1, metrics["train/zero_adv_group_frac"], metrics["train/truncated_frac"])
         if (args.save_steps and (step + 1) % args.save_steps == 0) or step + 1 == total_steps:
-            save_checkpoint(
+            saved = save_checkpoint(
                 accelerator,
                 model,
                 tokenizer,
@@ -575,7 +577,7 @@ def main(args: Args) -> None:
                 args.keep_last,
             )
 
-    logger.close()
+    logger.close(metrics, saved)  # one closing line: the final figures and where the model is
     verifier.close()
 
 

@@ -1,12 +1,62 @@
-"""Per-step metrics: one JSON line per step in the run directory, a tqdm bar on the console."""
+"""What a run shows: one JSON line per step in the run directory, a tqdm bar and our own lines on the console.
+
+The libraries' notices that a user of these scripts cannot act on (vLLM's CPU
+build notes, a chat-template warm-up that cannot apply to an engine we feed token
+ids, accelerate's note on tied weights, progress bars under ours) are filtered;
+their warnings that call for action (a KV cache too small, a failed load) still show.
+"""
 
 import json
+import logging
 import math
+import os
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm import tqdm
+
+# Library log lines that need no action here: the reason each is expected is in the comment.
+BENIGN = (
+    "The global random seed is set to",  # vLLM: we seed it ourselves
+    "Enforce eager set",  # vLLM on CPU: we ask for eager mode (torch.compile's warm-up costs a minute)
+    "Inductor compilation was disabled",
+    "Triton is not installed",  # vLLM's CPU build
+    "Triton is installed, but doesn't include CPU backend",
+    "Reset SSM cache type",
+    "Model Runner V2 requires Triton",
+    "is not found in LD_PRELOAD",  # vLLM CPU performance tips (tcmalloc, iomp)
+    "CPU backend doesn't allow to use `torch.set_num_threads`",
+    "Chat template warmup failed",  # vLLM's engine gets token ids: it has no tokenizer to warm up
+    "Using None for EOS token id because tokenizer is not initialized",  # stop tokens are passed per request
+    "Removed shared tensor",  # accelerate: tied embeddings are saved once, as intended
+)
+
+
+class BenignFilter(logging.Filter):
+    """Drops BENIGN lines (also named by configs/vllm_logging.json, vLLM's logging config here)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(b in message for b in BENIGN)
+
+
+def quiet_libraries() -> None:
+    """Filter BENIGN lines from Python's last-resort handler (which prints for libraries that set up
+    none: accelerate, vLLM at import) and, through configs/vllm_logging.json, from vLLM's own handler
+    (set up when an engine starts); silence deprecation notices libraries raise about their own
+    dependencies; turn transformers' progress bars off. A user's VLLM_LOGGING_CONFIG_PATH wins."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message=".*torch.distributed.reduce_op.* is deprecated")
+    os.environ.setdefault(
+        "VLLM_LOGGING_CONFIG_PATH", str(Path(__file__).parent.parent / "configs" / "vllm_logging.json")
+    )
+    handler = logging.lastResort
+    if handler is not None and not any(isinstance(f, BenignFilter) for f in handler.filters):
+        handler.addFilter(BenignFilter())
 
 
 class RunLogger:
@@ -23,10 +73,6 @@ class RunLogger:
 
     def __init__(self, run_dir: str | Path, total_steps: int, enabled: bool = True, initial_step: int = 0):
         self.enabled = enabled
-        # One bar per run: transformers' own (weight loading, checkpoint shards) would interleave with it.
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
         if not enabled:
             return
         self.run_dir = Path(run_dir)
@@ -50,10 +96,18 @@ class RunLogger:
         if self.enabled:
             self.bar.write(line)
 
-    def close(self) -> None:
-        if self.enabled:
-            self.bar.close()
-            self.file.close()
+    def close(self, last: dict | None = None, model_dir=None) -> None:
+        """Close the log; with the last step's metrics, print one summary line (and where the model is)."""
+        if not self.enabled:
+            return
+        self.bar.close()
+        self.file.close()
+        figures = {k: (last or {}).get(k) for k in ("train/reward", "train/accuracy", "eval/overall/pass@1")}
+        shown = ", ".join(f"{k.split('/', 1)[1]} {v:.3f}" for k, v in figures.items() if isinstance(v, (int, float)))
+        where = f"; model: {Path(model_dir) / 'model'}" if model_dir else ""
+        print(
+            f"done: {self.run_dir / 'metrics.jsonl'}{' (last step: ' + shown + ')' if shown else ''}{where}", flush=True
+        )
 
 
 def _plain(v):

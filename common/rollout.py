@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from common.distributed import is_sharded
+from common.metrics import quiet_libraries
 
 
 @dataclass
@@ -189,11 +190,11 @@ class VLLMEngine:
                 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
             )
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no INFO lines on every weight sync
         if (
             not torch.cuda.is_available()
         ):  # vLLM's CPU KV cache (GiB): its default takes far more RAM than small runs need
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        quiet_libraries()  # before vLLM is imported: its log lines go through our filter
         from vllm import LLM
 
         # Every reload warns that RotaryEmbedding got no weights: its cos/sin cache
@@ -222,6 +223,7 @@ class VLLMEngine:
             # GPU: keep CUDA graphs (weights are reloaded in place, so they stay valid).
             enforce_eager=not torch.cuda.is_available(),
             logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes them
+            use_tqdm_on_load=False,  # one progress bar per run: ours
             **kwargs,
         )
         self.stop_token_ids = list(stop_token_ids)

@@ -135,3 +135,21 @@ def test_a_run_without_learning_signal_says_so(tiny_random_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "warning: step 2: for 2 steps every group's rewards were all equal" in proc.stderr + proc.stdout
     assert "--temperature" in proc.stderr + proc.stdout
+
+
+def test_a_successful_run_prints_our_lines_only(tiny_random_dir, tmp_path):
+    """Before: 41 lines around the progress bar, a 15-line vLLM traceback among them. Now the bar, and one
+    closing line saying where the model is; the one line left is torch's own C++ note when vLLM's CPU
+    build binds memory to a NUMA node (printed below Python, on CPU only)."""
+    rollout = "vllm" if vllm_available() else "hf"
+    proc = _run(
+        tmp_path, "--model", str(tiny_random_dir), "--rollout", rollout, "--steps", "2", "--prompts_per_step", "4"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in (proc.stdout + proc.stderr).replace("\r", "\n").splitlines() if line.strip()]
+    ours = [line for line in lines if line.startswith(f"{tmp_path.name}:") or line.startswith("done: ")]
+    other = [line for line in lines if line not in ours and "NUMA binding" not in line]
+    assert not other, "\n".join(other)
+    done = [line for line in ours if line.startswith("done: ")]
+    assert len(done) == 1 and done[0].startswith(f"done: {tmp_path / 'metrics.jsonl'} (last step: reward ")
+    assert done[0].endswith(f"model: {tmp_path / 'checkpoint-2' / 'model'}")
