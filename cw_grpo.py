@@ -29,7 +29,7 @@ from accelerate.utils import set_seed
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.batching import pack, pad_right, select
-from common.checkpoint import load_checkpoint, save_checkpoint
+from common.checkpoint import load_checkpoint, model_to_load, save_checkpoint
 from common.cli import arg, check_run_flags, clear_errors, parse_args, require
 from common.data import TEMPLATE_CHOICES, PromptSampler, load_prompts
 from common.distributed import (
@@ -49,7 +49,6 @@ from common.metrics import PhaseTimer, RunLogger, quiet_libraries
 from common.rewards import MathVerifier, compute_rewards, default_workers
 from common.rollout import check_context_length, make_engine, prompt_seeds, vllm_available
 from common.run_dir import check_run_dir, start_run_dir
-from common.tiny_model import ensure_tiny_model
 
 
 @dataclass
@@ -60,6 +59,9 @@ class Args:
     problem_field: str | None = arg(None, "dataset column holding the problem (default: known per dataset)")
     answer_field: str | None = arg(None, "dataset column holding the gold answer")
     solution_field: str | None = arg(None, "dataset column holding a reference solution")
+    bad_rows: str = arg(
+        "error", "rows without a problem or a usable answer: refuse the data, or drop them", ["error", "drop"]
+    )
     template: str = arg(
         "qwen_math", "prompt template; *_native: rendered by the model's own chat template", TEMPLATE_CHOICES
     )
@@ -295,7 +297,7 @@ def main(args: Args) -> None:
     check_run_dir(args.output_dir, asdict(args), args.resume, args.overwrite)  # before anything loads
     set_seed(args.seed + rank)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # master weights
-    model_path = str(ensure_tiny_model()) if args.model == "tiny" else args.model
+    model_path, _ = model_to_load(args.model)  # a run or checkpoint directory works too
 
     # Policy, optimiser, data.
     with clear_errors("--model"):

@@ -226,3 +226,42 @@ def _row_step(line: str) -> int | None:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
         return None  # a half-written last line from the kill
+
+
+def model_to_load(model: str) -> tuple[str, Path | None]:
+    """What `--model` names, as (a path or hub name to load, the training run it comes from or None).
+
+    "tiny" is the CPU demo model; a training run directory (metrics.jsonl + checkpoint-N/) means
+    its newest complete checkpoint; a checkpoint-N directory its model/ folder, once its manifest
+    checks out. A local-looking path that does not exist, or a directory that is not a model (no
+    config.json, no tokenizer files), stops with one line: a hub lookup would only retry, then
+    blame the network.
+    """
+    if model == "tiny":
+        from common.tiny_model import ensure_tiny_model
+
+        return str(ensure_tiny_model()), None
+    path = Path(model).expanduser()
+    if not path.exists():
+        if model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or model.endswith("/"):
+            raise SystemExit(f"error: --model: {model} does not exist (a local path; hub names look like org/name)")
+        return model, None  # a hub name
+    if (path / "metrics.jsonl").is_file():  # a training run
+        done = [c for c in list_checkpoints(path) if (c / "COMPLETE").exists()]
+        if not done:
+            raise SystemExit(f"error: --model: run directory {path} has no complete checkpoint-N/")
+        path = done[0]
+    if path.name.startswith("checkpoint-") and (path / "model").is_dir():
+        if problem := manifest_problem(path):
+            raise SystemExit(f"error: --model: checkpoint {path} is damaged: {problem}; use an earlier checkpoint")
+        path = path / "model"
+    if not (path / "config.json").is_file():
+        raise SystemExit(f"error: --model: {path} has no config.json: not a model, a checkpoint-N or a run directory")
+    if not any(
+        (path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    ):
+        raise SystemExit(
+            f"error: --model: {path} has no tokenizer files (tokenizer.json, tokenizer_config.json); copy them from the base model"
+        )
+    run = path.parent.parent if path.name == "model" and path.parent.name.startswith("checkpoint-") else None
+    return str(path), run if run is not None and (run / "metrics.jsonl").is_file() else None

@@ -247,7 +247,17 @@ def _as_text(value: Any) -> str:
     if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
         user = [m for m in value if m.get("role") == "user"] or list(value)
         return str(user[-1].get("content", ""))
+    if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], (str, int, float)):
+        value = value[0]
     return str(value).strip()
+
+
+def _is_answer(value: Any) -> bool:
+    """A gold answer is a string or a number; a one-item list of one is that item (some datasets
+    wrap answers in lists). Booleans, dicts and longer lists would be stringified into nonsense."""
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool) and bool(str(value).strip())
 
 
 def _looks_like_path(source: str) -> bool:
@@ -329,8 +339,11 @@ def iter_math_dataset(
     limit: int | None = None,
     preset: str | None = None,
     config: str | None = None,
+    strict: bool = False,
 ) -> Iterator[dict]:
-    """Stream `{"problem", "answer", "solution"}` rows; see `load_math_dataset`."""
+    """Stream `{"problem", "answer", "solution"}` rows; see `load_math_dataset`. `strict`: an answer
+    that is not a string or a number (missing, empty, a bool, a dict, a list of several) becomes
+    None instead of its text, for the caller to count and refuse or drop."""
     if source == SYNTHETIC_NAME:
         if split == "train":
             rows = synthetic_arithmetic(
@@ -383,7 +396,8 @@ def iter_math_dataset(
         if fmap.problem_transform is not None and not problem_field:
             problem = fmap.problem_transform(problem)
         solution = _as_text(row["solution"]) or None
-        yield {"problem": problem, "answer": _as_text(row["answer"]), "solution": solution}
+        answer = _as_text(row["answer"]) if not strict or _is_answer(row["answer"]) else None
+        yield {"problem": problem, "answer": answer or (None if strict else ""), "solution": solution}
         count += 1
 
 
@@ -421,17 +435,36 @@ def load_prompts(args, tokenizer, say=print) -> tuple[list[dict], bool]:
     """The rows of `--dataset` (with `--problem_field` / `--answer_field` / `--solution_field`),
     each with its prompt rendered by `--template` and tokenised ("prompt_ids"), the ones longer
     than `--max_prompt_len` dropped and counted; and whether the prompt opens the <think> block.
+
+    A row without a problem or a usable answer (missing, empty, not a string or a number) would
+    train at reward 0: `--bad_rows error` refuses the data, naming how many and the first;
+    `--bad_rows drop` drops them with a count. Repeated problems are counted, and kept.
     A problem stops the run with one line naming the flag."""
     from common.cli import clear_errors, require
 
     with clear_errors("--dataset"):
-        rows = load_math_dataset(
-            args.dataset,
-            problem_field=args.problem_field,
-            answer_field=args.answer_field,
-            solution_field=args.solution_field,
-        )
+        rows = list(
+            iter_math_dataset(
+                args.dataset, problem_field=args.problem_field, answer_field=args.answer_field,
+                solution_field=args.solution_field, strict=True,
+            )
+        )  # fmt: skip
     require(rows, f"--dataset: {args.dataset} has no rows")
+    bad = [i for i, r in enumerate(rows) if not r["problem"].strip() or r["answer"] is None]
+    if bad:
+        first = rows[bad[0]]
+        what = f"{len(bad)} of {len(rows)} rows have no problem or no usable gold answer (row {bad[0]}: answer {first['answer']!r}, problem {first['problem'][:60]!r})"
+        require(
+            args.bad_rows == "drop",
+            f"--dataset: {what}; fix the data, name the fields (--answer_field), or --bad_rows drop",
+        )
+        say(f"dropped {what}")
+        dropped = set(bad)
+        rows = [r for i, r in enumerate(rows) if i not in dropped]
+        require(rows, f"--dataset: no usable row left in {args.dataset}")
+    repeated = len(rows) - len({r["problem"] for r in rows})
+    if repeated:
+        say(f"note: {repeated} of {len(rows)} problems in --dataset repeat an earlier one (kept)")
     with clear_errors("--template"):
         for r in rows:
             r["prompt_ids"] = tokenizer(

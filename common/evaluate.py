@@ -506,37 +506,22 @@ class Args:
 
 
 def resolve_model(model: str) -> tuple[str, Path]:
-    """(model path to load, default output directory) for --model.
+    """(model path to load, default output directory) for --model (`common.checkpoint.model_to_load`).
 
-    A training run directory (metrics.jsonl + checkpoint-N/) means its newest
-    complete checkpoint; a checkpoint-N directory means its model/ folder. Their
-    results go to the run directory, next to metrics.jsonl, where `common.plot`
-    looks. Anything else (a model directory, a hub name) goes to runs/eval/<name>.
+    A model from a training run (the run directory, or one of its checkpoints) has its results
+    written to the run directory, next to metrics.jsonl, where `common.plot` looks; anything
+    else (a model directory, a hub name) to runs/eval/<name>.
     """
+    from common.checkpoint import model_to_load
+
+    path, run = model_to_load(model)
+    if run is not None:
+        return path, run
     if model == "tiny":
-        from common.tiny_model import ensure_tiny_model
-
-        return str(ensure_tiny_model()), Path("runs/eval/tiny")
-    path = Path(model)
-    if (path / "metrics.jsonl").is_file():  # a training run (its config.json holds the run's flags, not a model's)
-        from common.checkpoint import list_checkpoints
-
-        done = [c for c in list_checkpoints(path) if (c / "COMPLETE").exists()]
-        if not done:
-            raise SystemExit(f"error: run directory {path} has no complete checkpoint-N/ to evaluate")
-        path = done[0]
-    if path.name.startswith("checkpoint-") and (path / "model" / "config.json").exists():
-        from common.checkpoint import manifest_problem
-
-        if problem := manifest_problem(path):
-            raise SystemExit(f"error: --model: checkpoint {path} is damaged: {problem}; evaluate an earlier checkpoint")
-        path = path / "model"
-    run = path.parent.parent if path.name == "model" and path.parent.name.startswith("checkpoint-") else None
-    if run is not None and (run / "metrics.jsonl").is_file():
-        return str(path), run
-    if path.exists():
-        return str(path), Path("runs") / "eval" / path.resolve().name
-    return model, Path("runs") / "eval" / model.replace("/", "__")  # a hub name
+        return path, Path("runs/eval/tiny")
+    if Path(path).exists():
+        return path, Path("runs") / "eval" / Path(path).resolve().name
+    return path, Path("runs") / "eval" / model.replace("/", "__")  # a hub name
 
 
 def _make_engine(args: Args, model_path: str, tokenizer, max_prompt_tokens: int):

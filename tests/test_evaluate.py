@@ -405,6 +405,7 @@ def test_resolve_model_finds_the_checkpoint_and_the_run_dir(tmp_path):
     for step, complete in ((2, True), (4, True), (6, False)):  # checkpoint-6 is half-written
         (run / f"checkpoint-{step}" / "model").mkdir(parents=True)
         (run / f"checkpoint-{step}" / "model" / "config.json").write_text("{}")
+        (run / f"checkpoint-{step}" / "model" / "tokenizer_config.json").write_text("{}")
         if complete:
             write_manifest(run / f"checkpoint-{step}")
             (run / f"checkpoint-{step}" / "COMPLETE").write_text("ok\n")
@@ -416,6 +417,12 @@ def test_resolve_model_finds_the_checkpoint_and_the_run_dir(tmp_path):
     assert ev.resolve_model(model4) == (model4, run)
     plain = tmp_path / "my-model"
     plain.mkdir()
+    with pytest.raises(SystemExit, match="has no config.json"):
+        ev.resolve_model(str(plain))
+    (plain / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="has no tokenizer files"):
+        ev.resolve_model(str(plain))
+    (plain / "tokenizer.json").write_text("{}")
     assert ev.resolve_model(str(plain)) == (str(plain), Path("runs/eval/my-model"))
     assert ev.resolve_model("Qwen/Qwen2.5-Math-7B") == ("Qwen/Qwen2.5-Math-7B", Path("runs/eval/Qwen__Qwen2.5-Math-7B"))
     empty_run = tmp_path / "empty_run"
@@ -423,6 +430,8 @@ def test_resolve_model_finds_the_checkpoint_and_the_run_dir(tmp_path):
     (empty_run / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(SystemExit, match="no complete checkpoint"):
         ev.resolve_model(str(empty_run))
+    with pytest.raises(SystemExit, match="does not exist .* hub names look like org/name"):
+        ev.resolve_model(str(tmp_path / "typo" / "model"))
 
 
 def test_each_problem_samples_under_its_own_seed(tiny_random_model):

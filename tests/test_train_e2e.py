@@ -83,7 +83,22 @@ def test_bad_flags_get_a_clear_message(tmp_path):
     [
         ({"dataset": "no/such/file.jsonl"}, "--dataset"),
         ({"dataset": "DATA_WITHOUT_ANSWERS"}, "--answer_field"),
-        ({"model": "no/such/model-dir"}, "--model"),
+        ({"model": "no/such/model-dir"}, "--model: no/such/model-dir does not exist"),
+        ({"model": "MODEL_WITHOUT_TOKENIZER"}, "--model: .* has no tokenizer files"),
+        ({"dataset": "ROWS:[]"}, "--dataset: .* has no rows"),
+        (
+            {"dataset": 'ROWS:[{"problem": "1 + 1?", "answer": "2"}, {"problem": "2 + 2?", "answer": null}]'},
+            r"--dataset: 1 of 2 rows have no problem or no usable gold answer \(row 1",
+        ),
+        (
+            {"dataset": 'ROWS:[{"problem": "1 + 1?", "answer": {"value": 2}}]'},
+            "--dataset: 1 of 1 rows .* --bad_rows drop",
+        ),
+        (
+            {"dataset": 'ROWS:[{"problem": "1 + 1?", "answer": true}]', "bad_rows": "drop"},
+            "--dataset: no usable row left",
+        ),
+        ({"max_prompt_len": 1}, "--max_prompt_len: all 100 prompts are longer than 1 tokens"),
         ({"rewards": "accuracy,lenght"}, "--rewards: unknown term"),
         ({"eval_steps": 1, "eval_benchmarks": "nosuchbench"}, "--eval_benchmarks"),
     ],
@@ -94,6 +109,15 @@ def test_bad_inputs_stop_with_a_message_naming_the_flag(flags, message, tiny_ran
     if flags.get("dataset") == "DATA_WITHOUT_ANSWERS":
         flags["dataset"] = str(tmp_path / "q.jsonl")
         (tmp_path / "q.jsonl").write_text(json.dumps({"problem": "1 + 1?", "result": "2"}) + "\n")
+    if flags.get("dataset", "").startswith("ROWS:"):  # a data file with these rows
+        rows = json.loads(flags["dataset"][5:])
+        (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        flags["dataset"] = str(tmp_path / "rows.jsonl")
+    if flags.get("model") == "MODEL_WITHOUT_TOKENIZER":
+        import shutil
+
+        shutil.copytree(tiny_random_dir, tmp_path / "model", ignore=shutil.ignore_patterns("tokenizer*"))
+        flags["model"] = str(tmp_path / "model")
     args = grpo_base.Args(
         **{"model": str(tiny_random_dir), "rollout": "hf", "output_dir": str(tmp_path / "run"), **flags}
     )
