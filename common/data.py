@@ -30,7 +30,7 @@ from typing import Any
 
 QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 
-# The R1-Zero style instruction of Open-RS, used by CW-GRPO (paper 003, App. B).
+# The R1-Zero style instruction of Open-RS, used by CW-GRPO (arXiv 2605.11538, App. B).
 # The prompt stops at the assistant turn: the model writes <think> itself, so
 # the format reward checks tags the policy produced.
 R1_SYSTEM = (

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from common.cli import arg, parse_args
+from common.cli import arg, parse_args, require
 from common.data import (
     SYNTHETIC_EVAL_PATH,
     SYNTHETIC_EVAL_SIZE,
@@ -490,7 +490,7 @@ class Args:
     rollout: str = arg("vllm" if importlib.util.find_spec("vllm") else "hf", "generation backend", ["vllm", "hf"])
     dtype: str = arg(
         "auto",
-        "model dtype: auto = the checkpoint's (vLLM) / bfloat16 on GPU, float32 on CPU (HF)",
+        "model dtype: auto = bfloat16 on GPU, float32 on CPU (both backends)",
         ["auto", "bfloat16", "float16", "float32"],
     )
     seed: int = arg(0, "sampling seed")
@@ -545,7 +545,7 @@ def _make_engine(args: Args, model_path: str, tokenizer, max_prompt_tokens: int)
             stop_ids,
             max_model_len=max_model_len,
             seed=args.seed,
-            dtype=args.dtype,
+            dtype={"auto": "bfloat16" if torch.cuda.is_available() else "float32"}.get(args.dtype, args.dtype),
             gpu_memory_utilization=args.gpu_memory_utilization,
         ), max_model_len
     cuda = torch.cuda.is_available()
@@ -560,8 +560,24 @@ def _make_engine(args: Args, model_path: str, tokenizer, max_prompt_tokens: int)
     return HFEngine(model, stop_ids, pad, batch_size=args.batch_size), None
 
 
+def validate(args: Args) -> list[int] | None:
+    """One line per bad flag, before any model loads; returns the parsed --k."""
+    require(args.n >= 1, f"--n must be >= 1 (got {args.n}): samples per problem")
+    require(args.max_tokens >= 1, f"--max_tokens must be >= 1 (got {args.max_tokens})")
+    require(args.temperature >= 0 and 0 < args.top_p <= 1, "--temperature must be >= 0 and --top_p in (0, 1]")
+    require(args.limit is None or args.limit >= 1, f"--limit must be >= 1 (got {args.limit})")
+    if not args.k:
+        return None
+    try:
+        ks = [int(k) for k in args.k.split(",")]
+    except ValueError:
+        raise SystemExit(f"error: --k must be comma-separated whole numbers such as 1,4,8 (got {args.k!r})") from None
+    require(all(k >= 1 for k in ks), f"--k values must be >= 1 (got {args.k})")
+    return ks
+
+
 def main(args: Args) -> None:
-    ks = [int(k) for k in args.k.split(",")] if args.k else None
+    ks = validate(args)
     if ks and max(ks) > args.n and not args.rescore:
         print(f"note: pass@k needs k <= n; k > --n {args.n} is skipped")
 

@@ -1,4 +1,4 @@
-"""DeepScaleR-Hard-1K (EDGE-GRPO, paper 000): the problems a model answers least often.
+"""DeepScaleR-Hard-1K (EDGE-GRPO, arXiv 2507.21848): the problems a model answers least often.
 
 The paper has Qwen2.5-Math-7B answer each DeepScaleR problem that has a boxed reference
 solution 8 times and keeps the 1K problems with the lowest accuracy (~80% of them never

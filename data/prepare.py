@@ -10,23 +10,23 @@
 copy (.jsonl / .json / .parquet, or a directory of them): the hub dataset's
 field mapping is applied to it (override with --problem_field etc.).
 
-- edge (EDGE-GRPO, paper 000): DeepScaleR rows whose reference solution puts
+- edge (EDGE-GRPO, arXiv 2507.21848): DeepScaleR rows whose reference solution puts
   its final answer in \\boxed{}, then a seeded random 1K = DeepScaleR-Random-1K.
   The paper's second set, DeepScaleR-Hard-1K (the 1K questions Qwen2.5-Math-7B
   answers least often in 8 samples), needs a model to build and is made by a
   separate command, not by this data-only script.
-- egpo (EGPO, paper 002): OpenR1-Math-220k rows with a single-value, non-empty
+- egpo (EGPO, arXiv 2602.22751): OpenR1-Math-220k rows with a single-value, non-empty
   answer (`is_single_value_answer`), exact duplicates removed, and prompts of at
   most 1024 tokens once rendered with the training template. The paper's
   MinHash near-duplicate removal, test-set decontamination, boxed-match check
   and difficulty-bucket sampling to a 10K pool are not reproduced; `--n 10000`
   draws a uniform seeded 10K.
-- cw (CW-GRPO, paper 003): Open-RS as is (7,000 rows), minus rows without answer.
-- pro (Pro-GRPO, paper 004): DAPO-Math-17k with the "Answer:"-format
+- cw (CW-GRPO, arXiv 2605.11538): Open-RS as is (7,000 rows), minus rows without answer.
+- pro (Pro-GRPO, arXiv 2602.05281): DAPO-Math-17k with the "Answer:"-format
   instruction wrapper stripped from the prompt and the ~100x repeated problems
   deduplicated (~17K left).
-- synthetic: the generated arithmetic task (no download), excluding the
-  problems of the shipped evaluation set data/synthetic_arith_eval.jsonl.
+- synthetic: generated arithmetic problems (no download; operands up to 99 by
+  default), none of them among the shipped evaluation set data/synthetic_arith_eval.jsonl.
 
 Every step prints its row counts before and after.
 """
@@ -37,17 +37,17 @@ import argparse
 import random
 import re
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from common.cli import clear_errors
 from common.data import (
-    SYNTHETIC_MAX_OPERAND,
-    SYNTHETIC_TRAIN_SIZE,
     TEMPLATE_CHOICES,
     format_prompt,
     iter_math_dataset,
     strip_dapo_instruction,
     synthetic_arithmetic,
+    synthetic_eval_set,
     write_jsonl,
 )
 
@@ -226,12 +226,14 @@ def prepare_pro(rows: Iterable[dict]) -> list[dict]:
     return _complete(_dedup(unwrapped(), "deduplicate repeated problems"))
 
 
-def prepare_synthetic(
-    n: int = SYNTHETIC_TRAIN_SIZE, seed: int = 42, max_operand: int = SYNTHETIC_MAX_OPERAND, ops: str = "+"
-) -> list[dict]:
-    """A synthetic arithmetic training set (e.g. a harder one: `--max_operand 99 --ops +-`)."""
-    rows = synthetic_arithmetic(n, seed, max_operand, ops)
-    print(f"synthetic: {len(rows)} problems (ops {ops!r}, operands 0..{max_operand})")
+def prepare_synthetic(n: int = 5000, seed: int = 42, max_operand: int = 99, ops: str = "+") -> list[dict]:
+    """A synthetic arithmetic training set that holds none of the evaluation problems
+    (data/synthetic_arith_eval.jsonl), e.g. a harder one: `--max_operand 99 --ops +-`."""
+    held_out = [r["problem"] for r in synthetic_eval_set()]
+    rows = synthetic_arithmetic(n, seed, max_operand, ops, exclude=held_out)
+    print(
+        f"synthetic: {len(rows)} problems (ops {ops!r}, operands 0..{max_operand}), none of the {len(held_out)} eval problems"
+    )
     return rows
 
 
@@ -261,19 +263,17 @@ def main(argv: list[str] | None = None) -> None:
         "--n",
         type=int,
         default=None,
-        help="rows to sample at the end (edge: 1000, synthetic: all non-eval problems, others: keep all)",
+        help="rows to sample at the end (edge: 1000, synthetic: 5000, others: keep all)",
     )
     p.add_argument("--tokenizer", default=None, help="egpo: tokenizer that counts prompt tokens")
     p.add_argument("--template", default="qwen_math", choices=TEMPLATE_CHOICES, help="egpo: prompt template")
     p.add_argument("--max_prompt_tokens", type=int, default=1024, help="egpo: prompt length limit")
-    p.add_argument(
-        "--max_operand", type=int, default=SYNTHETIC_MAX_OPERAND, help="synthetic: operands in [0, max_operand]"
-    )
+    p.add_argument("--max_operand", type=int, default=99, help="synthetic: operands in [0, max_operand]")
     p.add_argument("--ops", default="+", help="synthetic: operators among + - *, e.g. '+-'")
     args = p.parse_args(argv)
 
     if args.dataset == "synthetic":
-        rows = prepare_synthetic(args.n or SYNTHETIC_TRAIN_SIZE, args.seed, args.max_operand, args.ops)
+        rows = prepare_synthetic(args.n or 5000, args.seed, args.max_operand, args.ops)
     else:
         preset = DEFAULT_SOURCES[args.dataset]
         source = args.source or preset
@@ -301,6 +301,11 @@ def main(argv: list[str] | None = None) -> None:
         else:
             rows = prepare_pro(stream())
     n = write_jsonl(rows, args.output)
+    if n == 0:  # an empty or fully filtered source: say so rather than leave an empty training set
+        Path(args.output).unlink(missing_ok=True)
+        raise SystemExit(
+            f"error: no rows left to write from {args.source or args.dataset}: check --source and the field flags"
+        )
     print(f"wrote {n} rows to {args.output}")
 
 

@@ -488,3 +488,24 @@ def test_native_template_without_a_chat_template_is_refused(tiny_random_model):
         format_prompt("What is 2 + 2?", "r1_native", tiny_random_model[1])
     with pytest.raises(ValueError, match="needs|has none"):
         format_prompt("What is 2 + 2?", "r1_native")
+
+
+def test_prepared_synthetic_training_set_holds_no_evaluation_problem(tmp_path):
+    """The docs promise it; before, `prepare synthetic` wrote the 100 evaluation sums themselves."""
+    from data.prepare import main as prepare
+
+    out = tmp_path / "train.jsonl"
+    prepare(["synthetic", "--output", str(out), "--n", "2000"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2000
+    assert not {r["problem"] for r in rows} & {r["problem"] for r in synthetic_eval_set()}
+
+
+def test_prepare_refuses_to_write_an_empty_training_set(tmp_path):
+    from data.prepare import main as prepare
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(SystemExit, match="no rows left to write"):
+        prepare(["cw", "--source", str(empty), "--output", str(tmp_path / "out.jsonl")])
+    assert not (tmp_path / "out.jsonl").exists()

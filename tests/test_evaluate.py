@@ -445,3 +445,16 @@ def test_each_problem_samples_under_its_own_seed(tiny_random_model):
     rows = [{"problem": "What is 3 + 4?", "answer": "7"}] * 2
     _, records = evaluate(engine, tok, {"twins": rows}, "qwen_math", n=4, temperature=1.0, max_tokens=12, seed=0)
     assert records[0]["completions"] != records[1]["completions"]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"n": 0}, "--n must be >= 1"),
+        ({"k": "abc"}, "--k must be comma-separated whole numbers"),
+        ({"top_p": 1.5}, "--top_p in"),
+    ],
+)
+def test_bad_evaluation_flags_are_one_line_errors(flags, message):
+    with pytest.raises(SystemExit, match=message):
+        ev.validate(ev.Args(**flags))
