@@ -87,6 +87,9 @@ class Args:
         3,
         "stop the run after this many optimiser steps in a row with a NaN/inf loss or grad norm (each is skipped; 0: never stop)",
     )
+    log_samples: int = arg(
+        4, "completions of each step written to samples.jsonl (prompt, completion, reward, advantage)"
+    )
     warn_flat_steps: int = arg(
         10, "warn when every group's rewards have been equal for this many steps in a row (0: never)"
     )
@@ -641,6 +644,18 @@ def main(args: Args) -> None:
         metrics = reduce_metrics(accelerator, {k: float(v) for k, v in metrics.items()})
         metrics["train/epoch"] = sampler.epoch
         logger.log(step + 1, metrics)
+        logger.log_samples(
+            step + 1,
+            [  # the first group's first completions, to read what the policy writes
+                {
+                    "problem": rollout_rows[i]["problem"],
+                    "completion": texts[i],
+                    "reward": rewards[i],
+                    "advantage": advantages[i].mean(),
+                }
+                for i in range(min(args.log_samples, n))
+            ],
+        )
         watch.update(step + 1, metrics["train/zero_adv_group_frac"], metrics["train/truncated_frac"])
         if (args.save_steps and (step + 1) % args.save_steps == 0) or step + 1 == total_steps:
             saved = save_checkpoint(

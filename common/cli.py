@@ -23,9 +23,13 @@ def parse_args(cls, argv: list[str] | None = None, description: str | None = Non
     """Parse `--field value` flags into an instance of dataclass `cls`.
 
     Bools accept `--flag` (true) or `--flag false`; `X | None` fields accept `none`.
+    `--config FILE.yaml` (a recipe: field: value per line) sets flags, and flags given on
+    the command line override it; an unknown or ill-typed key stops with one line.
     """
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=None, help="YAML file of flags (recipes/); command-line flags override it")
     hints = typing.get_type_hints(cls)
+    converters, choices = {}, {}
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
         optional = type(None) in typing.get_args(kind)
@@ -34,16 +38,48 @@ def parse_args(cls, argv: list[str] | None = None, description: str | None = Non
         convert = _bool if kind is bool else kind
         if optional:
             convert = (lambda c: lambda s: None if s.lower() == "none" else c(s))(convert)
+        converters[f.name], choices[f.name] = convert, f.metadata.get("choices")
         extra = {"nargs": "?", "const": True} if kind is bool else {}
         parser.add_argument(
             f"--{f.name}",
             type=convert,
             default=f.default,
-            choices=f.metadata.get("choices"),
+            choices=choices[f.name],
             help=f"{f.metadata.get('help', '')} (default: {f.default})",
             **extra,
         )
-    return cls(**vars(parser.parse_args(argv)))
+    config = argparse.ArgumentParser(add_help=False)
+    config.add_argument("--config", default=None)
+    path = config.parse_known_args(argv)[0].config
+    if path:
+        parser.set_defaults(**_recipe(path, converters, choices))
+    values = vars(parser.parse_args(argv))
+    values.pop("config")
+    return cls(**values)
+
+
+def _recipe(path: str, converters: dict, choices: dict) -> dict:
+    """A recipe's flags, each converted and checked as its command-line flag would be."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(open(path, encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise SystemExit(f"error: --config: cannot read {path} ({type(e).__name__}: {e})") from None
+    if not isinstance(raw, dict):
+        raise SystemExit(f"error: --config: {path} must map flag names to values")
+    unknown = sorted(set(raw) - set(converters))
+    if unknown:
+        raise SystemExit(f"error: --config: {path} sets unknown flag(s) {unknown}; see --help")
+    values = {}
+    for key, value in raw.items():
+        try:
+            values[key] = value if value is None else converters[key](value if isinstance(value, str) else str(value))
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
+            raise SystemExit(f"error: --config: {path}: {key}: {e}") from None
+        if choices[key] and values[key] not in choices[key]:
+            raise SystemExit(f"error: --config: {path}: {key} must be one of {choices[key]} (got {value!r})")
+    return values
 
 
 def require(condition: bool, message: str) -> None:
@@ -71,8 +107,8 @@ def check_run_flags(args) -> None:
         "--prompts_per_step, --max_completion_len and --micro_batch_size must be >= 1",
     )
     require(
-        args.max_tokens_per_micro_batch >= 0 and args.max_nonfinite_steps >= 0 and args.warn_flat_steps >= 0,
-        "--max_tokens_per_micro_batch, --max_nonfinite_steps and --warn_flat_steps must be >= 0",
+        min(args.max_tokens_per_micro_batch, args.max_nonfinite_steps, args.warn_flat_steps, args.log_samples) >= 0,
+        "--max_tokens_per_micro_batch, --max_nonfinite_steps, --warn_flat_steps and --log_samples must be >= 0",
     )
     require(
         args.verifier_workers >= 0 and args.verifier_memory_mb >= 0 and args.reward_time_budget_s >= 0,

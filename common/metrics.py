@@ -96,6 +96,14 @@ class RunLogger:
         if self.enabled:
             self.bar.write(line)
 
+    def log_samples(self, step: int, samples: list[dict]) -> None:
+        """A few of the step's completions (prompt, completion, reward, advantage) in samples.jsonl."""
+        if not self.enabled or not samples:
+            return
+        with open(self.run_dir / "samples.jsonl", "a") as f:
+            for sample in samples:
+                f.write(json.dumps({"step": step, **{k: _plain(v) for k, v in sample.items()}}) + "\n")
+
     def close(self, last: dict | None = None, model_dir=None) -> None:
         """Close the log; with the last step's metrics, print one summary line (and where the model is)."""
         if not self.enabled:

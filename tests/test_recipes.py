@@ -1,0 +1,46 @@
+"""recipes/: every paper setting the README gives is a recipe, and each one parses and validates."""
+
+import importlib
+import re
+
+import pytest
+from train_utils import ROOT
+
+from common.cli import parse_args
+from common.data import TEMPLATE_CHOICES
+
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+README_COMMANDS = re.findall(
+    r"accelerate launch [^\n]*? (\w+)\.py \\\n\s+--config (recipes/\S+\.yaml)", (ROOT / "README.md").read_text()
+)
+
+
+def test_every_readme_paper_command_is_a_recipe():
+    scripts = {script for script, _ in README_COMMANDS}
+    assert scripts == {"grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo"}, README_COMMANDS
+    assert {ROOT / path for _, path in README_COMMANDS} == set(RECIPES)
+
+
+@pytest.mark.parametrize(("script", "recipe"), README_COMMANDS)
+def test_recipe_parses_into_its_script_flags_and_validates(script, recipe):
+    module = importlib.import_module(script)
+    args = parse_args(module.Args, ["--config", str(ROOT / recipe)])
+    module.validate(args)
+    assert args.lr == 1e-6 and args.model != "tiny" and args.template in TEMPLATE_CHOICES
+    assert args.max_tokens_per_micro_batch > 0 and args.gradient_checkpointing
+    override = parse_args(module.Args, ["--config", str(ROOT / recipe), "--lr", "2e-6"])
+    assert override.lr == 2e-6  # the command line wins
+
+
+def test_a_bad_recipe_is_a_one_line_error(tmp_path):
+    import grpo_base
+
+    for text, message in [
+        ("lr: 1.0e-6\nlearning_rate: 3\n", r"unknown flag\(s\) \['learning_rate'\]"),
+        ("template: chatty\n", "template must be one of"),
+        ("steps: many\n", "steps: invalid literal"),
+        ("- lr\n", "must map flag names to values"),
+    ]:
+        (tmp_path / "r.yaml").write_text(text)
+        with pytest.raises(SystemExit, match=message):
+            parse_args(grpo_base.Args, ["--config", str(tmp_path / "r.yaml")])
