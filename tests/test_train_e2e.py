@@ -1,6 +1,7 @@
 """grpo_base.py end to end: the real CLI with each rollout backend, and learning on the synthetic task."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -127,8 +128,10 @@ def test_bad_inputs_stop_with_a_message_naming_the_flag(flags, message, tiny_ran
 
 
 def _run(tmp_path, *flags):
+    """grpo_base.py as a user starts it: in a shell without the variables vLLM sets inside this test process."""
     cmd = [sys.executable, str(ROOT / "grpo_base.py"), "--output_dir", str(tmp_path), "--rollout", "hf", *flags]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_DIST")}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_a_diverging_run_is_stopped_and_its_checkpoints_stay_finite(tmp_path):
