@@ -397,7 +397,7 @@ def main(args: Args) -> None:
     if args.eval_steps and start_step == 0:  # step 0: the policy before training, every curve's starting point
         logger.log(0, reduce_metrics(accelerator, run_eval()[0]), advance=False)
 
-    metrics, saved = {}, None
+    metrics = {}
     for step in range(start_step, total_steps):
         timer = PhaseTimer(sync=torch.cuda.synchronize if gpu else None)
         batch_rows = sampler.next_batch()
@@ -584,7 +584,7 @@ def main(args: Args) -> None:
         )
         watch.update(step + 1, metrics["train/zero_adv_group_frac"], metrics["train/truncated_frac"])
         if (args.save_steps and (step + 1) % args.save_steps == 0) or step + 1 == total_steps:
-            saved = save_checkpoint(
+            save_checkpoint(
                 accelerator,
                 model,
                 tokenizer,
@@ -592,9 +592,10 @@ def main(args: Args) -> None:
                 step + 1,
                 {"sampler": sampler.state_dict()},
                 args.keep_last,
+                export=step + 1 == total_steps,  # the final model at the run's root: output_dir/model
             )
 
-    logger.close(metrics, saved)  # one closing line: the final figures and where the model is
+    logger.close(metrics)  # one closing line: the final figures and where the model is
     verifier.close()
 
 

@@ -43,8 +43,11 @@ def save_checkpoint(
     step: int,
     trainer_state: dict,
     keep_last: int = 0,
+    export: bool = False,
 ) -> Path | None:
-    """Save everything needed to resume after `step` (None: not saved, the weights are not finite); keep only the newest `keep_last` complete ones (0: all).
+    """Save everything needed to resume after `step` (None: not saved, the weights are not finite);
+    keep only the newest `keep_last` complete ones (0: all). `export`: also make the HF model of
+    this checkpoint the run's model, `output_dir/model` (the last run's end: `export_model`).
 
     Every rank must call it (the states are sharded, the HF weights gathered).
     """
@@ -79,8 +82,26 @@ def save_checkpoint(
             complete = [p for p in list_checkpoints(output_dir) if checkpoint_problem(p) is None]
             for old in complete[keep_last:]:
                 shutil.rmtree(old, ignore_errors=True)
+        if export:
+            export_model(final / "model", output_dir / "model")
     accelerator.wait_for_everyone()
     return final
+
+
+def export_model(source: Path, target: Path) -> None:
+    """`target` becomes a copy of the HF model directory `source` (transformers and vLLM load it), made
+    of hard links where the filesystem has them: no second copy of the weights on disk, and it
+    outlives the checkpoint when `--keep_last` deletes that. Replaced whole, never half written."""
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for f in source.iterdir():
+        try:
+            os.link(f, tmp / f.name)
+        except OSError:  # no hard links here (another device, some network filesystems)
+            shutil.copy2(f, tmp / f.name)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
 
 
 def weights_are_finite(accelerator: Accelerator, model: torch.nn.Module) -> bool:

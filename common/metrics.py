@@ -104,15 +104,15 @@ class RunLogger:
             for sample in samples:
                 f.write(json.dumps({"step": step, **{k: _plain(v) for k, v in sample.items()}}) + "\n")
 
-    def close(self, last: dict | None = None, model_dir=None) -> None:
-        """Close the log; with the last step's metrics, print one summary line (and where the model is)."""
+    def close(self, last: dict | None = None) -> None:
+        """Close the log; print one summary line: the last step's figures and where the final model is."""
         if not self.enabled:
             return
         self.bar.close()
         self.file.close()
         figures = {k: (last or {}).get(k) for k in ("train/reward", "train/accuracy", "eval/overall/pass@1")}
         shown = ", ".join(f"{k.split('/', 1)[1]} {v:.3f}" for k, v in figures.items() if isinstance(v, (int, float)))
-        where = f"; model: {Path(model_dir) / 'model'}" if model_dir else ""
+        where = f"; model: {self.run_dir / 'model'}" if (self.run_dir / "model").is_dir() else ""
         print(
             f"done: {self.run_dir / 'metrics.jsonl'}{' (last step: ' + shown + ')' if shown else ''}{where}", flush=True
         )

@@ -2,8 +2,9 @@
 
     output_dir/
         run_config.json   {"flags": the run's flags, "history": one entry per start and resume}
-        metrics.jsonl     one row per step (common/metrics.py)
+        metrics.jsonl     one row per step; samples.jsonl: a few completions per step (common/metrics.py)
         checkpoint-<N>/   common/checkpoint.py
+        model/            the final model, HF format (transformers and vLLM load it)
 
 A fresh run refuses a directory that already holds a run (it would interleave two
 runs' metrics, and `--keep_last` would count the old run's checkpoints as the
@@ -32,11 +33,8 @@ RESUMABLE = {
 
 
 def _holds_a_run(path: Path) -> list[str]:
-    return sorted(
-        p.name
-        for p in path.iterdir()
-        if p.name == CONFIG or p.name == "metrics.jsonl" or p.name.startswith("checkpoint-")
-    )
+    names = (CONFIG, "metrics.jsonl", "samples.jsonl", "model")
+    return sorted(p.name for p in path.iterdir() if p.name in names or p.name.startswith("checkpoint-"))
 
 
 def check_run_dir(output_dir: str, flags: dict, resume: bool, overwrite: bool) -> None:

@@ -64,6 +64,16 @@ def test_two_steps_write_metrics_and_checkpoint(rollout, tiny_random_dir, tmp_pa
     assert rows[-1]["train/rollout_logp_gap"] < 1e-3  # the engine samples from the policy being trained
     ckpt = tmp_path / "checkpoint-2"
     assert (ckpt / "COMPLETE").exists() and (ckpt / "model" / "config.json").exists()
+    # The final model at the run's root, hard links to the last checkpoint's files: loadable as it is.
+    from transformers import AutoModelForCausalLM
+
+    assert (tmp_path / "model" / "model.safetensors").stat().st_ino == (
+        ckpt / "model" / "model.safetensors"
+    ).stat().st_ino
+    AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1] * 4 + [2] * 4
+    assert {"problem", "completion", "reward", "advantage"} <= set(samples[0])
     assert json.loads((tmp_path / "run_config.json").read_text())["flags"]["rollout"] == rollout
 
 
@@ -179,4 +189,4 @@ def test_a_successful_run_prints_our_lines_only(tiny_random_dir, tmp_path):
     assert not other, "\n".join(other)
     done = [line for line in ours if line.startswith("done: ")]
     assert len(done) == 1 and done[0].startswith(f"done: {tmp_path / 'metrics.jsonl'} (last step: reward ")
-    assert done[0].endswith(f"model: {tmp_path / 'checkpoint-2' / 'model'}")
+    assert done[0].endswith(f"model: {tmp_path / 'model'}")
