@@ -87,6 +87,9 @@ class Args:
         3,
         "stop the run after this many optimiser steps in a row with a NaN/inf loss or grad norm (each is skipped; 0: never stop)",
     )
+    report_to: str = arg(
+        "none", "experiment trackers beside metrics.jsonl: tensorboard, wandb, trackio, ... (accelerate's)"
+    )
     log_samples: int = arg(
         4, "completions of each step written to samples.jsonl (prompt, completion, reward, advantage)"
     )
@@ -347,9 +350,8 @@ def main(args: Args) -> None:
     validate(args)
     quiet_libraries()  # our progress bar and lines; library notices that need no action are filtered
     gpu = torch.cuda.is_available()
-    accelerator = make_accelerator(
-        "bf16" if gpu and args.precision != "fp32" else "no", args.grad_clip, args.micro_batch_size
-    )
+    precision = "bf16" if gpu and args.precision != "fp32" else "no"
+    accelerator = make_accelerator(precision, args.grad_clip, args.micro_batch_size, args.report_to, args.output_dir)
     rank, world = accelerator.process_index, accelerator.num_processes
     require(
         args.prompts_per_step % world == 0,
@@ -408,7 +410,8 @@ def main(args: Args) -> None:
     reward_names = args.rewards.split(",")
     if accelerator.is_main_process:  # everything has loaded: now the run directory is this run's
         start_run_dir(args.output_dir, asdict(args), args.resume, args.overwrite)
-    logger = RunLogger(args.output_dir, total_steps, enabled=accelerator.is_main_process, initial_step=start_step)
+    trackers = accelerator if args.report_to != "none" else None  # TensorBoard, W&B, ... beside metrics.jsonl
+    logger = RunLogger(args.output_dir, total_steps, accelerator.is_main_process, start_step, trackers, asdict(args))
     G = args.group_size
     guard, watch = (
         NonFiniteGuard(args.max_nonfinite_steps),

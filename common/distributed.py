@@ -20,6 +20,7 @@ from datetime import timedelta
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
 from common.batching import micro_batches
 
@@ -37,7 +38,11 @@ MAX_METRICS = {"time/peak_mem_gb"}  # the rank closest to running out
 
 
 def make_accelerator(
-    mixed_precision: str = "no", grad_clip: float | None = None, micro_batch_size: int = 1
+    mixed_precision: str = "no",
+    grad_clip: float | None = None,
+    micro_batch_size: int = 1,
+    report_to: str = "none",
+    output_dir: str | None = None,
 ) -> Accelerator:
     """The Accelerator, with DeepSpeed told what the scripts do themselves.
 
@@ -45,8 +50,24 @@ def make_accelerator(
     size here; its clipping follows `--grad_clip` (DeepSpeed clips inside its own
     step: accelerate's clip_grad_norm_ only reports the norm); ZeRO-3 gathers the
     16-bit weights for `get_state_dict` (the HF copy in each checkpoint).
+    DDP's gradients live in its communication buckets (no second copy); FSDP2
+    reduces gradients in fp32, as DDP does, not in its bf16 default; collectives
+    wait COLLECTIVE_TIMEOUT. `report_to`: experiment trackers accelerate supports
+    (comma-separated), logging under `output_dir`.
     """
-    accelerator = Accelerator(mixed_precision=mixed_precision)
+    handlers = [
+        DistributedDataParallelKwargs(gradient_as_bucket_view=True),
+        InitProcessGroupKwargs(timeout=COLLECTIVE_TIMEOUT),
+    ]
+    trackers = [] if report_to == "none" else report_to.split(",")  # accelerate's own: tensorboard, wandb, trackio, ...
+    accelerator = Accelerator(
+        mixed_precision=mixed_precision, kwargs_handlers=handlers, log_with=trackers or None, project_dir=output_dir
+    )
+    fsdp = getattr(accelerator.state, "fsdp_plugin", None)
+    if fsdp is not None and getattr(fsdp, "fsdp_version", 1) == 2 and mixed_precision == "bf16":
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        fsdp.mixed_precision_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     ds = getattr(accelerator.state, "deepspeed_plugin", None)
     if ds is not None:
         config = ds.deepspeed_config

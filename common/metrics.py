@@ -71,10 +71,25 @@ class RunLogger:
         "time/step_s": "s/step",
     }
 
-    def __init__(self, run_dir: str | Path, total_steps: int, enabled: bool = True, initial_step: int = 0):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        total_steps: int,
+        enabled: bool = True,
+        initial_step: int = 0,
+        trackers=None,
+        flags=None,
+    ):
+        """`trackers`: an Accelerator built with `log_with` (`--report_to`): every row goes to its trackers
+        too (metrics.jsonl stays the source of truth for plots and resume); `flags` are their run config."""
         self.enabled = enabled
+        self.trackers = trackers if enabled else None
         if not enabled:
             return
+        if self.trackers is not None:
+            config = {k: v for k, v in (flags or {}).items() if isinstance(v, (int, float, str, bool))}
+            name = Path(run_dir).resolve().name
+            self.trackers.init_trackers("grpo-zoo", config, init_kwargs={"wandb": {"name": name, "dir": str(run_dir)}})
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.file = open(self.run_dir / "metrics.jsonl", "a")
@@ -86,6 +101,8 @@ class RunLogger:
         row = {"step": step, "time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
+        if self.trackers is not None:
+            self.trackers.log({k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}, step=step)
         self.bar.set_postfix(
             {name: f"{row[k]:.3g}" for k, name in self.SHOWN.items() if isinstance(row.get(k), float)}, refresh=False
         )
@@ -110,6 +127,8 @@ class RunLogger:
             return
         self.bar.close()
         self.file.close()
+        if self.trackers is not None:
+            self.trackers.end_training()
         figures = {k: (last or {}).get(k) for k in ("train/reward", "train/accuracy", "eval/overall/pass@1")}
         shown = ", ".join(f"{k.split('/', 1)[1]} {v:.3f}" for k, v in figures.items() if isinstance(v, (int, float)))
         where = f"; model: {self.run_dir / 'model'}" if (self.run_dir / "model").is_dir() else ""

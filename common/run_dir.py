@@ -28,7 +28,7 @@ RESUMABLE = {
     "eval_benchmarks", "eval_n", "eval_temperature", "micro_batch_size", "max_tokens_per_micro_batch",
     "gradient_checkpointing", "rollout", "vllm_gpu_memory_utilization", "vllm_sleep", "vllm_max_num_seqs",
     "vllm_max_num_batched_tokens", "verifier_workers", "verifier_memory_mb", "reward_time_budget_s",
-    "max_nonfinite_steps", "warn_flat_steps", "log_samples",
+    "max_nonfinite_steps", "warn_flat_steps", "log_samples", "report_to",
 }  # fmt: skip
 
 

@@ -190,3 +190,28 @@ def test_a_successful_run_prints_our_lines_only(tiny_random_dir, tmp_path):
     done = [line for line in ours if line.startswith("done: ")]
     assert len(done) == 1 and done[0].startswith(f"done: {tmp_path / 'metrics.jsonl'} (last step: reward ")
     assert done[0].endswith(f"model: {tmp_path / 'model'}")
+
+
+def test_metrics_reach_tensorboard_and_wandb(tiny_random_dir, tmp_path, monkeypatch):
+    """--report_to sends every row to accelerate's trackers as well as metrics.jsonl."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("WANDB_MODE", "offline")  # no network: W&B writes its run files locally
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    flags = [
+        "--model",
+        str(tiny_random_dir),
+        "--steps",
+        "2",
+        "--prompts_per_step",
+        "4",
+        "--report_to",
+        "tensorboard,wandb",
+    ]
+    proc = _run(tmp_path, *flags)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = EventAccumulator(str(tmp_path / "grpo-zoo"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/reward")] == [1, 2]
+    [wandb_run] = (tmp_path / "wandb").rglob("*.wandb")
+    assert b"train/reward" in wandb_run.read_bytes()
