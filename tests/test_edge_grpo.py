@@ -427,3 +427,10 @@ def test_hard_subset_cli_on_tiny_model(tiny_random_dir, tmp_path):
     assert len(rows) == 4 and all({"problem", "answer", "solution", "model_accuracy"} <= set(r) for r in rows)
     accs = [r["model_accuracy"] for r in rows]
     assert accs == sorted(accs) and all(a in (0.0, 0.5, 1.0) for a in accs)
+
+
+def test_loss_aggregation_is_per_response():
+    """Eq. 1 averages each response's tokens, then the responses (the authors' run in effect too)."""
+    from edge_grpo import Args
+
+    assert Args().loss_agg == "seq-mean-token-mean"

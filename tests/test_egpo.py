@@ -7,6 +7,7 @@ import pytest
 import torch
 from train_utils import run_script
 
+import egpo
 from common.cli import parse_args
 from common.rollout import vllm_available
 from egpo import Args, calibrated_advantages, validate, weight_stats
@@ -206,3 +207,18 @@ def test_two_steps_log_the_extra_metrics(rollout_engine, tiny_random_dir, tmp_pa
 def test_bad_flags_get_a_clear_message():
     with pytest.raises(SystemExit, match="--rewards must be 'accuracy'"):
         validate(Args(rewards="accuracy,think_format"))
+
+
+def test_answer_span_proxy_of_the_authors_code():
+    """--entropy_span answer: H over the completion tokens after </think> (the batch's entropy_mask)."""
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    logp = torch.tensor([[-3.0, -1.0, -0.5]] * 4)  # think tokens are unsure, the answer token sure
+    mask = torch.ones(4, 3)
+    span = torch.tensor([[0.0, 0.0, 1.0]] * 4)  # only the token after </think>
+    whole = egpo.egpo_advantages(rewards, {"logp": logp}, {"completion_mask": mask}, 4, Args())[1]
+    answer = egpo.egpo_advantages(rewards, {"logp": logp}, {"completion_mask": mask, "entropy_mask": span}, 4, Args())[
+        1
+    ]
+    assert whole["egpo/entropy_proxy_correct"].item() == pytest.approx(1.5)  # mean NLL of 3, 1, 0.5
+    assert answer["egpo/entropy_proxy_correct"].item() == pytest.approx(0.5)
+    assert Args().entropy_span == "response"  # the paper's proxy is the default

@@ -257,3 +257,19 @@ def test_two_steps_log_the_confidence_metrics(rollout, tiny_random_dir, tmp_path
 def test_bad_alpha_gets_a_clear_message():
     with pytest.raises(SystemExit, match="--alpha must be"):
         validate(Args(alpha=-1))
+
+
+def test_group_mean_baseline_of_the_appendix_hand_computed():
+    """--confidence_baseline group_mean (appendix eqs. 10, 18): b = the group's mean c(o) instead of c(q)."""
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    c_o = torch.tensor([0.9, 0.2, 0.4, 0.5])  # mean 0.5
+    P, C = 3, 2
+    old = {"logp": c_o.log()[:, None].expand(4, C).clone(), "prompt_logp": torch.full((4, P - 1), math.log(0.8))}
+    batch = {"completion_mask": torch.ones(4, C), "prompt_mask": torch.ones(4, P)}
+    base = group_advantages(r, 4)
+    for baseline, b in (("prompt", 0.8), ("group_mean", 0.5)):
+        args = Args(confidence_baseline=baseline, alpha=ALPHA, low_prob_frac=1.0)
+        adv, metrics = pro_grpo.pro_advantages(r, old, batch, 4, args)
+        torch.testing.assert_close(adv, base + ALPHA * (b - c_o))
+        assert metrics["pro/conf_prompt"].item() == pytest.approx(0.8)
+    assert Args().confidence_baseline == "prompt"  # eq. 4 is the default
