@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from train_utils import ROOT, run_script
+from train_utils import ROOT, TWO_STEPS, run_script
 
 from common.logprobs import sequence_logprobs
 from common.rewards import MathVerifier, compute_rewards
@@ -311,18 +311,7 @@ EXTRA_METRICS = {
     "time/gec_s",
     "train/rollout_logp_gap",
 }
-FLAGS = (
-    "--steps",
-    "2",
-    "--prompts_per_step",
-    "4",
-    "--group_size",
-    "4",
-    "--max_completion_len",
-    "16",
-    "--gec_max_new_tokens",
-    "8",
-)
+FLAGS = (*TWO_STEPS, "--gec_max_new_tokens", "8")
 
 
 @pytest.mark.parametrize("rollout", ["hf", pytest.param("vllm", marks=needs_vllm)])

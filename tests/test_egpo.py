@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from train_utils import run_script
+from train_utils import TWO_STEPS, run_script
 
 import egpo
 from common.cli import parse_args
@@ -173,22 +173,7 @@ EXTRA_METRICS = {
     ],
 )
 def test_two_steps_log_the_extra_metrics(rollout_engine, tiny_random_dir, tmp_path):
-    rows = run_script(
-        "egpo.py",
-        tmp_path,
-        "--model",
-        str(tiny_random_dir),
-        "--rollout",
-        rollout_engine,
-        "--steps",
-        "2",
-        "--prompts_per_step",
-        "4",
-        "--group_size",
-        "4",
-        "--max_completion_len",
-        "16",
-    )
+    rows = run_script("egpo.py", tmp_path, "--model", str(tiny_random_dir), "--rollout", rollout_engine, *TWO_STEPS)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert EXTRA_METRICS <= set(r), EXTRA_METRICS - set(r)

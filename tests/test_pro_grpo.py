@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from train_utils import run_script
+from train_utils import TWO_STEPS, run_script
 
 import grpo_base
 import pro_grpo
@@ -224,22 +224,7 @@ PRO_METRICS = {
     ],
 )
 def test_two_steps_log_the_confidence_metrics(rollout, tiny_random_dir, tmp_path):
-    rows = run_script(
-        "pro_grpo.py",
-        tmp_path,
-        "--model",
-        str(tiny_random_dir),
-        "--rollout",
-        rollout,
-        "--steps",
-        "2",
-        "--prompts_per_step",
-        "4",
-        "--group_size",
-        "4",
-        "--max_completion_len",
-        "16",
-    )
+    rows = run_script("pro_grpo.py", tmp_path, "--model", str(tiny_random_dir), "--rollout", rollout, *TWO_STEPS)
     assert [r["step"] for r in rows] == [1, 2]
     assert PRO_METRICS <= set(rows[-1]), PRO_METRICS - set(rows[-1])
     for r in rows:

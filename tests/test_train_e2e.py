@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from train_utils import ROOT, run_script
+from train_utils import ROOT, TWO_STEPS, run_script
 
 from common.rollout import vllm_available
 
@@ -43,22 +43,7 @@ REQUIRED_METRICS = {
     ],
 )
 def test_two_steps_write_metrics_and_checkpoint(rollout, tiny_random_dir, tmp_path):
-    rows = run_script(
-        "grpo_base.py",
-        tmp_path,
-        "--model",
-        str(tiny_random_dir),
-        "--rollout",
-        rollout,
-        "--steps",
-        "2",
-        "--prompts_per_step",
-        "4",
-        "--group_size",
-        "4",
-        "--max_completion_len",
-        "16",
-    )
+    rows = run_script("grpo_base.py", tmp_path, "--model", str(tiny_random_dir), "--rollout", rollout, *TWO_STEPS)
     assert [r["step"] for r in rows] == [1, 2]
     assert REQUIRED_METRICS <= set(rows[-1]), REQUIRED_METRICS - set(rows[-1])
     assert rows[-1]["train/rollout_logp_gap"] < 1e-3  # the engine samples from the policy being trained

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Two short steps on the tiny models: what the scripts' end-to-end tests run.
+TWO_STEPS = ("--steps", "2", "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "16")
 
 
 def run_script(script: str, out_dir: Path, *flags: str, timeout: int = 300) -> list[dict]:
