@@ -4,7 +4,8 @@
         model/               HF model + tokenizer: loadable by vLLM, `--model`, evaluation
         accelerate/          accelerator.save_state: weights, optimiser, scheduler, RNG states
                              (one RNG file per rank; weights and optimiser sharded the
-                             way DeepSpeed / FSDP keep them)
+                             way DeepSpeed / FSDP keep them). On one GPU or DDP its weights
+                             file is a hard link to model/'s: the weights are stored once.
         trainer_state.json   step, number of processes, the prompt sampler's position
         MANIFEST.json        size and SHA-256 of every file above
         COMPLETE             written last: a checkpoint without it is never used
@@ -67,8 +68,10 @@ def save_checkpoint(
     accelerator.wait_for_everyone()  # save_state does not wait: every rank's files are in before the rename
     state_dict = accelerator.get_state_dict(model)  # gathered in full on rank 0 under ZeRO-3 / FSDP
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(tmp / "model", state_dict=state_dict)
+        # One file, so that accelerate's copy of the same weights can become a link to it.
+        accelerator.unwrap_model(model).save_pretrained(tmp / "model", state_dict=state_dict, max_shard_size="1000GB")
         tokenizer.save_pretrained(tmp / "model")
+        _store_weights_once(tmp / "accelerate" / "model.safetensors", tmp / "model" / "model.safetensors")
         state = {"step": step, "num_processes": accelerator.num_processes, **trainer_state}
         (tmp / "trainer_state.json").write_text(json.dumps(state))
         write_manifest(tmp)
@@ -118,6 +121,32 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(2**23):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _store_weights_once(state_file: Path, hf_file: Path) -> None:
+    """accelerate's model file and the HF model file hold the same tensors (single GPU / DDP: both the
+    unwrapped model's fp32 state dict, tied weights once): keep one, hard-linked under both names.
+    Sharded states (ZeRO, FSDP) are other files, kept as they are; so is anything that differs."""
+    from safetensors import safe_open
+
+    if not (state_file.is_file() and hf_file.is_file()):
+        return
+
+    def layout(path):
+        with safe_open(path, "pt") as f:
+            return {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()}
+
+    if layout(state_file) != layout(hf_file) or not _same_tensors(state_file, hf_file):
+        return
+    state_file.unlink()
+    os.link(hf_file, state_file)
+
+
+def _same_tensors(a: Path, b: Path) -> bool:
+    from safetensors import safe_open
+
+    with safe_open(a, "pt") as fa, safe_open(b, "pt") as fb:
+        return all(torch.equal(fa.get_tensor(k), fb.get_tensor(k)) for k in fa.keys())
 
 
 def write_manifest(root: Path) -> None:

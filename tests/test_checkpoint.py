@@ -97,6 +97,13 @@ def _flip_bytes(path, n=1000):
     path.write_bytes(bytes(data))
 
 
+def _truncate(path, keep=1000):
+    """A file cut short as a copy that stopped: a new file, so a hard link to it keeps the whole one."""
+    data = path.read_bytes()[:keep]
+    path.unlink()
+    path.write_bytes(data)
+
+
 def _unloadable_but_listed(ckpt):
     """A file the manifest vouches for that still cannot be loaded (a bug at save time)."""
     (ckpt / "accelerate" / "optimizer.bin").write_bytes(b"\x80\x02trunc")
@@ -117,9 +124,7 @@ CORRUPTIONS = {
     "accelerate/model.safetensors does not match its SHA-256": lambda ckpt: _flip_bytes(
         ckpt / "accelerate" / "model.safetensors"
     ),
-    "model/model.safetensors has": lambda ckpt: (ckpt / "model" / "model.safetensors").write_bytes(
-        (ckpt / "model" / "model.safetensors").read_bytes()[:1000]
-    ),
+    "model/model.safetensors has": lambda ckpt: _truncate(ckpt / "model" / "model.safetensors"),
     "no readable MANIFEST.json": lambda ckpt: (ckpt / "MANIFEST.json").unlink(),
 }
 
@@ -173,5 +178,14 @@ def test_evaluation_refuses_a_damaged_checkpoint(trainer, tmp_path):
     save_checkpoint(accelerator, model, tokenizer, tmp_path, 1, {})
     assert resolve_model(str(tmp_path / "checkpoint-1"))[0] == str(tmp_path / "checkpoint-1" / "model")
     _flip_bytes(tmp_path / "checkpoint-1" / "model" / "model.safetensors")
-    with pytest.raises(SystemExit, match="model/model.safetensors does not match its SHA-256"):
+    with pytest.raises(SystemExit, match="model.safetensors does not match its SHA-256"):  # one file, two names
         resolve_model(str(tmp_path / "checkpoint-1"))
+
+
+def test_weights_are_stored_once(trainer, tmp_path):
+    """accelerate's weights file is a hard link to the HF model's: one copy on disk, both loadable."""
+    accelerator, model, tokenizer, *_ = trainer
+    ckpt = save_checkpoint(accelerator, model, tokenizer, tmp_path, 1, {})
+    state, hf = ckpt / "accelerate" / "model.safetensors", ckpt / "model" / "model.safetensors"
+    assert state.stat().st_ino == hf.stat().st_ino and state.stat().st_nlink == 2
+    assert load_checkpoint(accelerator, tmp_path)["step"] == 1
