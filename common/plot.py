@@ -130,7 +130,14 @@ def choose_metrics(runs: dict[str, list[dict]], max_extra: int = 6) -> list[str]
     chosen = [k for k in COMMON if k in present]
     if EVAL_KEY in present:
         chosen.append(EVAL_KEY)
-    extra = sorted(k for k in present - set(chosen) if "/" in k and not k.startswith(SHARED_NAMESPACES))
+    own = sorted(k for k in present - set(chosen) if "/" in k and not k.startswith(SHARED_NAMESPACES))
+    by_method: dict[str, list[str]] = {}
+    for k in own:
+        by_method.setdefault(k.split("/", 1)[0], []).append(k)
+    # Round robin over the methods' namespaces, so that a cap leaves every method a panel.
+    extra = []
+    for rank in range(max(map(len, by_method.values()), default=0)):
+        extra += [keys[rank] for keys in by_method.values() if rank < len(keys)]
     if len(extra) > max_extra:
         print(
             f"note: {len(extra) - max_extra} method-specific metrics not plotted (--max_extra {max_extra}): "

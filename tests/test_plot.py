@@ -153,3 +153,12 @@ def test_refuses_malformed_eval_results(tmp_path):
 
 def test_table_without_eval_results_says_how_to_get_them():
     assert "No evaluation results" in plot.results_table({"a": None})
+
+
+def test_a_cap_on_panels_leaves_every_method_one():
+    runs = {
+        "cw": [{"step": 1, **{f"cw/cov_{i}": 1.0 for i in range(8)}}],
+        "egpo": [{"step": 1, "egpo/w_mean": 1.0, "egpo/w_max": 2.0}],
+        "pro": [{"step": 1, "pro/conf_prompt": 0.5}],
+    }
+    assert plot.choose_metrics(runs, max_extra=4) == ["cw/cov_0", "egpo/w_max", "pro/conf_prompt", "cw/cov_1"]
