@@ -398,14 +398,27 @@ class HFEngine:
         # Left padding: every prompt ends where generation starts.
         ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p, _, _ in rows], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _, _ in rows], device=device)
-        out = self.model.generate(
-            input_ids=ids,
-            attention_mask=mask,
+        from transformers import GenerationConfig
+
+        # Every setting explicit: `generate` fills what is left unset from the model's own
+        # generation_config.json, whose sampling settings (repetition_penalty, top_k, ...) would
+        # change what the policy samples, and the trainer's log-probs would no longer match.
+        config = GenerationConfig(
             do_sample=False,  # the sampling is _RowSampler's
-            logits_processor=[sampler],
+            temperature=1.0,
+            top_p=1.0,
+            top_k=50,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
             max_new_tokens=max_tokens,
             eos_token_id=self.stop_token_ids,
             pad_token_id=self.pad_token_id,
+        )
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            generation_config=config,
+            logits_processor=[sampler],
             synced_gpus=self.synced,
         )
         new = out[:, width:].tolist()

@@ -154,3 +154,17 @@ def test_vllm_engine_runs_in_process_whatever_the_environment_says(tiny_random_d
     [[c]] = engine.generate([[5, 6, 7]], 1, 4, 1.0)
     assert 0 < len(c.token_ids) <= 4
     del engine
+
+
+def test_hf_engine_ignores_the_models_own_sampling_settings(tiny_random_dir, prompts):
+    """A generation_config.json with repetition_penalty / top_k (chat models ship them) must not change
+    what is sampled: the engine's log-probs stay the trainer's, under logits / T only."""
+    from transformers import AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir).eval()
+    model.generation_config.repetition_penalty, model.generation_config.top_k = 3.0, 5
+    tok = AutoTokenizer.from_pretrained(tiny_random_dir)
+    groups = HFEngine(model, [tok.eos_token_id], tok.pad_token_id).generate(
+        prompts, n=2, max_tokens=10, temperature=TEMPERATURE, seed=[1, 2]
+    )
+    assert max_logp_error(model, prompts, groups) < 1e-4
