@@ -115,11 +115,19 @@ def weights_are_finite(accelerator: Accelerator, model: torch.nn.Module) -> bool
     return bad == 0
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path, seen: dict | None = None) -> str:
+    """SHA-256 of a file's bytes; `seen` caches it per inode, so a file hard-linked under two
+    names (the weights stored once) is read once."""
+    st = path.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if seen is not None and key in seen:
+        return seen[key]
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(2**23):
             h.update(chunk)
+    if seen is not None:
+        seen[key] = h.hexdigest()
     return h.hexdigest()
 
 
@@ -152,7 +160,8 @@ def _same_tensors(a: Path, b: Path) -> bool:
 def write_manifest(root: Path) -> None:
     """MANIFEST.json: {relative path: {"bytes", "sha256"}} of every file under root (marker aside)."""
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MANIFEST, "COMPLETE"))
-    manifest = {str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    seen: dict = {}
+    manifest = {str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": _sha256(p, seen)} for p in files}
     (root / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
@@ -163,13 +172,14 @@ def manifest_problem(path: Path, checksums: bool = True) -> str | None:
         expected = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError) as e:
         return f"no readable {MANIFEST} ({type(e).__name__})"
+    seen: dict = {}
     for name, entry in expected.items():
         f = path / name
         if not f.is_file():
             return f"{name} is missing"
         if f.stat().st_size != entry["bytes"]:
             return f"{name} has {f.stat().st_size} bytes, the manifest says {entry['bytes']} (truncated or replaced)"
-        if checksums and _sha256(f) != entry["sha256"]:
+        if checksums and _sha256(f, seen) != entry["sha256"]:
             return f"{name} does not match its SHA-256 in the manifest (corrupted)"
     return None
 

@@ -526,14 +526,14 @@ def resolve_model(model: str) -> tuple[str, Path]:
 
 def _make_engine(args: Args, model_path: str, tokenizer, max_prompt_tokens: int):
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from common.rollout import HFEngine, VLLMEngine, stop_token_ids
+    from common.rollout import HFEngine, VLLMEngine, context_length, stop_token_ids
 
     stop_ids = stop_token_ids(tokenizer, model_path)
     if args.rollout == "vllm":
         max_model_len = max_prompt_tokens + args.max_tokens
-        limit = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+        limit = context_length(model_path)
         if limit and max_model_len > limit:
             print(
                 f"note: prompt + --max_tokens ({max_model_len}) exceeds the model's context ({limit}); "

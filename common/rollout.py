@@ -89,13 +89,18 @@ def make_engine(args, model_path: str, tokenizer, model: torch.nn.Module, world:
     )
 
 
+def context_length(model_path: str) -> int | None:
+    """The model's context in tokens (its config's max_position_embeddings), if it says."""
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+
+
 def check_context_length(model_path: str, needed: int, flags: str) -> None:
     """Stop with a one-line message, before anything loads, if prompt + completion (`needed`
     tokens, the sum of `flags`) exceeds the model's context: vLLM would refuse it only after
     the model has loaded, and the trainer would score positions the model was never trained on."""
-    from transformers import AutoConfig
-
-    limit = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+    limit = context_length(model_path)
     if limit is not None and needed > limit:
         raise SystemExit(
             f"error: {flags} = {needed} tokens, more than {model_path}'s context of {limit} tokens: "
