@@ -443,9 +443,8 @@ def main(args: Args) -> None:
 
         # 1. Rollout: G completions per prompt from pi_old.
         with timer("rollout"):
-            seeds = prompt_seeds(
-                args.seed, step, args.prompts_per_step, rank, len(batch_rows)
-            )  # the same samples on any number of ranks
+            # One seed per prompt, from its place in the global batch: the same samples on any number of ranks.
+            seeds = prompt_seeds(args.seed, step, args.prompts_per_step, rank, len(batch_rows))
             groups = engine.generate(
                 [r["prompt_ids"] for r in batch_rows],
                 G,
@@ -506,9 +505,8 @@ def main(args: Args) -> None:
             plan = micro_batch_plan(
                 accelerator, model, batch, list(range(n)), args.micro_batch_size, args.max_tokens_per_micro_batch
             )
-            old = old_logprobs(
-                model, batch, args, [] if on_policy else plan, ref_model
-            )  # on-policy: filled by the update's own pass
+            # On-policy, pi_old's log-probs come from the update's own pass (filled in below).
+            old = old_logprobs(model, batch, args, [] if on_policy else plan, ref_model)
             rollout_logp = pad_right([c.logprobs for c in completions], mask.shape[1], device=accelerator.device)
 
         # 4. Advantages; EDA rescales them by the group-normalised policy entropy under pi_old (eqs. 3, 6, 7).
@@ -543,14 +541,11 @@ def main(args: Args) -> None:
                                 with_entropy=on_policy or args.eda_entropy_grad,
                             )
                             if on_policy:  # pi_old is this very policy: its log-probs are this pass's, detached
-                                old["logp"][idx, : logp.shape[1]], old["entropy"][idx, : logp.shape[1]] = (
-                                    logp.detach()[: len(idx)],
-                                    ent.detach()[: len(idx)],
-                                )
+                                old["logp"][idx, : logp.shape[1]] = logp.detach()[: len(idx)]
+                                old["entropy"][idx, : logp.shape[1]] = ent.detach()[: len(idx)]
                             adv = advantages[mb["rows"]]
-                            if (
-                                args.eda_entropy_grad
-                            ):  # authors' code: P_i from this pass, with its gradient through 1 / P_i
+                            # --eda_entropy_grad (authors' code): P_i from this pass, with its gradient through 1 / P_i.
+                            if args.eda_entropy_grad:
                                 P_mean = (
                                     masked_mean(old["entropy"], mask, dim=-1).view(-1, G).mean(1).repeat_interleave(G)
                                 )
@@ -574,12 +569,9 @@ def main(args: Args) -> None:
                         step_loss += loss.item()
                         sums = {k: v + stats.get(k, 0.0) for k, v in sums.items()}
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
-                    step_loss = (
-                        global_sum(accelerator, step_loss) / world
-                    )  # the mini-batch loss (each rank holds its share x world)
-                    if guard.check(
-                        step + 1, step_loss, grad_norm, scheduler.get_last_lr()[0]
-                    ):  # a NaN/inf update is skipped
+                    # The mini-batch loss (each rank holds its share x world); a NaN/inf update is skipped.
+                    step_loss = global_sum(accelerator, step_loss) / world
+                    if guard.check(step + 1, step_loss, grad_norm, scheduler.get_last_lr()[0]):
                         optimizer.step()
                         scheduler.step()
                     sums["loss"] += step_loss

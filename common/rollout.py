@@ -195,9 +195,8 @@ class VLLMEngine:
                 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
             )
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if (
-            not torch.cuda.is_available()
-        ):  # vLLM's CPU KV cache (GiB): its default takes far more RAM than small runs need
+        # vLLM's CPU KV cache (GiB): its default takes far more RAM than small runs need.
+        if not torch.cuda.is_available():
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         quiet_libraries()  # before vLLM is imported: its log lines go through our filter
         from vllm import LLM
