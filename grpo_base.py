@@ -1,163 +1,104 @@
 """Vanilla GRPO (DeepSeekMath, Shao et al. 2024, arXiv 2402.03300), one file, top to bottom.
 
-Each step: sample prompts -> G completions per prompt (vLLM) -> rewards ->
-old log-probs -> group-normalised advantages -> clipped-surrogate updates ->
-push the new weights into vLLM -> log.
+Each step samples G completions per prompt from the policy, scores them with a verifiable
+reward, and takes clipped-surrogate steps on group-normalised advantages; the new weights
+are then pushed into the rollout engine (vLLM). The other four scripts are this file plus
+their paper's idea: `diff grpo_base.py egpo.py` shows it.
 
-    A_i  = (r_i - mean(r)) / (std(r) + 1e-6)                       (unbiased std)
-    rho  = exp(logp_theta - logp_old)                              (per token)
-    loss = -min(rho * A_i, clip(rho, 1 - eps_low, 1 + eps_high) * A_i) [+ beta * k3 KL to ref]
+    A_i  = (r_i - mean(r)) / (std(r) + 1e-6)                          (unbiased std)
+    rho  = exp(logp_theta - logp_old)                                 (per token)
+    L_it = -min(rho * A_i, clip(rho, 1 - eps_low, 1 + eps_high) * A_i)  [+ beta * k3 KL to the initial model]
 
-aggregated over tokens as `--loss_agg` says (default: the GRPO paper's
-1/G sum_i 1/|o_i| sum_t). The other four scripts are this file plus their idea:
-`diff grpo_base.py egpo.py` shows it.
+aggregated over tokens as --loss_agg says (default: the GRPO paper's 1/G sum_i 1/|o_i| sum_t).
+Every decision: docs/algorithms/grpo_base.md.
 
-    python grpo_base.py                  # CPU demo: tiny model, synthetic arithmetic
-    accelerate launch grpo_base.py --model Qwen/Qwen2.5-Math-1.5B --dataset data/deepscaler.jsonl ...
+    python grpo_base.py                       # CPU demo: a tiny model learns to box its sums
+    accelerate launch --config_file configs/accelerate/single_gpu.yaml grpo_base.py \\
+        --config recipes/grpo_base_qwen2.5-math-1.5b.yaml
 """
 
-import math
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from collections import Counter
+from dataclasses import dataclass
 
-import torch
-from accelerate.utils import set_seed
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from common.batching import pack, pad_right, select
-from common.checkpoint import load_checkpoint, model_to_load, save_checkpoint
-from common.cli import arg, check_run_flags, clear_errors, parse_args, require
-from common.data import TEMPLATE_CHOICES, PromptSampler, load_prompts
-from common.distributed import (
-    global_sum,
-    load_reference_model,
-    make_accelerator,
-    micro_batch,
-    micro_batch_plan,
-    peak_memory_gb,
-    reduce_metrics,
-    state_dict_for_sync,
-)
-from common.evaluate import evaluate, load_benchmarks, write_results
-from common.health import NonFiniteGuard, SignalWatch
-from common.logprobs import masked_mean, sequence_logprobs
-from common.metrics import PhaseTimer, RunLogger, quiet_libraries
-from common.rewards import MathVerifier, compute_rewards, default_workers
-from common.rollout import check_context_length, make_engine, prompt_seeds, vllm_available
-from common.run_dir import check_run_dir, start_run_dir
+from common.cli import arg, flag_record, parse_args, require
+from common.prompts import TEMPLATE_CHOICES
+from common.run_flags import RunFlags
 
 
 @dataclass
 class Args:
-    # What to train. Defaults run the CPU demo; the README gives each paper's real setting.
-    model: str = arg("tiny", "HF hub name or local path; 'tiny' builds (or reuses) the CPU demo model")
-    dataset: str = arg("synthetic-arith", "hub name, local .jsonl/.parquet, or 'synthetic-arith'")
-    problem_field: str | None = arg(None, "dataset column holding the problem (default: known per dataset)")
-    answer_field: str | None = arg(None, "dataset column holding the gold answer")
-    solution_field: str | None = arg(None, "dataset column holding a reference solution")
-    bad_rows: str = arg(
-        "error", "rows without a problem or a usable answer: refuse the data, or drop them", ["error", "drop"]
+    # What to train. The defaults run the CPU demo; recipes/ holds each paper's setting.
+    model: str = arg(
+        "tiny", "HF hub name or local path (a run or checkpoint directory too); 'tiny' builds the CPU demo model"
     )
+    dataset: str = arg("synthetic-arith", "hub name, local .jsonl/.json/.parquet, or 'synthetic-arith'")
     template: str = arg(
         "qwen_math", "prompt template; *_native: rendered by the model's own chat template", TEMPLATE_CHOICES
     )
     rewards: str = arg("accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format")
-    output_dir: str = arg(f"runs/{Path(__file__).stem}", "run directory: metrics.jsonl, config.json, checkpoints")
-    steps: int = arg(30, "optimisation steps (one rollout batch each)")
-    epochs: float | None = arg(None, "if set, overrides --steps: passes over the dataset")
-    prompts_per_step: int = arg(16, "prompts per step over all ranks; each gets --group_size completions")
-    max_prompt_len: int = arg(512, "prompts longer than this (tokens) are dropped at load time")
-    max_completion_len: int = arg(48, "max new tokens per completion")
-    lr: float = arg(2e-4, "AdamW learning rate (the papers use 1e-6 on 1.5B-7B models)")
-    warmup_steps: int = arg(0, "linear learning-rate warm-up steps")
-    weight_decay: float = arg(0.0, "AdamW weight decay")
-    grad_clip: float = arg(1.0, "max global grad norm")
-    micro_batch_size: int = arg(
-        32, "sequences per forward/backward (gradient accumulation beyond), if --max_tokens_per_micro_batch is 0"
+    reward_fn: str | None = arg(
+        None, "your own reward terms, comma-separated module:function or file.py:function (README)"
     )
-    max_tokens_per_micro_batch: int = arg(
-        0, "if > 0: micro-batches of length-sorted sequences, each within this many (padded) tokens"
-    )
+    steps: int = arg(30, "optimisation steps (one rollout batch each)", at_least=1, resumable=True)
+    epochs: float | None = arg(None, "if set, overrides --steps: passes over the dataset", above=0, resumable=True)
+    prompts_per_step: int = arg(16, "prompts per step over all ranks; each gets --group_size completions", at_least=1)
+    max_prompt_len: int = arg(512, "prompts longer than this (tokens) are dropped at load time", at_least=1)
+    max_completion_len: int = arg(48, "max new tokens per completion", at_least=1)
     seed: int = arg(0, "random seed (data order, sampling, init)")
-    save_steps: int = arg(0, "save a checkpoint every N steps (0: only at the end)")
-    keep_last: int = arg(2, "checkpoints kept on disk (0: all)")
-    resume: bool = arg(False, "continue the run in --output_dir from its latest complete checkpoint")
-    overwrite: bool = arg(False, "delete the run --output_dir holds and start a new one there")
-    max_nonfinite_steps: int = arg(
-        3,
-        "stop the run after this many optimiser steps in a row with a NaN/inf loss or grad norm (each is skipped; 0: never stop)",
-    )
-    report_to: str = arg(
-        "none", "experiment trackers beside metrics.jsonl: tensorboard, wandb, trackio, ... (accelerate's)"
-    )
-    log_samples: int = arg(
-        4, "completions of each step written to samples.jsonl (prompt, completion, reward, advantage)"
-    )
-    warn_flat_steps: int = arg(
-        10, "warn when every group's rewards have been equal for this many steps in a row (0: never)"
-    )
+    # Optimiser.
+    lr: float = arg(2e-4, "AdamW learning rate (the papers use 1e-6 on 1.5B-7B models)", above=0, resumable=True)
+    lr_schedule: str = arg("constant", "after the warm-up", ["constant", "cosine", "linear"], resumable=True)
+    warmup_steps: int = arg(0, "linear learning-rate warm-up (optimiser steps)", at_least=0, resumable=True)
+    weight_decay: float = arg(0.0, "AdamW weight decay", at_least=0)
+    grad_clip: float = arg(1.0, "max global gradient norm", above=0, resumable=True)
     # The method. Defaults: docs/algorithms/grpo_base.md.
-    group_size: int = arg(8, "G: completions per prompt")
-    temperature: float = arg(1.0, "sampling temperature T; log-probs are computed from logits / T")
-    top_p: float = arg(1.0, "nucleus sampling")
-    eps_low: float = arg(0.2, "clip range: rho >= 1 - eps_low")
-    eps_high: float = arg(0.2, "clip range: rho <= 1 + eps_high")
-    beta: float = arg(0.0, "k3 KL weight to the initial model (0: no reference model is loaded)")
+    group_size: int = arg(8, "G: completions per prompt", at_least=2)
+    temperature: float = arg(1.0, "sampling temperature T; log-probs are computed from logits / T", above=0)
+    top_p: float = arg(1.0, "nucleus sampling", above=0, at_most=1)
+    eps_low: float = arg(0.2, "clip range: rho >= 1 - eps_low", at_least=0, below=1)
+    eps_high: float = arg(0.2, "clip range: rho <= 1 + eps_high", at_least=0)
+    beta: float = arg(0.0, "k3 KL weight to the initial model (0: no reference model is loaded)", at_least=0)
     loss_agg: str = arg(
         "seq-mean-token-mean", "loss aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
     )
-    mu: int = arg(1, "optimisation passes over each rollout batch")
-    num_minibatches: int = arg(1, "optimiser steps per pass (the rollout batch split in this many)")
-    # Systems.
-    rollout: str = arg("vllm" if vllm_available() else "hf", "rollout engine", ["vllm", "hf"])
-    precision: str = arg(
-        "auto",
-        "auto: fp32 weights + bf16 autocast on GPU, fp32 on CPU; bf16: bf16 weights too (half the memory, but lr-1e-6 updates round away)",
-        ["auto", "bf16", "fp32"],
-    )
-    vllm_gpu_memory_utilization: float = arg(0.3, "share of GPU memory vLLM may take (weights + KV cache)")
-    vllm_sleep: bool = arg(False, "release vLLM's GPU memory during the update (GPU only)")
-    vllm_max_num_seqs: int = arg(0, "sequences vLLM decodes at once (0: this rank's whole rollout, at most 1024)")
-    vllm_max_num_batched_tokens: int = arg(0, "tokens per vLLM forward, prefill chunks included (0: vLLM's default)")
-    gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
+    mu: int = arg(1, "optimisation passes over each rollout batch", at_least=1)
+    num_minibatches: int = arg(1, "optimiser steps per pass (the rollout batch split in this many)", at_least=1)
     tis_cap: float = arg(
         0.0,
-        "if > 0: weight each token's loss by min(pi_old / pi_rollout, tis_cap), correcting vLLM-vs-trainer mismatch",
+        "if > 0: weight each token's loss by min(pi_old / pi_rollout, tis_cap) (vLLM-vs-trainer mismatch)",
+        at_least=0,
     )
-    verifier_workers: int = arg(0, "math-verify child processes per rank (0: a quarter of the cores, 1 to 4)")
-    verifier_memory_mb: int = arg(2048, "address-space limit of each math-verify child in MB (0: none)")
-    reward_time_budget_s: float = arg(
-        60.0, "seconds per step for symbolic answer checks; answers unchecked by then score 0 (reward/timeouts)"
-    )
-    # Periodic evaluation (common/evaluate.py), logged as eval/<benchmark>/pass@k.
-    eval_steps: int = arg(0, "evaluate every N steps and after the last (0: never)")
-    eval_benchmarks: str = arg("synthetic", "comma-separated benchmark names (common.evaluate.BENCHMARKS) or name=FILE")
-    eval_n: int = arg(4, "samples per eval problem: pass@1 is their mean, pass@k for k = 1, 2, 4 .. <= n")
-    eval_temperature: float = arg(0.6, "eval sampling temperature")
 
 
-def validate(args: Args) -> None:
-    """Refuse flag combinations that would fail deep inside torch or train silently wrong."""
-    check_run_flags(args)
-    require(
-        args.group_size >= 2,
-        f"--group_size must be >= 2 (got {args.group_size}): GRPO compares completions within a group",
-    )
+def validate(args: Args, run: RunFlags) -> None:
+    """Cross-flag checks (each flag's own range is checked as it is parsed), before anything loads."""
     n = args.prompts_per_step * args.group_size
     require(
         n % args.num_minibatches == 0,
         f"--num_minibatches={args.num_minibatches} must divide prompts_per_step * group_size = {n}",
     )
-    require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps_low must be in [0, 1) and --eps_high >= 0")
-    require(args.temperature > 0, "--temperature must be > 0 (log-probs are computed from logits / T)")
-    require(args.mu >= 1, "--mu must be >= 1")
+    run.validate()
+
+
+if __name__ == "__main__":  # --help and a bad flag's one-line error, before torch and the libraries load (seconds)
+    CLI = parse_args(Args, RunFlags, description=__doc__)
+    validate(*CLI)
+
+from functools import partial  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from common.batching import pack, select  # noqa: E402
+from common.distributed import global_sum  # noqa: E402
+from common.logprobs import masked_mean, sequence_logprobs  # noqa: E402
+from common.rollout import prompt_seeds  # noqa: E402
+from common.session import start_session  # noqa: E402
 
 
 def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.Tensor:
     """A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G (GRPO paper, eq. 3 of the four papers).
-
-    A group whose rewards are all equal gets A = 0 ("advantage collapse").
-    """
+    A group whose rewards are all equal gets A = 0 ("advantage collapse")."""
     r = rewards.view(-1, G)
     return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)).view(-1)
 
@@ -167,22 +108,15 @@ def grpo_advantages(rewards: torch.Tensor, old: dict, batch: dict, G: int, args:
     return group_advantages(rewards, G), {}
 
 
-# False: the advantage needs nothing from pi_old, so an on-policy step (--mu 1, --num_minibatches 1,
-# --beta 0) takes pi_old's log-probs from its own training pass instead of a separate scoring pass.
-NEEDS_PI_OLD = False
-
-
 def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=None, rollout_logp=None):
-    """Clipped surrogate (PPO/GRPO), per token, aggregated with global denominators.
+    """Clipped surrogate (PPO/GRPO) per token, aggregated as --loss_agg says.
 
-    logp/mask: [n, C] of one micro-batch; old_logp, ref_logp, rollout_logp and token-level adv
-    may be wider (the whole batch's C) and are cut to C; adv: [n] or [n, C].
-    num_seqs/num_tokens: sizes of the whole mini-batch this micro-batch belongs to,
-    so summing micro-batch losses gives exactly the mini-batch loss.
-    --tis_cap C > 0: each token's surrogate is weighted by min(pi_old / pi_rollout, C), the
-    rollout engine's log-probs against the trainer's (truncated importance sampling).
-    Returns the loss and token sums for the step's metrics (clipped below / above, k3 KL,
-    tokens whose importance weight was capped, tokens).
+    logp, mask: [n, C] of one micro-batch; old_logp, ref_logp, rollout_logp and a token-level adv
+    may be wider (the whole batch's C) and are cut to C; adv: [n] or [n, C]. num_seqs / num_tokens:
+    this rank's share of the mini-batch's sequences / tokens (the global count / the ranks), so
+    that the micro-batches' losses, summed and averaged over ranks, are exactly the mini-batch's.
+    --tis_cap C > 0: each token's surrogate is weighted by min(pi_old / pi_rollout, C).
+    Returns the loss and token sums for the step's metrics.
     """
     C = logp.shape[1]
     adv = adv[:, None] if adv.dim() == 1 else adv[:, :C]
@@ -215,302 +149,151 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
     return loss, sums
 
 
-def old_logprobs(model, batch, args, plan, ref_model=None):
-    """No-grad pass over the rollout batch, micro-batch by micro-batch (`plan`): log-probs and
-    entropy under pi_old ([N, C] each) and, with a reference model, its log-probs."""
+def old_logprobs(s, batch: dict, args: Args) -> dict:
+    """No-grad pass of the trainer over the rollout batch, before any update: pi_old's log-probs and
+    entropies [N, C], and the reference model's log-probs when --beta > 0."""
     out = {k: torch.zeros_like(batch["completion_mask"]) for k in ("logp", "entropy", "ref_logp")}
     with torch.no_grad():
-        for idx in plan:
+        for idx in s.micro_batch_plan(batch, list(range(len(batch["input_ids"])))):
             mb = select(batch, idx)
             C = mb["completion_mask"].shape[1]
-            logp, ent = sequence_logprobs(
-                model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C, with_entropy=True
-            )
+            ids, attn = mb["input_ids"], mb["attention_mask"]
+            logp, ent = sequence_logprobs(s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True)
             out["logp"][idx, :C], out["entropy"][idx, :C] = logp[: len(idx)], ent[: len(idx)]
-            if ref_model is not None:
-                out["ref_logp"][idx, :C] = sequence_logprobs(
-                    ref_model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C
-                )[0][: len(idx)]
+            if s.ref_model is not None:
+                ref_logp, _ = sequence_logprobs(s.ref_model, ids, attn, args.temperature, logits_to_keep=C)
+                out["ref_logp"][idx, :C] = ref_logp[: len(idx)]
     return out
 
 
-def main(args: Args) -> None:
-    validate(args)
-    quiet_libraries()  # our progress bar and lines; library notices that need no action are filtered
-    gpu = torch.cuda.is_available()
-    precision = "bf16" if gpu and args.precision != "fp32" else "no"
-    accelerator = make_accelerator(precision, args.grad_clip, args.micro_batch_size, args.report_to, args.output_dir)
-    rank, world = accelerator.process_index, accelerator.num_processes
-    require(
-        args.prompts_per_step % world == 0,
-        f"--prompts_per_step={args.prompts_per_step} must divide by the {world} processes: each rank owns whole prompt groups",
+def update(s, batch: dict, old: dict, advantages: torch.Tensor, args: Args, step: int) -> Counter:
+    """Clipped-surrogate updates: --mu passes over the rollout batch, each in --num_minibatches optimiser
+    steps, each over micro-batches whose gradients accumulate. Returns sums for the step's metrics."""
+    n = len(batch["input_ids"])
+    size = n // args.num_minibatches
+    sums = Counter()
+    s.model.train()
+    for _ in range(args.mu):
+        order = torch.randperm(n).tolist() if args.num_minibatches > 1 else list(range(n))
+        for first in range(0, n, size):
+            rows = order[first : first + size]
+            num_tokens = global_sum(s.accelerator, batch["completion_mask"][rows].sum().item()) / s.world
+            plan, loss_sum = s.micro_batch_plan(batch, rows), 0.0
+            for i, idx in enumerate(plan):
+                mb = select(batch, idx)
+                r = mb["rows"]
+                with s.accumulate(last=i == len(plan) - 1):
+                    C = mb["completion_mask"].shape[1]
+                    logp, _ = sequence_logprobs(
+                        s.model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C
+                    )
+                    loss, stats = policy_loss(
+                        logp, old["logp"][r], advantages[r], mb["completion_mask"], args, len(rows), num_tokens,
+                        old["ref_logp"][r], batch["rollout_logp"][r],
+                    )  # fmt: skip
+                    s.accelerator.backward(loss)
+                loss_sum += loss.item()
+                sums.update(stats)
+            opt = s.optimizer_step(step + 1, loss_sum)  # clip; a NaN/inf or spiking update is skipped
+            sums.update(loss=opt.loss, skipped=not opt.applied, optimizer_steps=1)
+            sums["grad_norm"] = opt.grad_norm
+    return sums
+
+
+def step_metrics(s, scores, batch: dict, old: dict, advantages: torch.Tensor, sums: Counter, G: int, timer) -> dict:
+    """The step's figures (docs/algorithms/grpo_base.md#metrics): token-level ones weighted by tokens over all ranks."""
+    mask, rollout_logp = batch["completion_mask"], batch["rollout_logp"]
+    r = scores.reward.view(-1, G)
+    per_seq_adv = advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)
+    tok = global_sum(
+        s.accelerator,
+        {k: sums[k] for k in ("clip_low", "clip_high", "approx_kl", "tis_capped", "tokens")}
+        | {"entropy": (old["entropy"] * mask).sum().item(), "mask": mask.sum().item()},
     )
-    check_run_dir(args.output_dir, asdict(args), args.resume, args.overwrite)  # before anything loads
-    set_seed(args.seed + rank)
-    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # master weights
-    model_path, _ = model_to_load(args.model)  # a run or checkpoint directory works too
+    per_token = lambda k: tok[k] / max(tok["tokens"], 1)  # noqa: E731
+    return {
+        "train/reward": scores.reward.mean(),
+        "train/accuracy": scores.accuracy.mean(),
+        "train/response_len": mask.sum(-1).mean(),
+        "train/truncated_frac": (~batch["finished"]).sum().item() / len(mask),
+        "train/entropy": tok["entropy"] / max(tok["mask"], 1),
+        "train/zero_adv_group_frac": (r.max(1).values == r.min(1).values).float().mean(),
+        "train/adv_var_within_group": per_seq_adv.view(-1, G).var(1).mean(),
+        "train/rollout_logp_gap": masked_mean(
+            (rollout_logp.nan_to_num() - old["logp"]).abs(), mask * rollout_logp.isfinite()
+        ),
+        "train/grad_norm": sums["grad_norm"],
+        "train/clip_frac_low": per_token("clip_low"),
+        "train/clip_frac_high": per_token("clip_high"),
+        "train/approx_kl": per_token("approx_kl"),
+        "train/tis_capped_frac": per_token("tis_capped"),
+        "train/loss": sums["loss"] / sums["optimizer_steps"],
+        "train/skipped_steps": sums["skipped"],
+        "time/tokens_per_s": mask.sum() / sum(timer.seconds.values()),
+    }
 
-    # Policy, optimiser, data.
-    with clear_errors("--model"):
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        check_context_length(
-            model_path, args.max_prompt_len + args.max_completion_len, "--max_prompt_len + --max_completion_len"
-        )
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-    if tokenizer.pad_token_id is None:  # padding is masked out; any id will do
-        tokenizer.pad_token = tokenizer.eos_token
-    if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    ref_model = None
-    if args.beta > 0:  # only then: all four papers train without it
-        ref_model = load_reference_model(model_path, torch.bfloat16 if gpu else torch.float32, accelerator.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
-    model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
 
-    rows, opens_think = load_prompts(args, tokenizer, say=print if accelerator.is_main_process else lambda _: None)
-    sampler = PromptSampler(rows, args.prompts_per_step, seed=args.seed, rank=rank, world_size=world)
-    total_steps = math.ceil(args.epochs * len(rows) / args.prompts_per_step) if args.epochs else args.steps
-    with clear_errors("--eval_benchmarks"):
-        eval_sets = load_benchmarks(args.eval_benchmarks) if args.eval_steps else {}  # fail fast, before training
-
-    # Rollout engine, rewards, logging.
-    engine = make_engine(args, model_path, tokenizer, accelerator.unwrap_model(model), world, args.seed + rank)
-    start_step = 0
-    if args.resume:  # weights, optimiser, scheduler, RNG; then the data order and vLLM's copy
-        state = load_checkpoint(accelerator, args.output_dir)
-        start_step = state["step"]
-        sampler.load_state_dict(state["sampler"])
-        engine.load_weights(state_dict_for_sync(accelerator, model))
-    verifier = MathVerifier(
-        workers=args.verifier_workers or default_workers(),
-        memory_mb=args.verifier_memory_mb,
-        budget_s=args.reward_time_budget_s or None,
-    )
-    reward_names = args.rewards.split(",")
-    if accelerator.is_main_process:  # everything has loaded: now the run directory is this run's
-        start_run_dir(args.output_dir, asdict(args), args.resume, args.overwrite)
-    trackers = accelerator if args.report_to != "none" else None  # TensorBoard, W&B, ... beside metrics.jsonl
-    logger = RunLogger(args.output_dir, total_steps, accelerator.is_main_process, start_step, trackers, asdict(args))
+def main(args: Args, run: RunFlags) -> None:
+    """1. Set up: policy, optimiser, data, rollout engine, verifier, logger (common/session.py).
+    Then each step:
+    2. Rollout: G completions per prompt from pi_old.
+    3. Rewards.
+    4. pi_old's log-probs of the rollout, from the trainer before any update.
+    5. Advantages.
+    6. Clipped-surrogate updates.
+    7. Sync: the rollout engine gets the new weights.
+    8. Log, evaluate, save.
+    """
     G = args.group_size
-    guard, watch = (
-        NonFiniteGuard(args.max_nonfinite_steps),
-        SignalWatch(args.warn_flat_steps, say=logger.write if accelerator.is_main_process else lambda _: None),
-    )
+    s = start_session(
+        Path(__file__).stem, run, flag_record(args, run), model=args.model, dataset=args.dataset, template=args.template,
+        rewards=args.rewards, reward_fn=args.reward_fn, seed=args.seed, steps=args.steps, epochs=args.epochs,
+        prompts_per_step=args.prompts_per_step, group_size=G, max_prompt_len=args.max_prompt_len,
+        max_completion_len=args.max_completion_len, top_p=args.top_p,
+        optimizer=partial(torch.optim.AdamW, lr=args.lr, weight_decay=args.weight_decay),
+        lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps, grad_clip=args.grad_clip, reference_model=args.beta > 0,
+    )  # fmt: skip
 
-    def run_eval():  # every rank evaluates with its own engine; the logged numbers are means over ranks
-        return evaluate(
-            engine,
-            tokenizer,
-            eval_sets,
-            args.template,
-            args.eval_n,
-            args.eval_temperature,
-            args.max_completion_len,
-            args.top_p,
-            seed=args.seed + rank,
-            verifier=verifier,
-            max_prompt_len=args.max_prompt_len,
-        )
+    for step in s.steps():  # ends early, after saving a checkpoint, on SIGTERM / Ctrl-C
+        timer = s.timer()
+        rows = s.sampler.next_batch()
 
-    if args.eval_steps and start_step == 0:  # step 0: the policy before training, every curve's starting point
-        logger.log(0, reduce_metrics(accelerator, run_eval()[0]), advance=False)
-
-    metrics = {}
-    for step in range(start_step, total_steps):
-        timer = PhaseTimer(sync=torch.cuda.synchronize if gpu else None)
-        batch_rows = sampler.next_batch()
-
-        # 1. Rollout: G completions per prompt from pi_old.
+        # 2. Rollout: G completions per prompt from pi_old; one seed per prompt, from its place in the global batch.
         with timer("rollout"):
-            # One seed per prompt, from its place in the global batch: the same samples on any number of ranks.
-            seeds = prompt_seeds(args.seed, step, args.prompts_per_step, rank, len(batch_rows))
-            groups = engine.generate(
-                [r["prompt_ids"] for r in batch_rows],
-                G,
-                args.max_completion_len,
-                args.temperature,
-                args.top_p,
-                seed=seeds,
-            )
-        rollout_rows = [r for r in batch_rows for _ in range(G)]
+            seeds = prompt_seeds(args.seed, step, args.prompts_per_step, s.rank, len(rows))
+            prompts = [r["prompt_ids"] for r in rows]
+            groups = s.engine.generate(prompts, G, args.max_completion_len, args.temperature, args.top_p, seed=seeds)
+        rollout_rows = [r for r in rows for _ in range(G)]
         completions = [c for g in groups for c in g]
-        texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+        texts = s.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
 
-        # 2. Rewards.
+        # 3. Rewards.
         with timer("scoring"):
-            rewards, accuracy = compute_rewards(
-                texts, [r["answer"] for r in rollout_rows], reward_names, verifier, prompt_ends_with_think=opens_think
-            )
-            rewards = torch.tensor(rewards, device=accelerator.device)
-            accuracy = torch.tensor(accuracy, device=accelerator.device)
+            scores = s.score(texts, rollout_rows)
 
-        # 3. Old log-probs (and token entropy) from the trainer, before any update.
+        # 4. pi_old's log-probs (and token entropies) from the trainer, before any update.
         with timer("old_logp"):
-            engine.sleep()
-            batch = pack(
-                [r["prompt_ids"] for r in rollout_rows],
-                [c.token_ids for c in completions],
-                tokenizer.pad_token_id,
-                accelerator.device,
-            )
-            mask = batch["completion_mask"]
-            n = len(completions)
-            on_policy = not NEEDS_PI_OLD and args.mu == 1 and args.num_minibatches == 1 and ref_model is None
-            plan = micro_batch_plan(
-                accelerator, model, batch, list(range(n)), args.micro_batch_size, args.max_tokens_per_micro_batch
-            )
-            # On-policy, pi_old's log-probs come from the update's own pass (filled in below).
-            old = old_logprobs(model, batch, args, [] if on_policy else plan, ref_model)
-            rollout_logp = pad_right([c.logprobs for c in completions], mask.shape[1], device=accelerator.device)
+            s.engine.sleep()
+            batch = pack([r["prompt_ids"] for r in rollout_rows], completions, s.tokenizer.pad_token_id, s.device)
+            old = old_logprobs(s, batch, args)
 
-        # 4. Advantages.
-        advantages, info = grpo_advantages(rewards, old, batch, G, args)
+        # 5. Advantages; a group holding an answer the verifier had no time to check gets none.
+        advantages, info = grpo_advantages(scores.reward, old, batch, G, args)
+        advantages = scores.without_unchecked_groups(advantages, G)
 
-        # 5. Clipped-surrogate updates: mu passes, num_minibatches optimiser steps each.
+        # 6. Clipped-surrogate updates.
         with timer("update"):
-            model.train()
-            mb_size = n // args.num_minibatches
-            sums = dict.fromkeys(("clip_low", "clip_high", "approx_kl", "tis_capped", "tokens", "loss", "skipped"), 0.0)
-            for _ in range(args.mu):
-                order = torch.randperm(n).tolist() if args.num_minibatches > 1 else list(range(n))
-                for start in range(0, n - mb_size + 1, mb_size):
-                    rows_mb = order[start : start + mb_size]
-                    if args.num_minibatches > 1:
-                        plan = micro_batch_plan(
-                            accelerator, model, batch, rows_mb, args.micro_batch_size, args.max_tokens_per_micro_batch
-                        )
-                    # Global denominators: DDP averages gradients over ranks, so per-rank
-                    # losses are divided by (global count / world) to make the mean exact.
-                    num_tokens = global_sum(accelerator, mask[rows_mb].sum().item()) / world
-                    step_loss = 0.0
-                    for i, idx in enumerate(plan):
-                        mb = select(batch, idx)
-                        with micro_batch(accelerator, model, last=i == len(plan) - 1):  # grads sync on the last
-                            logp, ent = sequence_logprobs(
-                                model,
-                                mb["input_ids"],
-                                mb["attention_mask"],
-                                args.temperature,
-                                logits_to_keep=mb["completion_mask"].shape[1],
-                                with_entropy=on_policy,
-                            )
-                            if on_policy:  # pi_old is this very policy: its log-probs are this pass's, detached
-                                old["logp"][idx, : logp.shape[1]] = logp.detach()[: len(idx)]
-                                old["entropy"][idx, : logp.shape[1]] = ent.detach()[: len(idx)]
-                            loss, stats = policy_loss(
-                                logp,
-                                old["logp"][mb["rows"]],
-                                advantages[mb["rows"]],
-                                mb["completion_mask"],
-                                args,
-                                len(rows_mb),
-                                num_tokens,
-                                old["ref_logp"][mb["rows"]],
-                                rollout_logp[mb["rows"]],
-                            )
-                            accelerator.backward(loss)
-                        step_loss += loss.item()
-                        sums = {k: v + stats.get(k, 0.0) for k, v in sums.items()}
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.grad_clip)
-                    # The mini-batch loss (each rank holds its share x world); a NaN/inf update is skipped.
-                    step_loss = global_sum(accelerator, step_loss) / world
-                    if guard.check(step + 1, step_loss, grad_norm, scheduler.get_last_lr()[0]):
-                        optimizer.step()
-                        scheduler.step()
-                    sums["loss"] += step_loss
-                    sums["skipped"] += guard.in_a_row > 0
-                    optimizer.zero_grad()
+            sums = update(s, batch, old, advantages, args, step)
 
-        # 6. Sync: the rollout engine samples from the new policy next step.
+        # 7. Sync: the rollout engine samples from the new policy next step.
         with timer("sync"):
-            engine.load_weights(state_dict_for_sync(accelerator, model))
+            s.sync_weights()
 
-        # 7. Log.
-        r_grp = rewards.view(-1, G)
-        lengths = mask.sum(-1)
-        step_s = sum(timer.seconds.values())
-        tok = global_sum(
-            accelerator,
-            {k: sums[k] for k in ("clip_low", "clip_high", "approx_kl", "tis_capped", "tokens")}
-            | {"entropy": (old["entropy"] * mask).sum().item(), "mask": mask.sum().item()},
-        )
-        metrics = {
-            "train/reward": rewards.mean(),
-            "train/accuracy": accuracy.mean(),
-            "train/response_len": lengths.mean(),
-            "train/truncated_frac": sum(not c.finished for c in completions) / n,
-            "train/entropy": tok["entropy"] / max(tok["mask"], 1),
-            "train/zero_adv_group_frac": (r_grp.max(1).values == r_grp.min(1).values).float().mean(),
-            "train/adv_var_within_group": (
-                advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)
-            )
-            .view(-1, G)
-            .var(1)
-            .mean(),
-            "train/rollout_logp_gap": masked_mean(
-                (rollout_logp.nan_to_num() - old["logp"]).abs(), mask * rollout_logp.isfinite()
-            ),
-            "train/grad_norm": math.nan
-            if grad_norm is None
-            else grad_norm,  # None: DeepSpeed clips inside its own step
-            "train/lr": scheduler.get_last_lr()[0],
-            "train/clip_frac_low": tok["clip_low"] / max(tok["tokens"], 1),
-            "train/clip_frac_high": tok["clip_high"] / max(tok["tokens"], 1),
-            "train/approx_kl": tok["approx_kl"] / max(tok["tokens"], 1),
-            "train/tis_capped_frac": tok["tis_capped"] / max(tok["tokens"], 1),
-            "train/loss": sums["loss"] / (args.mu * args.num_minibatches),
-            "train/skipped_steps": sums["skipped"],
-            "reward/timeouts": verifier.take_timeouts(),
-            **info,
-            **{f"time/{k}_s": v for k, v in timer.seconds.items()},
-            "time/step_s": step_s,
-            "time/tokens_per_s": lengths.sum() / step_s,
-            "time/peak_mem_gb": peak_memory_gb(),
-        }
-        if args.eval_steps and ((step + 1) % args.eval_steps == 0 or step + 1 == total_steps):
-            with timer("eval"):
-                summary, records = run_eval()
-            metrics |= summary | {"time/eval_s": timer.seconds["eval"]}
-            if step + 1 == total_steps and accelerator.is_main_process:
-                write_results(
-                    args.output_dir,
-                    summary,
-                    records,
-                    {"step": step + 1, "benchmarks": args.eval_benchmarks, "n": args.eval_n},
-                )
-        metrics = reduce_metrics(accelerator, {k: float(v) for k, v in metrics.items()})
-        metrics["train/epoch"] = sampler.epoch
-        logger.log(step + 1, metrics)
-        logger.log_samples(
-            step + 1,
-            [  # the first group's first completions, to read what the policy writes
-                {
-                    "problem": rollout_rows[i]["problem"],
-                    "completion": texts[i],
-                    "reward": rewards[i],
-                    "advantage": advantages[i].mean(),
-                }
-                for i in range(min(args.log_samples, n))
-            ],
-        )
-        watch.update(step + 1, metrics["train/zero_adv_group_frac"], metrics["train/truncated_frac"])
-        if (args.save_steps and (step + 1) % args.save_steps == 0) or step + 1 == total_steps:
-            save_checkpoint(
-                accelerator,
-                model,
-                tokenizer,
-                args.output_dir,
-                step + 1,
-                {"sampler": sampler.state_dict()},
-                args.keep_last,
-                export=step + 1 == total_steps,  # the final model at the run's root: output_dir/model
-            )
-
-    logger.close(metrics)  # one closing line: the final figures and where the model is
-    verifier.close()
+        # 8. Log (a few completions too), evaluate, save.
+        metrics = step_metrics(s, scores, batch, old, advantages, sums, G, timer) | info
+        s.end_step(step + 1, metrics, timer, samples=(rollout_rows, texts, scores.reward, advantages))
+    s.close()  # the closing line: final figures and where the model is
 
 
 if __name__ == "__main__":
-    main(parse_args(Args, description=__doc__))
+    main(*CLI)

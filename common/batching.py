@@ -1,21 +1,24 @@
-"""Prompt + completion token lists -> padded training tensors."""
+"""A rollout -> padded training tensors, and its split into micro-batches."""
 
 import torch
 
 
-def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int, device=None) -> dict[str, torch.Tensor]:
-    """Left-pad prompts to P and right-pad completions to C, then concatenate.
+def pack(prompts: list[list[int]], completions: list, pad_id: int, device=None) -> dict[str, torch.Tensor]:
+    """Prompts (token ids) and the engine's completions (`common.rollout.Completion`) -> a padded batch.
 
-    The layout [pad.. prompt | completion ..pad] puts every completion at
-    columns P..P+C-1, so the completion's log-probs are the last C positions
-    (`logits_to_keep=C`) and `completion_mask` is [N, C].
+    Prompts are left-padded to P and completions right-padded to C, then concatenated: the layout
+    [pad.. prompt | completion ..pad] puts every completion at columns P..P+C-1, so its log-probs are
+    the last C positions (`logits_to_keep=C`) and `completion_mask` is [N, C]. The batch also holds
+    the engine's log-probs of the sampled tokens ("rollout_logp" [N, C]; NaN for tokens the engine
+    did not sample) and whether each completion ended on a stop token ("finished" [N]).
     """
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     P = max(map(len, prompts))
-    C = max(1, max(map(len, completions)))
+    C = max(1, max(len(c.token_ids) for c in completions))
     ids, attn, cmask = [], [], []
     for p, c in zip(prompts, completions):
+        c = c.token_ids
         ids.append([pad_id] * (P - len(p)) + p + c + [pad_id] * (C - len(c)))
         attn.append([0] * (P - len(p)) + [1] * (len(p) + len(c)) + [0] * (C - len(c)))
         cmask.append([1] * len(c) + [0] * (C - len(c)))
@@ -24,6 +27,8 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int, de
         "attention_mask": torch.tensor(attn, device=device),
         "completion_mask": torch.tensor(cmask, device=device, dtype=torch.float32),
         "prompt_mask": torch.tensor(attn, device=device, dtype=torch.float32)[:, :P],
+        "rollout_logp": pad_right([c.logprobs for c in completions], C, device=device),
+        "finished": torch.tensor([c.finished for c in completions], device=device, dtype=torch.bool),
     }
 
 
@@ -94,17 +99,3 @@ def select(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Te
         "completion_mask": batch["completion_mask"][rows, :c_max] * (1.0 if idx else 0.0),
         "prompt_mask": batch["prompt_mask"][rows, P - p_max :],
     }
-
-
-def span_after(input_ids: torch.Tensor, completion_mask: torch.Tensor, marker: list[int]) -> torch.Tensor:
-    """The completion tokens after the last occurrence of `marker` (e.g. the ids of `</think>`)
-    in each row; the whole completion where it does not occur. input_ids: [N, P + C] as `pack`
-    lays them out; completion_mask: [N, C]. Returns a mask like completion_mask."""
-    C, k = completion_mask.shape[1], len(marker)
-    span = completion_mask.clone()
-    for i, row in enumerate(input_ids[:, -C:].tolist()):
-        n = int(completion_mask[i].sum())
-        ends = [j + k for j in range(n - k + 1) if row[j : j + k] == marker]
-        if ends:
-            span[i, : ends[-1]] = 0
-    return span

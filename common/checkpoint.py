@@ -9,16 +9,17 @@
         trainer_state.json   step, number of processes, the prompt sampler's position
         MANIFEST.json        size and SHA-256 of every file above
         COMPLETE             written last: a checkpoint without it is never used
+    output_dir/model/        the final model: hard links to the last checkpoint's model/, and its own MANIFEST.json
 
-Everything is written under `checkpoint-<step>.tmp`, flushed to disk, and renamed
-at the end, so a crash while saving leaves the previous checkpoint as the latest.
-On `--resume` the newest checkpoint that is whole, matches its manifest (a missing,
-truncated or altered file: RNG state, optimiser, weights) and loads is used; a
-broken one is reported with its reason and skipped. Evaluation checks the manifest
-too. Weights that are not finite are never saved: the save is skipped, so
-`--keep_last` can never delete the last good checkpoint in favour of a diverged one.
-Multi-node: `output_dir` must be on a filesystem every
-node sees (every rank writes its own RNG / optimiser shard files).
+Everything is written under `checkpoint-<step>.tmp`, flushed to disk, and renamed at the end,
+so a crash while saving leaves the previous checkpoint as the newest; a full disk (or any
+write error) stops the run with one line naming the path, the partial `.tmp` removed. Old
+checkpoints are renamed `.deleting` before they are deleted, so a kill mid-delete never leaves
+a half-deleted checkpoint under its name; leftovers are removed at the next save or resume.
+On `--resume` the newest checkpoint that is whole, matches its manifest (a missing, truncated
+or altered file) and loads is used; a broken one is reported and skipped. Weights that are not
+finite are never saved. Multi-node: `output_dir` must be on a filesystem every node sees
+(every rank writes its own RNG / optimiser shard files); `common.run_dir.check_shared` checks it.
 """
 
 import hashlib
@@ -45,56 +46,120 @@ def save_checkpoint(
     trainer_state: dict,
     keep_last: int = 0,
     export: bool = False,
+    mode=None,
 ) -> Path | None:
     """Save everything needed to resume after `step` (None: not saved, the weights are not finite);
-    keep only the newest `keep_last` complete ones (0: all). `export`: also make the HF model of
-    this checkpoint the run's model, `output_dir/model` (the last run's end: `export_model`).
-
-    Every rank must call it (the states are sharded, the HF weights gathered).
-    """
+    keep only the newest `keep_last` complete ones (0: all). `export`: also make this checkpoint's
+    HF model the run's model, `output_dir/model`. `mode`: the run's `common.distributed.ParallelMode`.
+    Every rank must call it (the states are sharded, the HF weights gathered)."""
     output_dir = Path(output_dir)
-    if not weights_are_finite(accelerator, model):
+    if not weights_are_finite(accelerator, model, mode):
         if accelerator.is_main_process:
             print(f"warning: step {step}: the weights hold NaN or inf; checkpoint-{step} is not saved")
         return None
     final = output_dir / f"checkpoint-{step}"
     tmp = output_dir / f"checkpoint-{step}.tmp"
-    if accelerator.is_main_process:
-        for stale in output_dir.glob("checkpoint-*.tmp"):  # left by a save that was killed
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp / "accelerate"))
-    accelerator.wait_for_everyone()  # save_state does not wait: every rank's files are in before the rename
-    state_dict = accelerator.get_state_dict(model)  # gathered in full on rank 0 under ZeRO-3 / FSDP
-    if accelerator.is_main_process:
-        # One file, so that accelerate's copy of the same weights can become a link to it.
-        accelerator.unwrap_model(model).save_pretrained(tmp / "model", state_dict=state_dict, max_shard_size="1000GB")
-        tokenizer.save_pretrained(tmp / "model")
-        _store_weights_once(tmp / "accelerate" / "model.safetensors", tmp / "model" / "model.safetensors")
-        state = {"step": step, "num_processes": accelerator.num_processes, **trainer_state}
-        (tmp / "trainer_state.json").write_text(json.dumps(state))
-        write_manifest(tmp)
-        _fsync([*tmp.rglob("*"), tmp])  # the data is on disk before COMPLETE says so
-        (tmp / "COMPLETE").write_text("ok\n")
-        _fsync([tmp / "COMPLETE", tmp])
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        _fsync([output_dir])  # the rename itself
-        if keep_last > 0:
-            complete = [p for p in list_checkpoints(output_dir) if checkpoint_problem(p) is None]
-            for old in complete[keep_last:]:
-                shutil.rmtree(old, ignore_errors=True)
-        if export:
-            export_model(final / "model", output_dir / "model")
+    with _write_errors(tmp, accelerator):
+        if accelerator.is_main_process:
+            remove_leftovers(output_dir)
+            tmp.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(tmp / "accelerate"))
+        accelerator.wait_for_everyone()  # save_state does not wait: every rank's files are in before the rename
+        state_dict = accelerator.get_state_dict(model)  # gathered in full on rank 0 under ZeRO-3 / FSDP
+        if accelerator.is_main_process:
+            # One file, so that accelerate's copy of the same weights can become a link to it.
+            accelerator.unwrap_model(model).save_pretrained(
+                tmp / "model", state_dict=state_dict, max_shard_size="1000GB"
+            )
+            tokenizer.save_pretrained(tmp / "model")
+            _store_weights_once(tmp / "accelerate" / "model.safetensors", tmp / "model" / "model.safetensors")
+            state = {"step": step, "num_processes": accelerator.num_processes, **trainer_state}
+            (tmp / "trainer_state.json").write_text(json.dumps(state))
+            write_manifest(tmp)
+            _fsync([*tmp.rglob("*"), tmp])  # the data is on disk before COMPLETE says so
+            (tmp / "COMPLETE").write_text("ok\n")
+            _fsync([tmp / "COMPLETE", tmp])
+            if final.exists():
+                delete_tree(final)
+            tmp.rename(final)
+            _fsync([output_dir])  # the rename itself
+            if keep_last > 0:
+                complete = [p for p in list_checkpoints(output_dir) if checkpoint_problem(p) is None]
+                for old in complete[keep_last:]:
+                    delete_tree(old)
+            if export:
+                export_model(final / "model", output_dir / "model")
     accelerator.wait_for_everyone()
     return final
 
 
+class _write_errors:
+    """A failed write (a full disk, a quota, a permission) while saving: the partial `tmp` removed,
+    earlier checkpoints untouched, and one line naming the path and the reason. torch's C++
+    writer reports a full disk as "iostream error", so the free space is looked at too."""
+
+    def __init__(self, tmp: Path, accelerator: Accelerator):
+        self.tmp, self.accelerator = tmp, accelerator
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if error is None or not isinstance(error, (OSError, RuntimeError)):
+            return False
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[0][:200]
+        free = _free_bytes(self.tmp.parent)
+        if free is not None and free < 2**20:
+            reason = f"No space left on device ({free} bytes free)"
+        raise SystemExit(
+            f"error: saving {self.tmp.name.removesuffix('.tmp')} in {self.tmp.parent} failed: {reason}. The partial "
+            "checkpoint was removed; earlier checkpoints are untouched. Free space (or point --output_dir elsewhere) "
+            "and continue with --resume"
+        ) from None
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def delete_tree(path: Path) -> None:
+    """Delete a checkpoint or model directory so that a kill mid-way leaves nothing under its name:
+    renamed `<name>.deleting` first (atomic), then removed."""
+    doomed = path.with_name(path.name + ".deleting")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def remove_leftovers(output_dir: Path) -> list[str]:
+    """Remove what killed saves and deletions left (`*.tmp`, `*.deleting`) and checkpoints that are
+    older than the newest good one and broken (a deletion killed before renames were used);
+    returns their names."""
+    removed = []
+    for stale in [*output_dir.glob("checkpoint-*.tmp"), *output_dir.glob("*.deleting"), output_dir / "model.tmp"]:
+        if stale.exists():
+            shutil.rmtree(stale, ignore_errors=True)
+            removed.append(stale.name)
+    checkpoints = list_checkpoints(output_dir)
+    newest_good = next((i for i, p in enumerate(checkpoints) if checkpoint_problem(p) is None), None)
+    if newest_good is not None:
+        for old in checkpoints[newest_good + 1 :]:
+            if checkpoint_problem(old) is not None:
+                shutil.rmtree(old, ignore_errors=True)
+                removed.append(old.name)
+    return removed
+
+
 def export_model(source: Path, target: Path) -> None:
     """`target` becomes a copy of the HF model directory `source` (transformers and vLLM load it), made
-    of hard links where the filesystem has them: no second copy of the weights on disk, and it
-    outlives the checkpoint when `--keep_last` deletes that. Replaced whole, never half written."""
+    of hard links where the filesystem has them, with its own MANIFEST.json: no second copy of the
+    weights on disk, it outlives the checkpoint when `--keep_last` deletes that, and `--model`
+    checks it. Replaced whole, never half written."""
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -103,13 +168,32 @@ def export_model(source: Path, target: Path) -> None:
             os.link(f, tmp / f.name)
         except OSError:  # no hard links here (another device, some network filesystems)
             shutil.copy2(f, tmp / f.name)
-    shutil.rmtree(target, ignore_errors=True)
+    write_manifest(tmp)
+    _fsync([*tmp.iterdir(), tmp])
+    if target.exists():
+        delete_tree(target)
     tmp.rename(target)
+    _fsync([target.parent])
 
 
-def weights_are_finite(accelerator: Accelerator, model: torch.nn.Module) -> bool:
-    """No NaN or inf in any parameter (each rank checks its shard; every rank gets the answer)."""
-    bad = sum(not bool(torch.isfinite(p.detach()).all()) for p in model.parameters() if p.numel())
+def ensure_export(output_dir: str | Path, final_step: int) -> None:
+    """If the run's last step is saved but `model/` is missing or damaged (a kill during the final
+    export), export it again from that checkpoint."""
+    output_dir = Path(output_dir)
+    last = output_dir / f"checkpoint-{final_step}"
+    model = output_dir / "model"
+    if checkpoint_problem(last) is None and not (model.is_dir() and manifest_problem(model, checksums=False) is None):
+        export_model(last / "model", model)
+
+
+def weights_are_finite(accelerator: Accelerator, model: torch.nn.Module, mode=None) -> bool:
+    """No NaN or inf in any parameter. Each rank checks what it holds: under ZeRO-3 a parameter is an
+    empty placeholder and the rank's partition is `ds_tensor`; under FSDP2 the local shard. Every
+    rank gets the answer."""
+    bad = 0
+    for p in model.parameters():
+        held = p.ds_tensor if hasattr(p, "ds_tensor") else p.to_local() if hasattr(p, "to_local") else p
+        bad += not bool(torch.isfinite(held.detach()).all())
     if accelerator.num_processes > 1:
         bad = accelerator.reduce(torch.tensor(float(bad), device=accelerator.device), reduction="sum").item()
     return bad == 0
@@ -134,7 +218,8 @@ def _sha256(path: Path, seen: dict | None = None) -> str:
 def _store_weights_once(state_file: Path, hf_file: Path) -> None:
     """accelerate's model file and the HF model file hold the same tensors (single GPU / DDP: both the
     unwrapped model's fp32 state dict, tied weights once): keep one, hard-linked under both names.
-    Sharded states (ZeRO, FSDP) are other files, kept as they are; so is anything that differs."""
+    Sharded states (ZeRO, FSDP) are other files, kept as they are; so is anything that differs, and
+    both files stay where the filesystem has no hard links."""
     from safetensors import safe_open
 
     if not (state_file.is_file() and hf_file.is_file()):
@@ -146,8 +231,12 @@ def _store_weights_once(state_file: Path, hf_file: Path) -> None:
 
     if layout(state_file) != layout(hf_file) or not _same_tensors(state_file, hf_file):
         return
-    state_file.unlink()
-    os.link(hf_file, state_file)
+    link = state_file.with_name(state_file.name + ".link")
+    try:
+        os.link(hf_file, link)
+    except OSError:  # FUSE, object-store mounts: keep both copies
+        return
+    os.replace(link, state_file)
 
 
 def _same_tensors(a: Path, b: Path) -> bool:
@@ -220,16 +309,21 @@ def checkpoint_problem(path: Path) -> str | None:
     return manifest_problem(path, checksums=False)
 
 
-def load_checkpoint(accelerator: Accelerator, output_dir: str | Path) -> dict:
-    """Restore weights, optimiser, scheduler and RNG from the newest good checkpoint; return its trainer state.
+def load_checkpoint(accelerator: Accelerator, output_dir: str | Path) -> dict | None:
+    """Restore weights, optimiser, scheduler and RNG from the newest good checkpoint; return its trainer
+    state, or None (with a line saying so) when there is none: the run then starts from step 0.
 
-    A checkpoint that looks whole but fails to load (a truncated or corrupted file)
-    is skipped too, on every rank alike, and the one before it is tried. The
-    metrics.jsonl rows of steps after the restored one (logged by the killed run
+    A checkpoint that looks whole but fails to load (a truncated or corrupted file) is skipped too,
+    on every rank alike, and the one before it is tried. Leftovers of killed saves and deletions
+    are removed. The metrics.jsonl rows of steps after the restored one (logged by the killed run
     after its last save) are dropped, so the resumed run's rows follow on.
     """
     main = accelerator.is_main_process
+    if main:
+        remove_leftovers(Path(output_dir))
+    accelerator.wait_for_everyone()
     errors = []
+    state = None
     for path in list_checkpoints(output_dir):
         problem = checkpoint_problem(path)
         if problem is None and main:
@@ -251,12 +345,11 @@ def load_checkpoint(accelerator: Accelerator, output_dir: str | Path) -> dict:
         errors.append(f"{path.name}: {problem}")
         if main:
             print(f"--resume: skipping {path}: {problem}")
-    else:
-        detail = "; ".join(errors) if errors else "none found"
-        raise SystemExit(
-            f"--resume: no usable checkpoint under {output_dir} ({detail}); run without --resume to start fresh"
-        )
-
+    if state is None:
+        if main:
+            detail = "; ".join(errors) if errors else "none saved"
+            print(f"--resume: no usable checkpoint in {output_dir} ({detail}): starting from step 0")
+        return None
     saved_world = state.get("num_processes", accelerator.num_processes)
     if saved_world != accelerator.num_processes and main:
         print(
@@ -264,17 +357,19 @@ def load_checkpoint(accelerator: Accelerator, output_dir: str | Path) -> dict:
             "ranks without a saved RNG state start from a fresh one"
         )
     if main:
-        _drop_metrics_after(Path(output_dir) / "metrics.jsonl", state["step"])
+        for log in ("metrics.jsonl", "samples.jsonl"):
+            drop_rows_after(Path(output_dir) / log, state["step"])
         print(f"resumed from {path} (step {state['step']})")
     accelerator.wait_for_everyone()
     return state
 
 
-def _drop_metrics_after(path: Path, step: int) -> None:
+def drop_rows_after(path: Path, step: int) -> None:
+    """Keep the rows of a run's .jsonl log up to `step` (and drop a last line cut short by a kill)."""
     if not path.exists():
         return
     lines = path.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if _row_step(line) is not None and _row_step(line) <= step]
+    kept = [line for line in lines if (s := _row_step(line)) is not None and s <= step]
     if len(kept) != len(lines):
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(kept))
@@ -286,42 +381,3 @@ def _row_step(line: str) -> int | None:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
         return None  # a half-written last line from the kill
-
-
-def model_to_load(model: str) -> tuple[str, Path | None]:
-    """What `--model` names, as (a path or hub name to load, the training run it comes from or None).
-
-    "tiny" is the CPU demo model; a training run directory (metrics.jsonl + checkpoint-N/) means
-    its newest complete checkpoint; a checkpoint-N directory its model/ folder, once its manifest
-    checks out. A local-looking path that does not exist, or a directory that is not a model (no
-    config.json, no tokenizer files), stops with one line: a hub lookup would only retry, then
-    blame the network.
-    """
-    if model == "tiny":
-        from common.tiny_model import ensure_tiny_model
-
-        return str(ensure_tiny_model()), None
-    path = Path(model).expanduser()
-    if not path.exists():
-        if model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or model.endswith("/"):
-            raise SystemExit(f"error: --model: {model} does not exist (a local path; hub names look like org/name)")
-        return model, None  # a hub name
-    if (path / "metrics.jsonl").is_file():  # a training run
-        done = [c for c in list_checkpoints(path) if (c / "COMPLETE").exists()]
-        if not done:
-            raise SystemExit(f"error: --model: run directory {path} has no complete checkpoint-N/")
-        path = done[0]
-    if path.name.startswith("checkpoint-") and (path / "model").is_dir():
-        if problem := manifest_problem(path):
-            raise SystemExit(f"error: --model: checkpoint {path} is damaged: {problem}; use an earlier checkpoint")
-        path = path / "model"
-    if not (path / "config.json").is_file():
-        raise SystemExit(f"error: --model: {path} has no config.json: not a model, a checkpoint-N or a run directory")
-    if not any(
-        (path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-    ):
-        raise SystemExit(
-            f"error: --model: {path} has no tokenizer files (tokenizer.json, tokenizer_config.json); copy them from the base model"
-        )
-    run = path.parent.parent if path.name == "model" and path.parent.name.startswith("checkpoint-") else None
-    return str(path), run if run is not None and (run / "metrics.jsonl").is_file() else None

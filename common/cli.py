@@ -1,14 +1,101 @@
-"""Command-line flags from a config dataclass (one flag per field, help from `arg`)."""
+"""Command-line flags from config dataclasses, and one-line errors.
+
+    @dataclass
+    class Args:
+        # What to train.
+        lr: float = arg(1e-6, "AdamW learning rate", above=0)
+
+    args, run = parse_args(Args, RunFlags, description=__doc__)
+
+One flag per field; its help, allowed values and range live on the field (`arg`), so a bad
+value stops with one line naming the flag, before anything heavy is imported. `--help` lists
+the flags in the groups the dataclasses' own comment lines open (`# What to train.`).
+`--config FILE.yaml` (a recipe) sets flags; flags on the command line override it.
+This module imports nothing heavy and nothing else from common/: every script parses its
+flags in well under a second.
+"""
 
 import argparse
 import dataclasses
+import difflib
+import inspect
+import re
+import sys
 import typing
 from contextlib import contextmanager
 
+# Flags of TRL's GRPOConfig (and open-r1's recipes) that users type by habit -> ours.
+TRL_NAMES = {
+    "num_generations": "group_size",
+    "learning_rate": "lr",
+    "max_steps": "steps",
+    "num_train_epochs": "epochs",
+    "max_completion_length": "max_completion_len",
+    "max_prompt_length": "max_prompt_len",
+    "num_iterations": "mu",
+    "epsilon": "eps_low",
+    "epsilon_high": "eps_high",
+    "loss_type": "loss_agg",
+    "lr_scheduler_type": "lr_schedule",
+    "max_grad_norm": "grad_clip",
+    "model_name_or_path": "model",
+    "dataset_name": "dataset",
+    "per_device_train_batch_size": "micro_batch_size",
+    "save_total_limit": "keep_last",
+    "logging_steps": "log_every",
+    "use_vllm": "rollout",
+    "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization",
+    "resume_from_checkpoint": "resume",
+    "reward_funcs": "rewards",
+}
 
-def arg(default, help: str, choices: list | None = None):
-    """A config field with its help string (and allowed values)."""
-    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+
+def arg(
+    default,
+    help: str,
+    choices: list | None = None,
+    *,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+    below: float | None = None,
+    resumable: bool | None = None,
+    positional: bool = False,
+    required: bool = False,
+):
+    """A config field: its default, help string, allowed values or range (checked at parse time),
+    whether `--resume` may change it (default: the dataclass's `RESUMABLE` attribute, else no), and
+    for tools, whether it is a positional argument or a required flag."""
+    bounds = {"at_least": at_least, "above": above, "at_most": at_most, "below": below}
+    meta = {"help": help, "choices": choices, "bounds": {k: v for k, v in bounds.items() if v is not None}}
+    meta |= {"positional": positional, "required": required}
+    if resumable is not None:
+        meta["resumable"] = resumable
+    return dataclasses.field(default=default, metadata=meta)
+
+
+_BOUND_TEXT = {"at_least": ">=", "above": ">", "at_most": "<=", "below": "<"}
+_BOUND_TEST = {
+    "at_least": lambda v, b: v >= b,
+    "above": lambda v, b: v > b,
+    "at_most": lambda v, b: v <= b,
+    "below": lambda v, b: v < b,
+}
+
+
+def range_text(field: dataclasses.Field) -> str:
+    """ "> 0, <= 1" for a field declared with above=0, at_most=1 ("" without bounds)."""
+    return ", ".join(f"{_BOUND_TEXT[k]} {b:g}" for k, b in field.metadata.get("bounds", {}).items())
+
+
+def check_range(field: dataclasses.Field, value) -> str | None:
+    """Why `value` is outside the field's declared range, or None. None values (optional flags) pass."""
+    if value is None:
+        return None
+    for kind, bound in field.metadata.get("bounds", {}).items():
+        if not _BOUND_TEST[kind](value, bound) or value != value:  # NaN fails every bound
+            return f"--{field.name} must be {range_text(field)} (got {value:g})"
+    return None
 
 
 def _bool(text: str) -> bool:
@@ -19,51 +106,108 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 
 
-def parse_args(cls, argv: list[str] | None = None, description: str | None = None):
-    """Parse `--field value` flags into an instance of dataclass `cls`.
+def _converter(kind):
+    """str -> value for a field's type; `X | None` accepts "none"."""
+    args = typing.get_args(kind)
+    optional = type(None) in args
+    if optional:
+        kind = next(a for a in args if a is not type(None))
+    convert = _bool if kind is bool else kind
+    if optional:
+        return kind, lambda s: None if s.lower() == "none" else convert(s)
+    return kind, convert
 
-    Bools accept `--flag` (true) or `--flag false`; `X | None` fields accept `none`.
-    `--config FILE.yaml` (a recipe: field: value per line) sets flags, and flags given on
-    the command line override it; an unknown or ill-typed key stops with one line.
-    """
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def _sections(cls) -> dict[str, str]:
+    """field name -> the title of the comment section it sits in (`# What to train. ...` -> "What to train")."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    out, title = {}, cls.__name__
+    for line in source.splitlines():
+        if m := re.match(r"\s+# ([^.]+)\.", line):
+            title = m.group(1).strip()
+        elif m := re.match(r"\s+(\w+): ", line):
+            out[m.group(1)] = title
+    return out
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block) and a hint for a mistyped or TRL-named flag."""
+
+    def __init__(self, *a, flag_names: list[str] = (), **kw):
+        super().__init__(*a, **kw)
+        self.flag_names = list(flag_names)
+
+    def error(self, message: str):
+        hint = ""
+        if m := re.search(r"unrecognized arguments: (\S+)", message):
+            name = m.group(1).split("=")[0].lstrip("-").replace("-", "_")
+            if name in TRL_NAMES:
+                hint = f"; this project calls it --{TRL_NAMES[name]}"
+            elif close := difflib.get_close_matches(name, self.flag_names, n=1, cutoff=0.6):
+                hint = f"; did you mean --{close[0]}?"
+        self.exit(2, f"error: {message}{hint} (see --help)\n")
+
+
+def parse_args(*classes, argv: list[str] | None = None, description: str | None = None):
+    """Parse `--field value` flags into one instance of each dataclass in `classes` (a tuple, or the
+    instance itself for one class). Bools accept `--flag` (true) or `--flag false`; `X | None`
+    fields accept `none`. Every value is checked against its field's choices and range."""
+    fields = [(cls, f) for cls in classes for f in dataclasses.fields(cls)]
+    names = [f.name for _, f in fields]
+    if len(set(names)) < len(names):
+        raise ValueError(f"flag names repeat across {[c.__name__ for c in classes]}")
+    parser = _Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter, flag_names=names)
     parser.add_argument("--config", default=None, help="YAML file of flags (recipes/); command-line flags override it")
-    hints = typing.get_type_hints(cls)
-    converters, choices = {}, {}
-    for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        optional = type(None) in typing.get_args(kind)
-        if optional:
-            kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        convert = _bool if kind is bool else kind
-        if optional:
-            convert = (lambda c: lambda s: None if s.lower() == "none" else c(s))(convert)
-        converters[f.name], choices[f.name] = convert, f.metadata.get("choices")
-        extra = {"nargs": "?", "const": True} if kind is bool else {}
-        parser.add_argument(
-            f"--{f.name}",
-            type=convert,
-            default=f.default,
-            choices=choices[f.name],
-            help=f"{f.metadata.get('help', '')} (default: {f.default})",
-            **extra,
-        )
+    groups, converters = {}, {}
+    for cls in classes:
+        hints, sections = typing.get_type_hints(cls), _sections(cls)
+        for f in dataclasses.fields(cls):
+            kind, convert = _converter(hints[f.name])
+            converters[f.name] = convert
+            title = sections.get(f.name, cls.__name__)
+            group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
+            limits = range_text(f)
+            text = f.metadata.get("help", "")
+            if f.metadata.get("positional"):
+                many = typing.get_origin(kind) is list
+                item = typing.get_args(kind)[0] if many else convert
+                group.add_argument(
+                    f.name, type=item, nargs="+" if many else None, choices=f.metadata.get("choices"), help=text
+                )
+                continue
+            extra = {"nargs": "?", "const": True} if kind is bool else {}
+            if f.metadata.get("required"):
+                extra["required"] = True
+            else:
+                text += f" (default: {f.default}{'; ' + limits if limits else ''})"
+            group.add_argument(
+                f"--{f.name}", type=convert, default=f.default, choices=f.metadata.get("choices"), help=text, **extra
+            )
+    argv = sys.argv[1:] if argv is None else argv
     config = argparse.ArgumentParser(add_help=False)
     config.add_argument("--config", default=None)
     path = config.parse_known_args(argv)[0].config
     if path:
-        parser.set_defaults(**_recipe(path, converters, choices))
+        parser.set_defaults(**_recipe(path, converters, {f.name: f for _, f in fields}))
     values = vars(parser.parse_args(argv))
     values.pop("config")
-    return cls(**values)
+    for _, f in fields:
+        if problem := check_range(f, values[f.name]):
+            raise SystemExit(f"error: {problem}")
+    out = tuple(cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)}) for cls in classes)
+    return out[0] if len(out) == 1 else out
 
 
-def _recipe(path: str, converters: dict, choices: dict) -> dict:
+def _recipe(path: str, converters: dict, fields: dict) -> dict:
     """A recipe's flags, each converted and checked as its command-line flag would be."""
     import yaml
 
     try:
-        raw = yaml.safe_load(open(path, encoding="utf-8")) or {}
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f) or {}
     except (OSError, yaml.YAMLError) as e:
         raise SystemExit(f"error: --config: cannot read {path} ({type(e).__name__}: {e})") from None
     if not isinstance(raw, dict):
@@ -77,9 +221,24 @@ def _recipe(path: str, converters: dict, choices: dict) -> dict:
             values[key] = value if value is None else converters[key](value if isinstance(value, str) else str(value))
         except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
             raise SystemExit(f"error: --config: {path}: {key}: {e}") from None
-        if choices[key] and values[key] not in choices[key]:
-            raise SystemExit(f"error: --config: {path}: {key} must be one of {choices[key]} (got {value!r})")
+        choices = fields[key].metadata.get("choices")
+        if choices and values[key] not in choices:
+            raise SystemExit(f"error: --config: {path}: {key} must be one of {choices} (got {value!r})")
     return values
+
+
+def flag_record(*configs) -> tuple[dict, set[str]]:
+    """(every flag's value, the names `--resume` may change) of parsed config dataclasses: what a
+    run directory records. A field is resumable if its `arg` says so, else if its class's
+    `RESUMABLE` attribute (True for flags that only say how a run goes) says so."""
+    values, resumable = {}, set()
+    for config in configs:
+        default = getattr(config, "RESUMABLE", False)
+        for f in dataclasses.fields(config):
+            values[f.name] = getattr(config, f.name)
+            if f.metadata.get("resumable", default):
+                resumable.add(f.name)
+    return values, resumable
 
 
 def require(condition: bool, message: str) -> None:
@@ -95,38 +254,3 @@ def clear_errors(flag: str | None = None):
         yield
     except (OSError, ValueError, RuntimeError) as e:
         raise SystemExit(f"error: {flag}: {e}" if flag else f"error: {e}") from None
-
-
-def check_run_flags(args) -> None:
-    """Refuse bad values of the flags every training script shares (not the method's own), one line each."""
-    from common.distributed import zero3_requested
-    from common.rewards import REWARD_FUNCS
-
-    require(
-        args.prompts_per_step >= 1 and args.max_completion_len >= 1 and args.micro_batch_size >= 1,
-        "--prompts_per_step, --max_completion_len and --micro_batch_size must be >= 1",
-    )
-    require(
-        min(args.max_tokens_per_micro_batch, args.max_nonfinite_steps, args.warn_flat_steps, args.log_samples) >= 0,
-        "--max_tokens_per_micro_batch, --max_nonfinite_steps, --warn_flat_steps and --log_samples must be >= 0",
-    )
-    require(
-        args.verifier_workers >= 0 and args.verifier_memory_mb >= 0 and args.reward_time_budget_s >= 0,
-        "--verifier_workers, --verifier_memory_mb and --reward_time_budget_s must be >= 0 (0: automatic / no limit)",
-    )
-    require(
-        args.vllm_max_num_seqs >= 0 and args.vllm_max_num_batched_tokens >= 0 and 0 < args.top_p <= 1,
-        "--vllm_max_num_seqs and --vllm_max_num_batched_tokens must be >= 0 (0: automatic), --top_p in (0, 1]",
-    )
-    require(args.tis_cap >= 0, f"--tis_cap must be >= 0 (got {args.tis_cap}; 0: off)")
-    require(
-        args.beta == 0 or not zero3_requested(),
-        "--beta > 0 under DeepSpeed ZeRO-3: the reference model would be partitioned and never wrapped; "
-        "use configs/accelerate/fsdp2.yaml (the reference model is then loaded whole on each GPU) or --beta 0",
-    )
-    unknown = set(args.rewards.split(",")) - set(REWARD_FUNCS)
-    require(not unknown, f"--rewards: unknown term(s) {sorted(unknown)}; choose from {sorted(REWARD_FUNCS)}")
-    require(
-        args.eval_steps >= 0 and args.eval_n >= 1 and args.eval_temperature > 0,
-        "--eval_steps must be >= 0, --eval_n >= 1, --eval_temperature > 0",
-    )

@@ -12,10 +12,10 @@ one device: the rollout engine takes the pieces in bounded batches.
 """
 
 import contextlib
-import os
 import resource
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -84,48 +84,54 @@ def make_accelerator(
     return accelerator
 
 
+@dataclass(frozen=True)
+class ParallelMode:
+    """How the policy is laid out over the ranks, decided once from accelerate's state (never guessed
+    later from a parameter's type, which FSDP2 swaps between sharded and whole)."""
+
+    kind: str  # "single", "ddp", "fsdp2", "zero1", "zero2" or "zero3"
+    world: int
+
+    @property
+    def sharded(self) -> bool:
+        """Parameters split over ranks (FSDP2, ZeRO-3): every forward is a collective that all ranks run."""
+        return self.kind in ("fsdp2", "zero3")
+
+
+def parallel_mode(accelerator: Accelerator) -> ParallelMode:
+    """The layout accelerate was launched with (docs/SCALING.md). FSDP1 is refused: the weight sync
+    and the checkpoints are written for FSDP2's per-parameter DTensors."""
+    from accelerate.utils import DistributedType
+
+    world = accelerator.num_processes
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        return ParallelMode(f"zero{accelerator.state.deepspeed_plugin.zero_stage}", world)
+    if accelerator.distributed_type == DistributedType.FSDP:
+        if getattr(accelerator.state.fsdp_plugin, "fsdp_version", 1) != 2:
+            raise SystemExit(
+                "error: FSDP1 is not supported: set `fsdp_version: 2` in the accelerate config (configs/accelerate/fsdp2.yaml)"
+            )
+        return ParallelMode("fsdp2", world)
+    return ParallelMode("ddp" if world > 1 else "single", world)
+
+
 @contextlib.contextmanager
-def micro_batch(accelerator: Accelerator, model: torch.nn.Module, last: bool):
+def micro_batch(accelerator: Accelerator, model: torch.nn.Module, mode: ParallelMode, last: bool):
     """Gradient accumulation over the micro-batches of one optimiser step.
 
-    Only the last micro-batch's backward synchronises: DDP skips its all-reduce
-    before (no_sync), and DeepSpeed takes its optimiser step only on the last
-    (accelerate marks the accumulation boundary from `sync_gradients`). FSDP2 is
-    the exception: skipping its reduce-scatter would keep full unsharded gradients
-    (+2 bytes per parameter on every rank), so it reduces every micro-batch. The
-    scripts' losses already use global denominators, so nothing is rescaled.
+    The optimiser-step boundary is the `last` micro-batch (accelerate's `sync_gradients`, from which
+    DeepSpeed takes its own step). Only DDP defers its gradient all-reduce to the last backward
+    (no_sync); FSDP2 reduce-scatters every micro-batch's gradients (deferring would keep full
+    unsharded gradients, +2 bytes per parameter on every rank), and DeepSpeed ZeRO-2/3 reduce
+    inside every backward whatever accelerate's no_sync says: so every rank runs as many
+    micro-batches (`micro_batch_plan`). The losses use global denominators: nothing is rescaled.
     """
     accelerator.sync_gradients = last
     try:
-        with contextlib.nullcontext() if last or _is_dtensor(next(model.parameters())) else accelerator.no_sync(model):
+        with accelerator.no_sync(model) if mode.kind == "ddp" and not last else contextlib.nullcontext():
             yield
     finally:
         accelerator.sync_gradients = True
-
-
-def load_reference_model(model_path: str, dtype: torch.dtype, device) -> torch.nn.Module:
-    """The frozen reference model of the KL term (`--beta > 0`), with real weights on every rank.
-
-    accelerate's FSDP `cpu_ram_efficient_loading` makes transformers load all-zero weights on
-    every rank but local rank 0, counting on `prepare` to broadcast rank 0's: the reference
-    model is never prepared, so it would stay zero on 7 of 8 GPUs and the KL would pull the
-    policy toward the uniform distribution. It is loaded with that switch off (every rank
-    reads the checkpoint; the copy is whole on each GPU, not sharded).
-    """
-    from transformers import AutoModelForCausalLM
-
-    saved = os.environ.pop("FSDP_CPU_RAM_EFFICIENT_LOADING", None)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-    finally:
-        if saved is not None:
-            os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = saved
-    return model.to(device).eval().requires_grad_(False)
-
-
-def zero3_requested() -> bool:
-    """Is this process launched with a DeepSpeed ZeRO-3 config (the variable accelerate launch sets)?"""
-    return os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
 
 
 def global_sum(accelerator: Accelerator, value):
@@ -140,13 +146,15 @@ def global_sum(accelerator: Accelerator, value):
 
 
 def micro_batch_plan(
-    accelerator: Accelerator, model, batch: dict, rows: list[int], micro_batch_size: int, max_tokens: int
+    accelerator: Accelerator, batch: dict, rows: list[int], micro_batch_size: int, max_tokens: int
 ) -> list[list[int]]:
-    """`common.batching.micro_batches` of `rows`; with sharded parameters (ZeRO-3, FSDP2), where every
-    forward is a collective, as many micro-batches on every rank (the most any rank has)."""
+    """`common.batching.micro_batches` of `rows`; when several processes train, as many micro-batches on
+    every rank (the most any rank has: a rank short of work runs empty ones). Under DDP that costs a
+    little idle compute; under FSDP2 and ZeRO-2/3, whose every micro-batch is a collective, unequal
+    counts would hang."""
     lens = (batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist())
     plan = micro_batches(*lens, rows, micro_batch_size, max_tokens)
-    if accelerator.num_processes > 1 and is_sharded(model):
+    if accelerator.num_processes > 1:
         count = torch.tensor(len(plan), device=accelerator.device)
         plan = micro_batches(
             *lens, rows, micro_batch_size, max_tokens, count=int(accelerator.reduce(count, reduction="max"))
@@ -190,13 +198,6 @@ def hf_name(name: str) -> str:
     while parts and parts[0] == "module":
         parts = parts[1:]
     return ".".join(parts)
-
-
-def is_sharded(model: torch.nn.Module) -> bool:
-    """Are the parameters split over ranks (DeepSpeed ZeRO-3 or FSDP2)? Then every
-    rank must run each forward together (e.g. `generate(synced_gpus=True)`)."""
-    p = next(model.parameters(), None)
-    return p is not None and (hasattr(p, "ds_id") or _is_dtensor(p))
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:

@@ -1,49 +1,85 @@
-"""Run-health checks: a run that has diverged or cannot learn says so instead of training on.
+"""Run health: a run that diverges, cannot learn, or is told to stop says so and ends cleanly.
 
-- `NonFiniteGuard`: an optimiser step whose loss or gradient norm is not finite is
-  not applied; several in a row stop the run with a one-line error.
-- `SignalWatch`: warns when every group's rewards have been equal for a while
-  (every advantage 0: nothing is learned), naming the likely causes.
+- `UpdateGuard`: an optimiser step whose loss or gradient norm is not finite, or whose gradient
+  norm spikes far above its recent median, is not applied; several non-finite ones in a row stop
+  the run with one line that says how to go on.
+- `SignalWatch`: warns when every group's rewards have been equal for a while (every advantage 0:
+  nothing is learned), naming the likely causes.
+- `StopSignal`: SIGTERM (a scheduler's notice before preemption) or SIGINT (Ctrl-C) stops the run
+  after the step under way, once its checkpoint is saved; a second signal exits at once.
 """
 
 import math
+import os
+import signal
+import statistics
+from collections import deque
+from collections.abc import Callable
+
+SPIKE_WINDOW = 50  # gradient norms the spike rule takes its median over
+SPIKE_MIN_HISTORY = 10  # ... and how many it needs before it judges
 
 
-class NonFiniteGuard:
+class UpdateGuard:
     """Decides, per optimiser step, whether its update may be applied.
 
-    `check` must see the same numbers on every rank (a global loss and the global
-    gradient norm), so that every rank skips the same steps.
+    `check` must see the same numbers on every rank (the global loss and the global gradient norm),
+    so that every rank skips the same steps. `checkpoint_hint()` names the newest saved step, for
+    the stop message's advice (None: nothing saved yet).
     """
 
-    def __init__(self, patience: int):
+    def __init__(self, patience: int, spike_factor: float = 0.0, say: Callable[[str], None] = print):
         self.patience = patience  # consecutive non-finite steps that stop the run (0: never stop)
+        self.spike_factor = spike_factor  # skip when grad_norm > spike_factor * recent median (0: off)
+        self.say = say
         self.in_a_row = 0
-        self.skipped = 0  # over the run
+        self.norms: deque[float] = deque(maxlen=SPIKE_WINDOW)
+        self.checkpoint_hint: Callable[[], int | None] = lambda: None
 
-    def check(self, step: int, loss: float, grad_norm, lr: float) -> bool:
-        """True if the update is finite and may be applied; False to skip it (counted).
-        grad_norm None (DeepSpeed, which clips and steps inside its own engine): the loss decides."""
-        grad_norm = 0.0 if grad_norm is None else float(grad_norm)
-        if math.isfinite(loss) and math.isfinite(grad_norm):
-            self.in_a_row = 0
+    def check(self, step: int, loss: float, grad_norm: float, lr: float) -> bool:
+        """True if the update may be applied; False to skip it. A NaN grad_norm with a finite loss
+        (DeepSpeed, which clips and steps inside its own engine and reports no norm) passes."""
+        finite = math.isfinite(loss) and (math.isfinite(grad_norm) or math.isnan(grad_norm))
+        if not finite:
+            self.in_a_row += 1
+            if self.patience and self.in_a_row >= self.patience:
+                raise SystemExit(self._diverged(step, loss, grad_norm, lr))
+            return False
+        self.in_a_row = 0
+        if math.isnan(grad_norm):
             return True
-        self.in_a_row += 1
-        self.skipped += 1
-        if self.patience and self.in_a_row >= self.patience:
-            raise SystemExit(
-                f"error: step {step}: loss {loss:.4g} or gradient norm {grad_norm:.4g} was not finite for "
-                f"{self.in_a_row} optimiser steps in a row (none applied): the run has diverged. Likely causes: "
-                f"a learning rate too high for this model (--lr {lr:g}), --grad_clip 0, or bf16 overflow "
-                "(--precision fp32); resume from the last checkpoint with a lower --lr"
+        spike = (
+            self.spike_factor > 0
+            and len(self.norms) >= SPIKE_MIN_HISTORY
+            and grad_norm > self.spike_factor * statistics.median(self.norms)
+        )
+        if spike:
+            self.say(
+                f"step {step}: gradient norm {grad_norm:.4g} is over {self.spike_factor:g}x the median of the last "
+                f"{len(self.norms)} ({statistics.median(self.norms):.4g}): update skipped (--grad_spike_factor)"
             )
-        return False
+        self.norms.append(grad_norm)  # a real shift in scale raises the median, and passes after a while
+        return not spike
+
+    def _diverged(self, step: int, loss: float, grad_norm: float, lr: float) -> str:
+        saved = self.checkpoint_hint()
+        how = (
+            f"to go on from checkpoint-{saved} (the newest, saved before the first skipped update) with a lower "
+            "learning rate, run the same command with --resume --lr <lower>"
+            if saved
+            else "start over with a lower learning rate: the same command with --overwrite --lr <lower>"
+        )
+        return (
+            f"error: step {step}: loss {loss:.4g} or gradient norm {grad_norm:.4g} was not finite for {self.in_a_row} "
+            f"optimiser steps in a row (none applied): the run has diverged. Likely causes: a learning rate too high "
+            f"for this model (--lr {lr:g}), or bf16 overflow (--precision fp32); {how}"
+        )
 
 
 class SignalWatch:
     """Warns (once, then every `every` steps) while all groups have had equal rewards for `every` steps."""
 
-    def __init__(self, every: int, say=print):
+    def __init__(self, every: int, say: Callable[[str], None] = print):
         self.every = every
         self.say = say
         self.flat_steps = 0
@@ -58,3 +94,53 @@ class SignalWatch:
                 f"{truncated_frac:.0%} truncated this step), or a reward that cannot vary on this data (--rewards, "
                 "the answers' format)"
             )
+
+
+class StopSignal:
+    """SIGTERM / SIGINT handling. The handler only notes the signal (and says so on stderr); the
+    run checks at the end of each step, all ranks together (`agree`), saves, and stops. A second
+    signal restores the default action and re-raises it: the process ends at once."""
+
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
+        self.received: int | None = None
+        self.stopped = False
+        for signum in signals:
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:  # the second: stop now (no traceback, no save)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.received = signum
+        if int(os.environ.get("RANK", "0")) == 0:  # os.write: safe inside a handler, unlike print
+            os.write(
+                2,
+                f"\n{signal.Signals(signum).name}: stopping after this step, once its checkpoint is saved "
+                f"(send it again to stop at once)\n".encode(),
+            )
+
+    def agree(self, accelerator) -> bool:
+        """Has any rank received a signal? Every rank gets the same answer, so all stop after the same step."""
+        flag = float(self.received is not None)
+        if accelerator.num_processes > 1:
+            import torch
+
+            flag = accelerator.reduce(torch.tensor(flag, device=accelerator.device), reduction="sum").item()
+        self.stopped = self.stopped or flag > 0
+        return self.stopped
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.received or signal.SIGTERM)
+
+    def message(self, saved_step: int | None, command_hint: str = "the same command with --resume") -> str | None:
+        """The closing line of a stopped run (None if it was not stopped)."""
+        if not self.stopped:
+            return None
+        name = signal.Signals(self.received or signal.SIGTERM).name
+        if saved_step is None:
+            return f"stopped by {name}: nothing could be saved"
+        return (
+            f"stopped by {name} after step {saved_step}: saved checkpoint-{saved_step}; to continue, run {command_hint}"
+        )

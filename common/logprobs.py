@@ -178,8 +178,3 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     if dim is None:
         return (x * mask).sum() / mask.sum().clamp(min=1)
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
-
-
-def sequence_nll(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean negative log-likelihood of each sequence's tokens: [B, L] -> [B]."""
-    return -masked_mean(logp, mask, dim=-1)

@@ -1,9 +1,6 @@
-"""Low-probability token selection (Pro-GRPO, arXiv 2602.05281, appendix eq. 12).
-
-For each sequence, T_low is the ceil(fraction * n) valid positions (at least
-one) whose sampled token has the lowest probability. Confidence is the
-geometric mean probability over that set: c = exp(mean_{t in T_low} logp_t).
-"""
+"""Low-probability token selection: for each sequence, the ceil(fraction * n) valid positions (at least
+one) whose sampled token has the lowest probability (Pro-GRPO, arXiv 2602.05281, appendix eq. 12;
+its confidences over that set are pro_grpo.py's)."""
 
 from fractions import Fraction
 
@@ -31,10 +28,3 @@ def low_prob_mask(logp: torch.Tensor, mask: torch.Tensor, fraction: float = 0.2)
     rank = torch.empty_like(order)
     rank.scatter_(-1, order, torch.arange(logp.shape[-1], device=logp.device).expand_as(order))
     return (rank < k[:, None]) & valid
-
-
-def low_prob_confidence(logp: torch.Tensor, mask: torch.Tensor, fraction: float = 0.2) -> torch.Tensor:
-    """c = exp(mean logp over the low-probability set), shape [B]; 1.0 for an empty row."""
-    low = low_prob_mask(logp, mask, fraction).to(logp.dtype)
-    mean_logp = (logp * low).sum(-1) / low.sum(-1).clamp(min=1)
-    return mean_logp.exp()

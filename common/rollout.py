@@ -14,7 +14,6 @@ Both return the engine's log-prob of each sampled token under logits / T,
 which the scripts compare with the trainer's (the `rollout_logp_gap` metric).
 """
 
-import importlib.util
 import logging
 import math
 import os
@@ -23,8 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.distributed import is_sharded
-from common.metrics import quiet_libraries
+from common.console import quiet_libraries
 
 
 @dataclass
@@ -32,11 +30,6 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]  # engine's log pi_old(token | prefix) under logits / T
     finished: bool  # ended on a stop token (False: cut at max_tokens)
-
-
-def vllm_available() -> bool:
-    """Is vLLM installed? (Checked without importing it: that takes seconds.)"""
-    return importlib.util.find_spec("vllm") is not None
 
 
 def stop_token_ids(tokenizer, model_path: str) -> list[int]:
@@ -63,54 +56,54 @@ def stop_token_ids(tokenizer, model_path: str) -> list[int]:
     return sorted(ids)
 
 
-def make_engine(args, model_path: str, tokenizer, model: torch.nn.Module, world: int, seed: int, extra_len: int = 0):
-    """The rollout engine `--rollout` names, set up from the training flags.
+def make_engine(
+    backend: str,
+    model_path: str,
+    tokenizer,
+    model: torch.nn.Module | None = None,
+    *,
+    seed: int = 0,
+    max_model_len: int,
+    dtype: str = "auto",
+    world: int = 1,
+    gpu_memory_utilization: float = 0.3,
+    sleep: bool = False,
+    max_num_seqs: int = 0,
+    max_num_batched_tokens: int = 0,
+    synced: bool = False,
+    batch_size: int = 256,
+):
+    """The rollout engine `backend` names ("vllm" or "hf"), for training, evaluation and data selection.
 
-    vLLM: a colocated engine (one per rank when `world` > 1) holding prompt + completion
-    (+ `extra_len`) tokens per sequence, bf16 on GPU unless `--precision fp32`, decoding this
-    rank's whole rollout at once unless `--vllm_max_num_seqs` says otherwise. HF: `model`
-    (unwrapped) itself.
+    vLLM: its own copy of `model_path`, colocated (one engine per rank when `world` > 1), holding
+    `max_model_len` tokens per sequence in `dtype` ("auto": bf16 on GPU, fp32 on CPU), decoding
+    `max_num_seqs` sequences at once (0: vLLM's default). HF: `model` itself (loaded from
+    `model_path` in `dtype` when None), `batch_size` rows per generate call; `synced`: every rank
+    steps together (parameters sharded over ranks: ZeRO-3, FSDP2).
     """
     stop_ids = stop_token_ids(tokenizer, model_path)
-    if args.rollout == "hf":
-        return HFEngine(model, stop_ids, tokenizer.pad_token_id)
     gpu = torch.cuda.is_available()
+    dtype = ("bfloat16" if gpu else "float32") if dtype == "auto" else dtype
+    if backend == "hf":
+        if model is None:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+            model = model.to("cuda" if gpu else "cpu").eval()
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+        return HFEngine(model, stop_ids, pad, batch_size=batch_size, synced=synced)
     return VLLMEngine(
         model_path,
         stop_ids,
-        max_model_len=args.max_prompt_len + args.max_completion_len + extra_len,
+        max_model_len=max_model_len,
         seed=seed,
-        dtype="bfloat16" if gpu and args.precision != "fp32" else "float32",
-        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-        enable_sleep_mode=args.vllm_sleep,
+        dtype=dtype,
+        gpu_memory_utilization=gpu_memory_utilization,
+        enable_sleep_mode=sleep,
         distributed=world > 1,
-        max_num_seqs=args.vllm_max_num_seqs or min(1024, args.prompts_per_step // world * args.group_size),
-        max_num_batched_tokens=args.vllm_max_num_batched_tokens or None,
+        max_num_seqs=max_num_seqs or None,
+        max_num_batched_tokens=max_num_batched_tokens or None,
     )
-
-
-def context_length(model_path: str) -> int | None:
-    """The model's context in tokens (its config's max_position_embeddings), if it says."""
-    from transformers import AutoConfig
-
-    return getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
-
-
-def check_context_length(model_path: str, needed: int, flags: str) -> None:
-    """Stop with a one-line message, before anything loads, if prompt + completion (`needed`
-    tokens, the sum of `flags`) exceeds the model's context: vLLM would refuse it only after
-    the model has loaded, and the trainer would score positions the model was never trained on."""
-    limit = context_length(model_path)
-    if limit is not None and needed > limit:
-        raise SystemExit(
-            f"error: {flags} = {needed} tokens, more than {model_path}'s context of {limit} tokens: "
-            "lower --max_prompt_len or --max_completion_len"
-        )
-
-
-def _reload_weights(worker, items):
-    """Runs inside each vLLM worker (collective_rpc): a whole-model reload in one call."""
-    worker.model_runner.reload_weights(weights_iterator=iter(items))
 
 
 # A reload in several calls. vLLM's `reload_weights` cannot be called once per
@@ -244,6 +237,8 @@ class VLLMEngine:
         seed: int | list[int] | None = None,
     ) -> list[list[Completion]]:
         """n completions for each prompt (a list of token ids); `seed`: one for the call or one per prompt."""
+        if not prompts:
+            return []
         from vllm import SamplingParams, TokensPrompt
 
         self._wake("weights", "kv_cache")
@@ -296,6 +291,11 @@ class VLLMEngine:
         self.llm.collective_rpc(_end_reload)
         self.llm.reset_prefix_cache()
 
+    def close(self) -> None:
+        """Shut the engine down now, while the process group it joined still exists (left to the
+        interpreter's exit, vLLM's own teardown would find it destroyed and print a traceback)."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def sleep(self) -> None:
         """Free vLLM's GPU memory (weights offloaded to CPU, KV cache discarded) during the update.
         The engine wakes by itself, in the order that needs the least memory: the weights
@@ -342,16 +342,21 @@ class _RowSampler:
 
 
 class HFEngine:
-    def __init__(self, model: torch.nn.Module, stop_token_ids: list[int], pad_token_id: int, batch_size: int = 256):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        stop_token_ids: list[int],
+        pad_token_id: int,
+        batch_size: int = 256,
+        synced: bool = False,
+    ):
         self.model = model
         self.stop_token_ids = list(stop_token_ids)
         self.pad_token_id = pad_token_id
         self.batch_size = batch_size  # rows per `generate` call
-        # ZeRO-3 / FSDP2: every forward is a collective, so all ranks keep stepping
-        # until the last one is done (generate's synced_gpus), and make as many calls.
-        self.synced = (
-            is_sharded(model) and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
-        )
+        # Parameters sharded over ranks (ZeRO-3, FSDP2): every forward is a collective, so all ranks
+        # keep stepping until the last one is done (generate's synced_gpus), and make as many calls.
+        self.synced = synced
 
     @torch.no_grad()
     def generate(
@@ -411,7 +416,7 @@ class HFEngine:
             do_sample=False,  # the sampling is _RowSampler's
             temperature=1.0,
             top_p=1.0,
-            top_k=50,
+            top_k=0,  # off: set, like every field, so that the model's own generation_config.json cannot fill it
             repetition_penalty=1.0,
             no_repeat_ngram_size=0,
             max_new_tokens=max_tokens,
@@ -439,3 +444,6 @@ class HFEngine:
 
     def sleep(self) -> None:
         pass  # nothing to release: it is the training model
+
+    def close(self) -> None:
+        pass

@@ -1,35 +1,34 @@
-"""The run directory (`--output_dir`): one run per directory, its flags kept, checked before anything loads.
+"""The run directory (`--output_dir`): one run per directory, locked while it runs, its flags kept.
 
     output_dir/
         run_config.json   {"flags": the run's flags, "history": one entry per start and resume}
         metrics.jsonl     one row per step; samples.jsonl: a few completions per step (common/metrics.py)
         checkpoint-<N>/   common/checkpoint.py
         model/            the final model, HF format (transformers and vLLM load it)
+        .lock             pid, host and start time of the run using it (common/run_dir.py RunLock)
 
-A fresh run refuses a directory that already holds a run (it would interleave two
-runs' metrics, and `--keep_last` would count the old run's checkpoints as the
-newest): `--resume` continues that run, `--overwrite` deletes it first. A resume
-refuses flags that change what is trained (data, model, method) and names them;
-flags that only change how (lengths of the run, logging, memory settings) may differ
-and are recorded in the history.
+A second process on a locked directory is refused, whatever its flags. A fresh run refuses a
+directory that holds a run with a checkpoint (it would interleave two runs' metrics, and
+`--keep_last` would count the old run's checkpoints): `--resume` continues that run,
+`--overwrite` deletes it first. A directory whose run saved no usable checkpoint (it failed at
+the start, or was killed before its first save) starts over without either flag, saying so.
+A resume refuses flags that change what is trained (data, model, method) and names them; the
+others (the learning rate and its schedule, clipping, lengths of the run, logging, saving,
+evaluation, systems) may differ and are recorded in the history.
 """
 
+import atexit
+import fcntl
 import json
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 
 CONFIG = "run_config.json"
-
-# Flags a resume may change: how the run goes on, not what it trains.
-RESUMABLE = {
-    "resume", "overwrite", "output_dir", "steps", "epochs", "save_steps", "keep_last", "eval_steps",
-    "eval_benchmarks", "eval_n", "eval_temperature", "micro_batch_size", "max_tokens_per_micro_batch",
-    "gradient_checkpointing", "rollout", "vllm_gpu_memory_utilization", "vllm_sleep", "vllm_max_num_seqs",
-    "vllm_max_num_batched_tokens", "verifier_workers", "verifier_memory_mb", "reward_time_budget_s",
-    "max_nonfinite_steps", "warn_flat_steps", "log_samples", "report_to",
-}  # fmt: skip
+LOCK = ".lock"
+LOGS = ("metrics.jsonl", "samples.jsonl", "eval_results.json", "eval_records.jsonl")
 
 
 def _holds_a_run(path: Path) -> list[str]:
@@ -37,54 +36,173 @@ def _holds_a_run(path: Path) -> list[str]:
     return sorted(p.name for p in path.iterdir() if p.name in names or p.name.startswith("checkpoint-"))
 
 
-def check_run_dir(output_dir: str, flags: dict, resume: bool, overwrite: bool) -> None:
-    """Refuse, with one line naming the flag and the fix, an output directory this run cannot use.
-    Reads only: every rank may call it (then rank 0 calls `start_run_dir`)."""
+def _has_checkpoint(path: Path) -> bool:
+    from common.checkpoint import checkpoint_problem, list_checkpoints
+
+    return any(checkpoint_problem(c) is None for c in list_checkpoints(path)) or (path / "model").is_dir()
+
+
+class RunLock:
+    """An exclusive lock on a run directory, held by rank 0 while the run lives.
+
+    `flock` on `output_dir/.lock`: the kernel drops it when the process dies, kill -9 included, so a
+    lock file left by a dead run is found unlocked, and taken over with a line. The file holds the
+    holder's pid, host and start time, for the message that refuses a second run. On filesystems
+    without flock, the pid is checked instead (same host only)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        previous = self._read()
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SystemExit(self._in_use(previous)) from None
+        except OSError:  # no flock here (some network filesystems): the pid decides
+            if previous and previous.get("host") == socket.gethostname() and _alive(previous.get("pid")):
+                os.close(fd)
+                raise SystemExit(self._in_use(previous)) from None
+        if previous and previous.get("pid") != os.getpid():
+            print(
+                f"note: {self.path.parent} was locked by pid {previous.get('pid')} on {previous.get('host')} "
+                f"(since {previous.get('since')}), which has ended without releasing it: taking it over"
+            )
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}).encode())
+        os.fsync(fd)
+        self.fd = fd
+        atexit.register(self.release)  # an error exit releases it too; a kill leaves it to the kernel
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+    def _read(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text() or "null")
+        except (OSError, ValueError):
+            return None
+
+    def _in_use(self, holder: dict | None) -> str:
+        who = (
+            f"pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')}"
+            if holder
+            else "another process"
+        )
+        return (
+            f"error: --output_dir: {self.path.parent} is in use by another run ({who}); wait for it to end, "
+            "or pick another --output_dir"
+        )
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError):
+        return False
+    return True
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def check_writable(output_dir: str | Path) -> None:
+    """Refuse, in one line, an --output_dir that is a file or cannot be written (before it is locked)."""
     path = Path(output_dir)
     if path.exists() and not path.is_dir():
         raise SystemExit(f"error: --output_dir: {path} is a file, not a directory; pick another path")
     parent = path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
     if not os.access(parent, os.W_OK | os.X_OK):
         raise SystemExit(f"error: --output_dir: {parent} is not writable; pick a directory you can write to")
-    if resume and overwrite:
-        raise SystemExit("error: --resume and --overwrite contradict each other: continue the run, or start it over")
-    held = _holds_a_run(path) if path.is_dir() else []
-    if resume:
-        if not (path / CONFIG).is_file():
+
+
+def check_run_dir(output_dir: str | Path, flags: dict, resumable: set[str], resume: bool, overwrite: bool) -> None:
+    """Refuse, with one line naming the flag and the fix, a run directory this run cannot use (its lock
+    held: `RunLock`). Reads only: every rank may call it (then rank 0 calls `start_run_dir`)."""
+    check_writable(output_dir)
+    path = Path(output_dir)
+    if resume and (path / CONFIG).is_file():
+        try:
+            saved = json.loads((path / CONFIG).read_text())["flags"]
+        except (OSError, ValueError, KeyError) as e:
             raise SystemExit(
-                f"error: --resume: {path} holds no run ({CONFIG} missing); run without --resume to start one"
-            )
-        saved = json.loads((path / CONFIG).read_text())["flags"]
-        changed = {k: (saved.get(k), v) for k, v in flags.items() if k not in RESUMABLE and saved.get(k) != v}
+                f"error: --resume: {path / CONFIG} is unreadable ({e}); start over with --overwrite"
+            ) from None
+        changed = {k: (saved.get(k), v) for k, v in flags.items() if k not in resumable and saved.get(k) != v}
         if changed:
             diff = "; ".join(f"--{k} {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
             raise SystemExit(
                 f"error: --resume: {path} was trained with other settings ({diff}); resume with the run's own "
-                "flags, or start a new run in another --output_dir"
+                "values of these flags, or start a new run in another --output_dir"
             )
-    elif held and not overwrite:
+    elif not resume and not overwrite and path.is_dir() and _holds_a_run(path) and _has_checkpoint(path):
         raise SystemExit(
-            f"error: --output_dir: {path} already holds a run ({', '.join(held[:4])}); pass --resume to continue it, "
-            "--overwrite to delete it and start over, or pick another directory"
+            f"error: --output_dir: {path} already holds a run ({', '.join(_holds_a_run(path)[:4])}); pass --resume to "
+            "continue it, --overwrite to delete it and start over, or pick another directory"
         )
 
 
-def start_run_dir(output_dir: str, flags: dict, resume: bool, overwrite: bool) -> None:
-    """Rank 0, after `check_run_dir` passed on every rank: clear an overwritten run, write the flags."""
+def start_run_dir(output_dir: str | Path, flags: dict, resumed: bool, overwrite: bool) -> None:
+    """Rank 0, after `check_run_dir` passed on every rank and the run has loaded: clear an overwritten
+    run or one that never saved a checkpoint, and record the flags (`resumed`: continuing a checkpoint)."""
     path = Path(output_dir)
-    if overwrite and path.is_dir():
-        for name in _holds_a_run(path) + [p.name for p in path.glob("checkpoint-*.tmp")]:
+    if path.is_dir() and not resumed and _holds_a_run(path):
+        if not overwrite:
+            print(f"note: {path} held a run with no usable checkpoint: starting over")
+        for name in _holds_a_run(path) + [p.name for p in path.glob("checkpoint-*.tmp")] + list(LOGS):
             target = path / name
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
-        for extra in ("eval_results.json", "eval_records.jsonl", "config.json"):
-            (path / extra).unlink(missing_ok=True)
     path.mkdir(parents=True, exist_ok=True)
-    config = json.loads((path / CONFIG).read_text()) if resume else {"flags": flags, "history": []}
+    config = json.loads((path / CONFIG).read_text()) if resumed else {"flags": flags, "history": []}
     changed = {k: v for k, v in flags.items() if config["flags"].get(k) != v}
+    config["flags"] = config["flags"] | flags  # the values in force now; the history keeps what changed when
     config["history"].append(
-        {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "event": "resume" if resume else "start"}
-        | ({"changed": changed} if resume and changed else {})
+        {"time": _now(), "event": "resume" if resumed else "start"}
+        | ({"changed": changed} if resumed and changed else {})
     )
     tmp = path / (CONFIG + ".tmp")
     tmp.write_text(json.dumps(config, indent=2, default=str))
     os.replace(tmp, path / CONFIG)
+
+
+def check_shared(output_dir: str | Path, accelerator) -> None:
+    """Multi-node: every rank must see the run directory rank 0 writes (checkpoints hold every rank's
+    files). Rank 0 writes a sentinel with a fresh token; a rank that cannot read it stops the run
+    with one line naming its host."""
+    if accelerator.num_processes == 1:
+        return
+    import torch
+    from accelerate.utils import broadcast_object_list
+
+    sentinel = Path(output_dir) / f".shared-{os.getpid()}"
+    token = None
+    if accelerator.is_main_process:
+        token = f"{socket.gethostname()}-{time.time_ns()}"
+        sentinel.write_text(token)
+    token = broadcast_object_list([token], from_process=0)[0]
+    sentinel_name = broadcast_object_list([sentinel.name], from_process=0)[0]
+    try:
+        seen = (Path(output_dir) / sentinel_name).read_text() == token
+    except OSError:
+        seen = False
+    missing = accelerator.reduce(torch.tensor(float(not seen), device=accelerator.device), reduction="sum").item()
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        sentinel.unlink(missing_ok=True)
+    if missing:
+        raise SystemExit(
+            f"error: --output_dir: {output_dir} is not shared by every node ({missing:.0f} rank(s), e.g. on "
+            f"{socket.gethostname() if not seen else 'another host'}, cannot see the files rank 0 writes there); "
+            "put it on a filesystem every node mounts"
+        )

@@ -13,7 +13,6 @@ the boxed answer: the RLVR effect in miniature (sharpening what the policy
 can already produce, as in the first steps of real runs), not new arithmetic.
 """
 
-import argparse
 import json
 import os
 import random
@@ -23,7 +22,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from common.data import TEMPLATES, format_prompt, load_math_dataset
+from common.prompts import TEMPLATES, format_prompt
+from common.synthetic import SYNTHETIC_MAX_OPERAND, SYNTHETIC_TRAIN_SEED, SYNTHETIC_TRAIN_SIZE, synthetic_arithmetic
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VERSION = 2  # bump when the recipe changes so cached models are rebuilt
@@ -110,7 +110,8 @@ def build_tiny_model(
     """Build tokenizer + model (+ SFT warm-start) and save them as a HF checkpoint directory."""
     output = Path(output)
     torch.manual_seed(seed)
-    rows = load_math_dataset("synthetic-arith")  # the RL training problems; the eval set stays unseen
+    # The RL training problems (the demo evaluates on the same 100 sums: it shows RL, not generalisation).
+    rows = synthetic_arithmetic(SYNTHETIC_TRAIN_SIZE, seed=SYNTHETIC_TRAIN_SEED, max_operand=SYNTHETIC_MAX_OPERAND)
     corpus = [format_prompt(r["problem"], t) for r in rows for t in TEMPLATES] + [r["solution"] for r in rows]
     corpus += [
         "Wait! Something is wrong here. After verification, the correct answer is \\boxed{}.",
@@ -132,20 +133,13 @@ def build_tiny_model(
     return output
 
 
-def ensure_tiny_model(path: str | Path = DEFAULT_DIR, **kwargs) -> Path:
-    """Reuse the model at `path` if it was built by this recipe, else build it."""
+def ensure_tiny_model(path: str | Path = DEFAULT_DIR, say=None, **kwargs) -> Path:
+    """Reuse the model at `path` if it was built by this recipe, else build it (saying so first: about
+    a minute on 2 cores, once per machine)."""
     path = Path(path)
     if (path / "tiny_model.json").exists():
         return path
+    if say is not None:
+        say(f"building the CPU demo model once (about a minute): {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     return build_tiny_model(path, **kwargs)
-
-
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output", default=str(DEFAULT_DIR))
-    p.add_argument("--sft_steps", type=int, default=500)
-    p.add_argument("--sft_noise", type=float, default=0.5, help="share of SFT solutions without \\boxed{}")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args()
-    print(build_tiny_model(a.output, sft_steps=a.sft_steps, sft_noise=a.sft_noise, seed=a.seed))

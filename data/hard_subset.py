@@ -19,12 +19,16 @@ skipped (training drops them too).
 
 from __future__ import annotations
 
-import argparse
 import random
+from dataclasses import dataclass
 
-from common.cli import clear_errors
-from common.data import TEMPLATE_CHOICES, format_prompt, load_math_dataset, write_jsonl
-from common.rewards import MathVerifier, accuracy_reward
+from common.cli import arg, clear_errors, parse_args
+from common.jsonl import write_jsonl
+from common.math_data import load_math_dataset
+from common.prompts import TEMPLATE_CHOICES, format_prompt
+from common.rewards import accuracy_reward
+from common.run_flags import vllm_available
+from common.verifier import MathVerifier
 
 
 def sample_accuracies(
@@ -43,6 +47,8 @@ def sample_accuracies(
     """Each row's accuracy over `samples` completions from `engine` (`generate` as in common.rollout)."""
     from tqdm import tqdm
 
+    from common.rollout import prompt_seeds
+
     accuracies = []
     for start in tqdm(range(0, len(rows), batch_size), desc="sampling", unit="batch"):
         chunk = rows[start : start + batch_size]
@@ -50,7 +56,8 @@ def sample_accuracies(
             tokenizer(format_prompt(r["problem"], template, tokenizer), add_special_tokens=False).input_ids
             for r in chunk
         ]
-        groups = engine.generate(prompts, samples, max_tokens, temperature, top_p, seed=seed + start)
+        seeds = prompt_seeds(seed, 0, 0, 0, start + len(chunk))[start:]  # one per problem, from its index
+        groups = engine.generate(prompts, samples, max_tokens, temperature, top_p, seed=seeds)
         texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for g in groups for c in g]
         correct = accuracy_reward(texts, [r["answer"] for r in chunk for _ in range(samples)], verifier)
         accuracies += [sum(correct[i * samples : (i + 1) * samples]) / samples for i in range(len(chunk))]
@@ -65,64 +72,36 @@ def hardest(rows: list[dict], accuracies: list[float], n: int, seed: int) -> lis
     return [{**rows[i], "model_accuracy": accuracies[i]} for i in order[:n]]
 
 
-def make_engine(args, tokenizer):
-    """The rollout engine the training scripts use, with the same stop tokens."""
-    import torch
-
-    from common.rollout import HFEngine, VLLMEngine, stop_token_ids
-
-    stop_ids = stop_token_ids(tokenizer, args.model)
-    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    if args.rollout == "vllm":
-        return VLLMEngine(
-            args.model,
-            stop_ids,
-            max_model_len=args.max_prompt_len + args.max_tokens,
-            seed=args.seed,
-            dtype=str(dtype).removeprefix("torch."),
-            gpu_memory_utilization=args.gpu_memory_utilization,
-        )
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(
-        "cuda" if torch.cuda.is_available() else "cpu"
-    )
-    return HFEngine(
-        model.eval(), stop_ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    )
+@dataclass
+class Args:
+    # What to rank.
+    model: str = arg("", "model that judges difficulty (paper: Qwen/Qwen2.5-Math-7B)", required=True)
+    source: str = arg("", "problems to rank: local file/directory or hub name", required=True)
+    output: str = arg("", "JSONL file to write", required=True)
+    split: str = arg("train", "split of the source")
+    problem_field: str | None = arg(None, "column holding the problem")
+    answer_field: str | None = arg(None, "column holding the gold answer")
+    solution_field: str | None = arg(None, "column holding a reference solution")
+    n: int = arg(1000, "problems to keep", at_least=1)
+    # Sampling.
+    samples: int = arg(8, "completions per problem", at_least=1)
+    seed: int = arg(42, "sampling seed and tie-break shuffle")
+    temperature: float = arg(0.6, "sampling temperature", above=0)
+    top_p: float = arg(1.0, "nucleus sampling", above=0, at_most=1)
+    max_tokens: int = arg(1024, "max new tokens per completion", at_least=1)
+    max_prompt_len: int = arg(512, "longer prompts (tokens) are skipped", at_least=1)
+    template: str = arg("qwen_math", "prompt template", TEMPLATE_CHOICES)
+    # Systems.
+    rollout: str = arg("vllm" if vllm_available() else "hf", "generation backend", ["vllm", "hf"])
+    gpu_memory_utilization: float = arg(0.9, "share of GPU memory vLLM may take", above=0, at_most=1)
 
 
-def main(argv: list[str] | None = None) -> None:
-    from common.rollout import vllm_available
-
-    p = argparse.ArgumentParser(
-        prog="python -m data.hard_subset", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--model", required=True, help="model that judges difficulty (paper: Qwen/Qwen2.5-Math-7B)")
-    p.add_argument("--source", required=True, help="problems to rank: local file/directory or hub name")
-    p.add_argument("--output", required=True, help="JSONL file to write")
-    p.add_argument("--n", type=int, default=1000, help="problems to keep")
-    p.add_argument("--samples", type=int, default=8, help="completions per problem")
-    p.add_argument("--seed", type=int, default=42, help="sampling seed and tie-break shuffle")
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--top_p", type=float, default=1.0)
-    p.add_argument("--max_tokens", type=int, default=1024, help="max new tokens per completion")
-    p.add_argument("--max_prompt_len", type=int, default=512, help="longer prompts (tokens) are skipped")
-    p.add_argument("--template", default="qwen_math", choices=TEMPLATE_CHOICES)
-    p.add_argument("--rollout", default="vllm" if vllm_available() else "hf", choices=["vllm", "hf"])
-    p.add_argument("--gpu_memory_utilization", type=float, default=0.9)
-    p.add_argument("--split", default="train")
-    p.add_argument("--problem_field", default=None)
-    p.add_argument("--answer_field", default=None)
-    p.add_argument("--solution_field", default=None)
-    args = p.parse_args(argv)
-    if args.n < 1 or args.samples < 1 or args.max_tokens < 1:
-        raise SystemExit("error: --n, --samples and --max_tokens must be >= 1")
-
-    from transformers import AutoTokenizer
+def main(args: Args) -> None:
+    from common.models import load_tokenizer
+    from common.rollout import make_engine
 
     rows = load_math_dataset(args.source, args.split, args.problem_field, args.answer_field, args.solution_field)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = load_tokenizer(args.model)
     kept = [
         r
         for r in rows
@@ -134,7 +113,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     if len(kept) < args.n:
         print(f"warning: only {len(kept)} problems, fewer than --n {args.n}; all are kept (ranked)")
-    engine = make_engine(args, tokenizer)
+    engine = make_engine(
+        args.rollout, args.model, tokenizer, seed=args.seed, max_model_len=args.max_prompt_len + args.max_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )  # fmt: skip
     with MathVerifier() as verifier:
         accuracies = sample_accuracies(
             kept,
@@ -160,4 +142,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     with clear_errors():  # user errors: one line, no traceback
-        main()
+        main(parse_args(Args, description=__doc__))

@@ -1,7 +1,7 @@
 """Build each paper's training set as JSONL rows {"problem", "answer", "solution"}.
 
     python -m data.prepare edge      --output data/deepscaler_random_1k.jsonl
-    python -m data.prepare egpo      --tokenizer Qwen/Qwen2.5-Math-1.5B --output data/openr1_egpo.jsonl
+    python -m data.prepare egpo      --tokenizer Qwen/Qwen2.5-Math-1.5B --subsets default,extended --output data/openr1_egpo.jsonl
     python -m data.prepare cw        --output data/open_rs.jsonl
     python -m data.prepare pro       --output data/dapo_math_17k.jsonl
     python -m data.prepare synthetic --output data/synthetic_arith_train.jsonl
@@ -33,23 +33,18 @@ Every step prints its row counts before and after.
 
 from __future__ import annotations
 
-import argparse
 import random
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.cli import clear_errors
-from common.data import (
-    TEMPLATE_CHOICES,
-    format_prompt,
-    iter_math_dataset,
-    strip_dapo_instruction,
-    synthetic_arithmetic,
-    synthetic_eval_set,
-    write_jsonl,
-)
+from common.cli import arg, clear_errors, parse_args
+from common.jsonl import write_jsonl
+from common.math_data import iter_math_dataset, strip_dapo_instruction
+from common.prompts import TEMPLATE_CHOICES, format_prompt
+from common.synthetic import synthetic_arithmetic, synthetic_eval_set
 
 DEFAULT_SOURCES = {
     "edge": "agentica-org/DeepScaleR-Preview-Dataset",
@@ -106,7 +101,7 @@ def _dedup(rows: Iterable[dict], name: str = "deduplicate problems") -> list[dic
 
 def prepare_edge(rows: list[dict], n: int | None = 1000, seed: int = 42) -> list[dict]:
     """Keep rows whose solution has a \\boxed{} final answer, then a seeded random `n`."""
-    from common.rewards import extract_boxed
+    from common.answers import extract_boxed
 
     print(f"edge: {len(rows)} rows loaded")
     rows = _complete(rows)
@@ -242,42 +237,39 @@ def prepare_synthetic(n: int = 5000, seed: int = 42, max_operand: int = 99, ops:
 # ---------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="python -m data.prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+@dataclass
+class Args:
+    # What to build.
+    dataset: str = arg(
+        "synthetic", "the paper's training set", ["edge", "egpo", "cw", "pro", "synthetic"], positional=True
     )
-    p.add_argument("dataset", choices=["edge", "egpo", "cw", "pro", "synthetic"])
-    p.add_argument("--output", required=True, help="JSONL file to write")
-    p.add_argument("--source", default=None, help="local file/directory or hub name (default: the paper's)")
-    p.add_argument("--split", default="train")
-    p.add_argument(
-        "--config",
-        default=None,
-        help="hub config(s), comma-separated (egpo: 'default', or 'default,extended' as in the paper)",
+    output: str = arg("", "JSONL file to write", required=True)
+    source: str | None = arg(None, "local file/directory or hub name (default: the paper's)")
+    split: str = arg("train", "split of the source")
+    subsets: str | None = arg(
+        None, "hub config(s), comma-separated (egpo: 'default', or 'default,extended' as in the paper)"
     )
-    p.add_argument("--problem_field", default=None)
-    p.add_argument("--answer_field", default=None)
-    p.add_argument("--solution_field", default=None)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument(
-        "--n",
-        type=int,
-        default=None,
-        help="rows to sample at the end (edge: 1000, synthetic: 5000, others: keep all)",
-    )
-    p.add_argument("--tokenizer", default=None, help="egpo: tokenizer that counts prompt tokens")
-    p.add_argument("--template", default="qwen_math", choices=TEMPLATE_CHOICES, help="egpo: prompt template")
-    p.add_argument("--max_prompt_tokens", type=int, default=1024, help="egpo: prompt length limit")
-    p.add_argument("--max_operand", type=int, default=99, help="synthetic: operands in [0, max_operand]")
-    p.add_argument("--ops", default="+", help="synthetic: operators among + - *, e.g. '+-'")
-    args = p.parse_args(argv)
+    problem_field: str | None = arg(None, "column holding the problem (default: the paper's dataset mapping)")
+    answer_field: str | None = arg(None, "column holding the gold answer")
+    solution_field: str | None = arg(None, "column holding a reference solution")
+    seed: int = arg(42, "seed of the sampling at the end")
+    n: int | None = arg(None, "rows to sample at the end (edge: 1000, synthetic: 5000, others: keep all)", at_least=1)
+    # EGPO's prompt-length filter.
+    tokenizer: str | None = arg(None, "egpo: tokenizer that counts prompt tokens")
+    template: str = arg("qwen_math", "egpo: prompt template", TEMPLATE_CHOICES)
+    max_prompt_tokens: int = arg(1024, "egpo: prompt length limit", at_least=1)
+    # The synthetic task.
+    max_operand: int = arg(99, "synthetic: operands in [0, max_operand]", at_least=1)
+    ops: str = arg("+", "synthetic: operators among + - *, e.g. '+-'")
 
+
+def main(args: Args) -> None:
     if args.dataset == "synthetic":
         rows = prepare_synthetic(args.n or 5000, args.seed, args.max_operand, args.ops)
     else:
         preset = DEFAULT_SOURCES[args.dataset]
         source = args.source or preset
-        configs = args.config.split(",") if args.config else [None]
+        configs = args.subsets.split(",") if args.subsets else [None]
 
         def stream():
             for config in configs:
@@ -311,4 +303,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     with clear_errors():  # user errors: one line, no traceback
-        main()
+        main(parse_args(Args, description=__doc__))

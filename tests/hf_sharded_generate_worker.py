@@ -24,7 +24,9 @@ for layer in model.model.layers:
     fully_shard(layer)
 fully_shard(model)
 
-engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id, batch_size=2)
+engine = HFEngine(
+    model, [tok.eos_token_id], tok.pad_token_id, batch_size=2, synced=True
+)  # sharded: ranks step together
 assert engine.synced
 # Rank 0 has three prompts (two generate calls of 2 rows), rank 1 none: both must make two calls.
 prompts = [tok("What is 1 + 1?").input_ids, tok("What is 2 + 5?").input_ids, tok("Say hi.").input_ids][: 3 - 3 * rank]

@@ -13,7 +13,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
-from common.distributed import load_reference_model
+from common.models import load_reference_model
 
 os.environ.update(ACCELERATE_USE_FSDP="true", FSDP_CPU_RAM_EFFICIENT_LOADING="true", LOCAL_RANK="1")
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])

@@ -25,7 +25,7 @@ def build_coin_model(random_dir: Path, out: Path) -> tuple[Path, Path]:
     """(model directory, dataset .jsonl): prompts "Toss coin i." whose gold answer is 1."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.data import format_prompt
+    from common.prompts import format_prompt
 
     tok = AutoTokenizer.from_pretrained(random_dir)
     model = AutoModelForCausalLM.from_pretrained(random_dir)

@@ -1,21 +1,20 @@
 """edge_grpo.py: EDA against hand-computed numbers, GEC through the real rollout engines and reward,
-the start-up data check, 2-step CLI runs; data/hard_subset.py (DeepScaleR-Hard-1K)."""
+the start-up data check, a run of the authors' variant (--eda_entropy_grad)."""
 
 import json
 import math
-import random
-import subprocess
-import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
-from train_utils import ROOT, TWO_STEPS, run_script
+from train_utils import TWO_STEPS, run_cli, run_script
 
+from common.cli import parse_args
 from common.logprobs import sequence_logprobs
-from common.rewards import MathVerifier, compute_rewards
-from common.rollout import Completion, HFEngine, VLLMEngine, vllm_available
-from data.hard_subset import hardest, sample_accuracies
-from data.hard_subset import main as hard_subset_main
+from common.rewards import compute_rewards
+from common.rollout import Completion, HFEngine, VLLMEngine, prompt_seeds
+from common.run_flags import RunFlags, vllm_available
+from common.verifier import MathVerifier
 from edge_grpo import (
     INJECTION,
     REFLECTION,
@@ -82,7 +81,7 @@ def test_eda_entropy_grad_flows_through_one_over_P_only():
 
 def test_eda_entropy_grad_needs_eda():
     with pytest.raises(SystemExit, match="--eda_entropy_grad needs --eda"):
-        validate(Args(eda=False, eda_entropy_grad=True))
+        validate(*parse_args(Args, RunFlags, argv=["--eda", "false", "--eda_entropy_grad"]))
 
 
 # ---------------------------------------------------------------- GEC
@@ -114,34 +113,45 @@ class RecordingEngine:
         return [[Completion([self.eos_id], [-0.5], True) for _ in range(n)] for _ in prompts]
 
 
+def gec(tok, engine, rows, completions, accuracy, step=0, **flags):
+    """guided_error_correction as a step of edge_grpo.main calls it (one rank, the flags given)."""
+    s = SimpleNamespace(tokenizer=tok, engine=engine, rank=0)
+    return guided_error_correction(s, rows, completions, accuracy, step, Args(**flags))
+
+
 def test_gec_branch_proportions_over_4000_draws(tiny_random_model):
     _, tok = tiny_random_model
     prompt = tok("What is 1 + 1?", add_special_tokens=False).input_ids
     n = 5000
-    accuracy = [1.0 if i % 5 == 0 else 0.0 for i in range(n)]  # 4000 incorrect, 1000 correct
+    accuracy = [1.0 if i % 5 == 0 else (None if i == 1 else 0.0) for i in range(n)]  # 3999 incorrect, 1 unchecked
     completions = [wrong(tok) for _ in range(n)]
     engine = RecordingEngine(tok.eos_token_id)
-    args = ([prompt] * n, completions, accuracy, ["2"] * n, ["1 + 1 = 2. \\boxed{2}"] * n, tok, engine)
-    edited, branches = guided_error_correction(*args, random.Random(0), max_new_tokens=7, seeds=list(range(n)))
+    rows = [{"prompt_ids": prompt, "answer": "2", "solution": "1 + 1 = 2. \\boxed{2}"}] * n
+    args = (tok, engine, rows, completions, accuracy)
+    edited, branches = gec(*args, gec_max_new_tokens=7, prompts_per_step=n, group_size=1)
     reflected = [i for i, b in enumerate(branches) if b == "reflection"]
-    assert engine.seeds == reflected  # each continuation under its own completion's seed: none shared
+    seeds = prompt_seeds(1, 0, n, 0, n)  # --seed 0 + 1: one per completion, from its place in the global batch
+    assert engine.seeds == [seeds[i] for i in reflected]  # each continuation under its own completion's seed
+    assert branches[1] is None and edited[1] is completions[1]  # unchecked: not known wrong, left alone
+    accuracy[1] = 0.0
     assert all(
         b is None and e is c for b, e, c, acc in zip(branches, edited, completions, accuracy) if acc
     )  # correct: untouched
+    edited, branches = gec(*args, gec_max_new_tokens=7, prompts_per_step=n, group_size=1)
+    [(prompts, n_samples, max_tokens)] = engine.calls[-1:]
     counts = {b: branches.count(b) for b in ("reflection", "injection", "replacement")}
     assert sum(counts.values()) == 4000
     for name, p in (("reflection", 0.5), ("injection", 0.25), ("replacement", 0.25)):
         assert abs(counts[name] / 4000 - p) < 0.03, counts  # 4 binomial standard deviations
     # All reflections continue in one engine call: prompt + completion without its EOS + reflection.
-    [(prompts, n_samples, max_tokens)] = engine.calls
     refl = tok(REFLECTION, add_special_tokens=False).input_ids
     assert (n_samples, max_tokens, len(prompts)) == (1, 7, counts["reflection"])
     assert all(p == prompt + completions[0].token_ids[:-1] + refl for p in prompts)
-    # Seeded: the same seed repeats the draws, another seed does not.
-    assert guided_error_correction(*args, random.Random(0))[1] == branches
-    assert guided_error_correction(*args, random.Random(1))[1] != branches
+    # Seeded: the same seed and step repeat the draws; another seed or step does not.
+    assert gec(*args)[1] == branches
+    assert gec(*args, seed=1)[1] != branches and gec(*args, step=1)[1] != branches
     # +Force-R: reflection with p = 1.
-    _, forced = guided_error_correction(*args, random.Random(0), mode="reflection_only")
+    _, forced = gec(*args, gec="reflection_only")
     assert forced.count("reflection") == 4000 and forced.count(None) == 1000
 
 
@@ -150,10 +160,9 @@ def branch_example(
 ):
     """Draw until `branch` comes up for a single incorrect completion."""
     prompt = tok("What is 1 + 1?", add_special_tokens=False).input_ids
+    row = {"prompt_ids": prompt, "answer": answer, "solution": solution}
     for seed in range(100):
-        edited, branches = guided_error_correction(
-            [prompt], [completion], [0.0], [answer], [solution], tok, hf_engine, random.Random(seed), max_new_tokens=4
-        )
+        edited, branches = gec(tok, hf_engine, [row], [completion], [0.0], seed=seed, gec_max_new_tokens=4)
         if branches == [branch]:
             return edited[0]
     raise AssertionError(branch)
@@ -196,8 +205,8 @@ def test_injected_answers_and_solutions_score_as_correct(tiny_random_model, hf_e
     ]
     texts, golds = tok.batch_decode([e.token_ids for e in edited], skip_special_tokens=True), answers * 2
     with MathVerifier() as verifier:
-        rewards, accuracy = compute_rewards(texts, golds, ["boxed_format", "accuracy"], verifier)
-    assert accuracy == [1.0] * 8 and rewards == [2.0] * 8, list(zip(texts, rewards))
+        r = compute_rewards(texts, golds, ["boxed_format", "accuracy"], verifier)
+    assert r.accuracy == [1.0] * 8 and r.total == [2.0] * 8 and all(r.checked), list(zip(texts, r.total))
     assert texts[0].startswith(
         "1 + 1 = 3. The answer is \\boxed{3}.\nWait! Something is wrong here."
     )  # the wrong box stays, the last one counts
@@ -212,20 +221,15 @@ def check_continuation(model, tok, engine, max_logp_err):
     groups = engine.generate(prompts, 2, 12, T, seed=0)
     completions = [c for g in groups for c in g]
     prompt_of = [p for p in prompts for _ in range(2)]
-    edited, branches = guided_error_correction(
-        prompt_of,
-        completions,
-        [0.0] * 4,
-        ["46"] * 4,
-        [None] * 4,
-        tok,
-        engine,
-        random.Random(0),
-        mode="reflection_only",
-        max_new_tokens=8,
-        temperature=T,
-        seeds=[1, 2, 3, 4],
-    )
+    rows = [{"prompt_ids": p, "answer": "46", "solution": None} for p in prompt_of]
+    flags = {
+        "gec": "reflection_only",
+        "gec_max_new_tokens": 8,
+        "temperature": T,
+        "prompts_per_step": 2,
+        "group_size": 2,
+    }
+    edited, branches = gec(tok, engine, rows, completions, [0.0] * 4, **flags)
     refl = tok(REFLECTION, add_special_tokens=False).input_ids
     assert branches == ["reflection"] * 4
     for p, c, e in zip(prompt_of, completions, edited):
@@ -274,60 +278,22 @@ def test_cli_refuses_dataset_without_solutions(tiny_random_dir, tmp_path):
     data.write_text(
         "".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(4))
     )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "edge_grpo.py"),
-            "--model",
-            str(tiny_random_dir),
-            "--dataset",
-            str(data),
-            "--rollout",
-            "hf",
-            "--output_dir",
-            str(tmp_path / "run"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    flags = [
+        "--model",
+        str(tiny_random_dir),
+        "--dataset",
+        str(data),
+        "--rollout",
+        "hf",
+        "--output_dir",
+        str(tmp_path / "run"),
+    ]
+    proc = run_cli("edge_grpo.py", *flags, timeout=180)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "--gec full needs a reference solution" in proc.stderr and "4 of 4 rows lack a solution" in proc.stderr
 
 
-# ---------------------------------------------------------------- CLI
-
-EXTRA_METRICS = {
-    "train/adv_var_within_group",
-    "edge/adv_var_within_group_before_eda",
-    "edge/entropy_P",
-    "gec/rollout_accuracy",
-    "gec/reflection",
-    "gec/injection",
-    "gec/replacement",
-    "gec/fixed",
-    "gec/reflection_fixed",
-    "time/gec_s",
-    "train/rollout_logp_gap",
-}
-FLAGS = (*TWO_STEPS, "--gec_max_new_tokens", "8")
-
-
-@pytest.mark.parametrize("rollout", ["hf", pytest.param("vllm", marks=needs_vllm)])
-def test_two_steps_log_the_extra_metrics(rollout, tiny_random_dir, tmp_path):
-    rows = run_script("edge_grpo.py", tmp_path, "--model", str(tiny_random_dir), "--rollout", rollout, *FLAGS)
-    assert [r["step"] for r in rows] == [1, 2]
-    for r in rows:
-        assert EXTRA_METRICS <= set(r), EXTRA_METRICS - set(r)
-        edited = r["gec/reflection"] + r["gec/injection"] + r["gec/replacement"]
-        assert (
-            edited == round(16 * (1 - r["gec/rollout_accuracy"])) > 0
-        )  # every wrong completion, and a random model is wrong
-        assert r["gec/fixed"] >= r["gec/injection"] + r["gec/replacement"]  # the synthetic solutions are right
-        assert r["train/rollout_logp_gap"] < 1e-3  # finite: injected tokens are left out
-    assert (tmp_path / "checkpoint-2" / "COMPLETE").exists()
-    assert json.loads((tmp_path / "run_config.json").read_text())["flags"]["gec"] == "full"
+# ---------------------------------------------------------------- a run of the authors' variant
 
 
 def test_force_r_with_entropy_grad_runs(tiny_random_dir, tmp_path):
@@ -341,85 +307,11 @@ def test_force_r_with_entropy_grad_runs(tiny_random_dir, tmp_path):
         "--gec",
         "reflection_only",
         "--eda_entropy_grad",
-        *FLAGS[2:],
+        *TWO_STEPS[2:],
+        "--gec_max_new_tokens",
+        "8",
         "--steps",
         "1",
     )
     assert rows[0]["gec/injection"] == rows[0]["gec/replacement"] == 0 and rows[0]["gec/reflection"] > 0
     assert math.isfinite(rows[0]["train/loss"]) and math.isfinite(rows[0]["train/grad_norm"])
-
-
-# ---------------------------------------------------------------- Hard-1K
-
-
-def test_hardest_ranks_by_accuracy_and_breaks_ties_by_seed():
-    rows = [{"problem": str(i)} for i in range(5)]
-    out = hardest(rows, [0.5, 0.0, 1.0, 0.0, 0.25], n=3, seed=0)
-    assert {r["problem"] for r in out[:2]} == {"1", "3"} and out[2]["problem"] == "4"
-    assert [r["model_accuracy"] for r in out] == [0.0, 0.0, 0.25]
-    ties = [{"problem": str(i)} for i in range(20)]
-    picks = {tuple(r["problem"] for r in hardest(ties, [0.0] * 20, 5, seed)) for seed in range(5)}
-    assert len(picks) > 1  # the seed decides among ties...
-    assert hardest(ties, [0.0] * 20, 5, 3) == hardest(ties, [0.0] * 20, 5, 3)  # ...reproducibly
-
-
-class ScriptedEngine:
-    """Answers problem i correctly in the first correct[i] of its samples (the rollout-engine interface)."""
-
-    def __init__(self, tok, correct):
-        self.tok, self.correct, self.seen = tok, correct, 0
-
-    def generate(self, prompts, n, max_tokens, temperature, top_p=1.0, seed=None):
-        out = []
-        for _ in prompts:
-            k, self.seen = self.correct[self.seen], self.seen + 1
-            texts = ["so \\boxed{5}" if j < k else "so \\boxed{4}" for j in range(n)]
-            out.append([Completion(self.tok(t, add_special_tokens=False).input_ids, [0.0], True) for t in texts])
-        return out
-
-
-def test_sample_accuracies_counts_correct_samples(tiny_random_model):
-    _, tok = tiny_random_model
-    rows = [{"problem": f"What is 2 + {i}?", "answer": "5"} for i in range(3)]
-    with MathVerifier() as verifier:
-        acc = sample_accuracies(rows, ScriptedEngine(tok, [4, 0, 1]), tok, verifier, samples=4, batch_size=2)
-    assert acc == [1.0, 0.0, 0.25]
-
-
-def test_hard_subset_cli_on_tiny_model(tiny_random_dir, tmp_path):
-    src, out = tmp_path / "pool.jsonl", tmp_path / "hard.jsonl"
-    src.write_text(
-        "".join(
-            json.dumps({"problem": f"What is {i} + 2?", "answer": str(i + 2), "solution": f"\\boxed{{{i + 2}}}"}) + "\n"
-            for i in range(6)
-        )
-    )
-    hard_subset_main(
-        [
-            "--model",
-            str(tiny_random_dir),
-            "--rollout",
-            "hf",
-            "--source",
-            str(src),
-            "--output",
-            str(out),
-            "--n",
-            "4",
-            "--samples",
-            "2",
-            "--max_tokens",
-            "8",
-        ]
-    )
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 4 and all({"problem", "answer", "solution", "model_accuracy"} <= set(r) for r in rows)
-    accs = [r["model_accuracy"] for r in rows]
-    assert accs == sorted(accs) and all(a in (0.0, 0.5, 1.0) for a in accs)
-
-
-def test_loss_aggregation_is_per_response():
-    """Eq. 1 averages each response's tokens, then the responses (the authors' run in effect too)."""
-    from edge_grpo import Args
-
-    assert Args().loss_agg == "seq-mean-token-mean"

@@ -1,16 +1,16 @@
 """egpo.py: the entropy-calibrated advantage (eqs. 5, 7, 8, 13), every Table 2 ablation, and the CLI."""
 
-import json
 import math
 
 import pytest
 import torch
-from train_utils import TWO_STEPS, run_script
+from train_utils import as_completions
 
 import egpo
+from common.batching import pack
 from common.cli import parse_args
-from common.rollout import vllm_available
-from egpo import Args, calibrated_advantages, validate, weight_stats
+from common.run_flags import RunFlags
+from egpo import Args, calibrated_advantages, span_after, validate, weight_stats
 
 A0 = 0.5 / (math.sqrt(1 / 3) + 1e-6)  # GRPO advantage magnitude in a 2-correct / 2-incorrect group of 4
 
@@ -133,65 +133,21 @@ def test_weight_stats_count_the_clamps_of_trained_groups():
     assert all(math.isnan(v) for v in only_correct.values())  # nothing trained: null in the log, no crash
 
 
-def test_validate_names_the_flag():
-    for bad, flag in [
-        (dict(rewards="accuracy,boxed_format"), "--rewards"),
-        (dict(lambda_min=1.5), "--lambda_min"),
-        (dict(lambda_max=0.9), "--lambda_max"),
-    ]:
-        with pytest.raises(SystemExit, match=flag):
-            validate(Args(**bad))
-    validate(Args(variant="c5"))
-    assert parse_args(Args, ["--variant", "c4"]).variant == "c4"
-
-
-# ---------------------------------------------------------------- CLI
-
-EXTRA_METRICS = {
-    f"egpo/{k}"
-    for k in (
-        "entropy_proxy_correct",
-        "entropy_proxy_incorrect",
-        "nsr_group_frac",
-        "w_min",
-        "w_mean",
-        "w_max",
-        "w_at_lambda_max_frac",
-        "w_at_one_frac",
-        "w_at_lambda_min_frac",
-    )
-}
-
-
 @pytest.mark.parametrize(
-    "rollout_engine",
+    "argv, flag",
     [
-        "hf",
-        pytest.param(
-            "vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vllm not installed")]
-        ),
+        (["--rewards", "accuracy,boxed_format"], "--rewards must be 'accuracy'"),
+        (["--reward_fn", "my:fn"], "--rewards must be 'accuracy'"),
+        (["--lambda_min", "1.5"], "--lambda_min must be > 0, <= 1"),
+        (["--lambda_max", "0.9"], "--lambda_max must be >= 1"),
     ],
 )
-def test_two_steps_log_the_extra_metrics(rollout_engine, tiny_random_dir, tmp_path):
-    rows = run_script("egpo.py", tmp_path, "--model", str(tiny_random_dir), "--rollout", rollout_engine, *TWO_STEPS)
-    assert [r["step"] for r in rows] == [1, 2]
-    for r in rows:
-        assert EXTRA_METRICS <= set(r), EXTRA_METRICS - set(r)
-        # A random model is always wrong: every group is entirely incorrect, so GRPO would have
-        # no signal; NSR gives every completion -w with w in [lambda_min, 1], and a positive loss.
-        assert r["train/accuracy"] == 0 and r["egpo/nsr_group_frac"] == 1.0 and r["egpo/entropy_proxy_correct"] is None
-        assert (
-            r["egpo/entropy_proxy_incorrect"] > 0
-            and 0.5 <= r["egpo/w_min"] <= r["egpo/w_mean"] <= r["egpo/w_max"] <= 1.0
-        )
-        assert r["train/loss"] > 0 and r["train/grad_norm"] > 0
-    assert (tmp_path / "checkpoint-2" / "COMPLETE").exists()
-    assert json.loads((tmp_path / "run_config.json").read_text())["flags"]["variant"] == "egpo"
-
-
-def test_bad_flags_get_a_clear_message():
-    with pytest.raises(SystemExit, match="--rewards must be 'accuracy'"):
-        validate(Args(rewards="accuracy,think_format"))
+def test_flag_checks_name_the_flag(argv, flag):
+    with pytest.raises(SystemExit, match=flag):
+        validate(*parse_args(Args, RunFlags, argv=argv))
+    args, run = parse_args(Args, RunFlags, argv=["--variant", "c4"])
+    validate(args, run)
+    assert args.variant == "c4"
 
 
 def test_answer_span_proxy_of_the_authors_code():
@@ -206,4 +162,11 @@ def test_answer_span_proxy_of_the_authors_code():
     ]
     assert whole["egpo/entropy_proxy_correct"].item() == pytest.approx(1.5)  # mean NLL of 3, 1, 0.5
     assert answer["egpo/entropy_proxy_correct"].item() == pytest.approx(0.5)
-    assert Args().entropy_span == "response"  # the paper's proxy is the default
+
+
+def test_span_after_marker():
+    think_end = [7, 8]
+    completions = [[1, 7, 8, 4, 5], [1, 2, 3], [7, 8, 7, 8, 9]]
+    batch = pack([[5], [5], [5]], as_completions(completions), pad_id=0)
+    span = span_after(batch["input_ids"], batch["completion_mask"], think_end)
+    assert span.tolist() == [[0, 0, 0, 1, 1], [1, 1, 1, 0, 0], [0, 0, 0, 0, 1]]  # after the LAST marker; none: all

@@ -1,22 +1,31 @@
-"""Tests for common/evaluate.py: pass@k, averages, benchmark loading, end-to-end runs, re-scoring."""
+"""common/evaluation.py, common/benchmarks.py and tools/evaluate.py: pass@k, averages, benchmark loading,
+end-to-end runs, re-scoring."""
 
-import importlib.util
 import json
 import math
-import os
-import subprocess
-import sys
+import re
 from pathlib import Path
 
 import pytest
+from train_utils import run_cli
 
-from common import evaluate as ev
+import tools.evaluate as tool
+from common import benchmarks, evaluation
 from common.checkpoint import write_manifest
-from common.data import SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SIZE, load_math_dataset, write_jsonl
-from common.rewards import MathVerifier
+from common.cli import parse_args
+from common.jsonl import write_jsonl
+from common.math_data import load_math_dataset
+from common.models import model_to_load
 from common.rollout import Completion, HFEngine
+from common.run_flags import vllm_available
+from common.synthetic import SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SIZE
+from common.verifier import MathVerifier
 
-REPO = Path(__file__).resolve().parent.parent
+
+def run_tool(**flags):
+    """`python -m tools.evaluate --flag value ...` in process."""
+    args = tool.Args(**flags)
+    tool.main(args, tool.validate(args))
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +68,7 @@ def verifier():
     ],
 )
 def test_pass_at_k_hand_computed(n, c, k, expected):
-    assert ev.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+    assert evaluation.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 
 
 def test_pass_at_k_matches_binomial_form_and_is_stable():
@@ -67,23 +76,23 @@ def test_pass_at_k_matches_binomial_form_and_is_stable():
         for c in range(n + 1):
             for k in range(1, n + 1):
                 exact = 1 - math.comb(n - c, k) / math.comb(n, k)
-                assert ev.pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
+                assert evaluation.pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
     # Large n: the product form needs no huge binomials.
-    assert ev.pass_at_k(5000, 1, 1) == pytest.approx(1 / 5000)
-    assert ev.pass_at_k(5000, 2500, 1000) == pytest.approx(1.0)
-    assert 0 < ev.pass_at_k(1024, 3, 32) < 1
+    assert evaluation.pass_at_k(5000, 1, 1) == pytest.approx(1 / 5000)
+    assert evaluation.pass_at_k(5000, 2500, 1000) == pytest.approx(1.0)
+    assert 0 < evaluation.pass_at_k(1024, 3, 32) < 1
 
 
 @pytest.mark.parametrize("n, c, k", [(4, 5, 1), (4, -1, 1), (4, 2, 5), (4, 2, 0), (0, 0, 1)])
 def test_pass_at_k_rejects_invalid(n, c, k):
     with pytest.raises(ValueError):
-        ev.pass_at_k(n, c, k)
+        evaluation.pass_at_k(n, c, k)
 
 
 def test_default_ks():
-    assert ev.default_ks(1) == [1]
-    assert ev.default_ks(8) == [1, 2, 4, 8]
-    assert ev.default_ks(12) == [1, 2, 4, 8]
+    assert evaluation.default_ks(1) == [1]
+    assert evaluation.default_ks(8) == [1, 2, 4, 8]
+    assert evaluation.default_ks(12) == [1, 2, 4, 8]
 
 
 # ---------------------------------------------------------------------------
@@ -106,7 +115,7 @@ def test_summary_weighted_overall_and_unweighted_mean():
     records = [_record("small", [True, True])] + [
         _record("big", [False, True] if i == 0 else [False, False], tokens=20) for i in range(3)
     ]
-    s = ev.summarize(records)
+    s = evaluation.summarize(records)
     assert s["eval/small/pass@1"] == 1.0
     assert s["eval/big/pass@1"] == pytest.approx(0.5 / 3)
     assert s["eval/big/pass@2"] == pytest.approx(1 / 3)
@@ -120,13 +129,13 @@ def test_summary_weighted_overall_and_unweighted_mean():
 
 
 def test_summary_skips_k_above_n():
-    s = ev.summarize([_record("a", [True, False])], ks=[1, 2, 4])
+    s = evaluation.summarize([_record("a", [True, False])], ks=[1, 2, 4])
     assert "eval/a/pass@2" in s and "eval/a/pass@4" not in s
 
 
 def test_format_table_lists_benchmarks_and_averages():
-    s = ev.summarize([_record("math500", [True, False]), _record("aime24", [False, False], finished=False)])
-    table = ev.format_table(s)
+    s = evaluation.summarize([_record("math500", [True, False]), _record("aime24", [False, False], finished=False)])
+    table = evaluation.format_table(s)
     lines = table.splitlines()
     assert lines[0].startswith("| benchmark | problems | pass@1 (%) | pass@2 (%)")
     assert any(line.startswith("| math500 | 1 | 50.0 | 100.0") for line in lines)
@@ -141,12 +150,12 @@ def test_format_table_lists_benchmarks_and_averages():
 
 def test_registry_covers_the_papers_benchmarks():
     for name in ("math500", "aime24", "aime25", "amc23", "amc", "minerva", "olympiadbench", "gsm8k", "synthetic"):
-        assert name in ev.BENCHMARKS
-    assert ev.BENCHMARKS["gsm8k"][:3] == ("openai/gsm8k", "main", "test")
+        assert name in benchmarks.BENCHMARKS
+    assert benchmarks.BENCHMARKS["gsm8k"][:3] == ("openai/gsm8k", "main", "test")
 
 
 def test_synthetic_benchmark_is_the_shipped_file():
-    rows = ev.load_benchmark("synthetic")
+    rows = benchmarks.load_benchmark("synthetic")
     assert len(rows) == SYNTHETIC_EVAL_SIZE
     assert rows == [
         {"problem": r["problem"], "answer": r["answer"]} for r in load_math_dataset(str(SYNTHETIC_EVAL_PATH))
@@ -164,7 +173,7 @@ def test_local_raw_dumps_use_the_hub_fields(tmp_path):
         [{"id": 1, "question": "O", "answer": r"$\frac{1}{2}$", "final_answer": ["x"]}],
         tmp_path / "olympiadbench.jsonl",
     )
-    got = ev.load_benchmarks("gsm8k,minerva,amc,olympiadbench", data_dir=str(tmp_path))
+    got = benchmarks.load_benchmarks("gsm8k,minerva,amc,olympiadbench", data_dir=str(tmp_path))
     assert got["gsm8k"] == [{"problem": "Q1", "answer": "1200"}]
     assert got["minerva"] == [{"problem": "P", "answer": r"7.5 \times 10^{-4}"}]
     assert got["amc"] == [{"problem": "A", "answer": "27"}]
@@ -174,7 +183,7 @@ def test_local_raw_dumps_use_the_hub_fields(tmp_path):
 def test_local_file_in_our_format_and_explicit_source(tmp_path):
     path = tmp_path / "mine.jsonl"
     write_jsonl([{"problem": "What is 1 + 1?", "answer": "2"}, {"problem": "Q", "answer": "#### 5"}], path)
-    got = ev.load_benchmarks(f"gsm8k={path},custom={path}", limit=1)
+    got = benchmarks.load_benchmarks(f"gsm8k={path},custom={path}", limit=1)
     assert got == {
         "gsm8k": [{"problem": "What is 1 + 1?", "answer": "2"}],
         "custom": [{"problem": "What is 1 + 1?", "answer": "2"}],
@@ -183,9 +192,9 @@ def test_local_file_in_our_format_and_explicit_source(tmp_path):
 
 def test_unknown_benchmark_and_bad_names(tmp_path):
     with pytest.raises(ValueError, match="unknown benchmark 'nope'.*--benchmarks nope="):
-        ev.load_benchmark("nope")
+        benchmarks.load_benchmark("nope")
     with pytest.raises(ValueError, match="invalid benchmark name"):
-        ev.load_benchmark("overall", source=str(SYNTHETIC_EVAL_PATH))
+        benchmarks.load_benchmark("overall", source=str(SYNTHETIC_EVAL_PATH))
     bad = tmp_path / "bad.jsonl"
     write_jsonl([{"text": "no problem field"}], bad)
     with pytest.raises(
@@ -193,9 +202,9 @@ def test_unknown_benchmark_and_bad_names(tmp_path):
         match=r"benchmark 'olympiadbench': .*bad.jsonl needs the fields problem, answer "
         r"or question, answer \(.*its fields: text\)",
     ):
-        ev.load_benchmark("olympiadbench", source=str(bad))
+        benchmarks.load_benchmark("olympiadbench", source=str(bad))
     with pytest.raises(ValueError, match="named twice"):
-        ev.load_benchmarks("synthetic,synthetic")
+        benchmarks.load_benchmarks("synthetic,synthetic")
 
 
 def test_hub_unreachable_says_to_pass_a_local_file(monkeypatch):
@@ -206,7 +215,7 @@ def test_hub_unreachable_says_to_pass_a_local_file(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(RuntimeError, match=r"(?s)HuggingFaceH4/MATH-500.*--benchmarks math500=path/to/math500.jsonl"):
-        ev.load_benchmark("math500")
+        benchmarks.load_benchmark("math500")
 
 
 # ---------------------------------------------------------------------------
@@ -245,7 +254,7 @@ def test_evaluate_scores_and_records(tokenizer, verifier):
             "3 + 3": [r"\boxed{6}"],  # 4 of 4
         },
     )
-    summary, records = ev.evaluate(
+    summary, records = evaluation.evaluate(
         engine,
         tokenizer,
         benchmarks,
@@ -275,7 +284,7 @@ def test_evaluate_scores_and_records(tokenizer, verifier):
 def test_evaluate_counts_overlong_prompts_as_wrong(tokenizer, verifier):
     rows = [{"problem": "What is 1 + 1?", "answer": "2"}, {"problem": "What is 1 + 1? " * 50, "answer": "2"}]
     engine = ScriptedEngine(tokenizer, {"1 + 1": [r"\boxed{2}"]})
-    summary, records = ev.evaluate(
+    summary, records = evaluation.evaluate(
         engine,
         tokenizer,
         {"a": rows},
@@ -301,7 +310,7 @@ def test_cli_end_to_end_hf_then_rescore(tiny_model, tmp_path, capsys):
     bench = tmp_path / "tiny_bench.jsonl"
     write_jsonl([{"question": f"What is {a} + {a}?", "answer": f"work\n#### {2 * a}"} for a in range(3)], bench)
     out = tmp_path / "out"
-    args = ev.Args(
+    run_tool(
         model=str(tiny_model),
         benchmarks=f"gsm8k={bench},synthetic",
         limit=2,
@@ -313,43 +322,44 @@ def test_cli_end_to_end_hf_then_rescore(tiny_model, tmp_path, capsys):
         output_dir=str(out),
         seed=3,
     )
-    ev.main(args)
     printed = capsys.readouterr().out
     assert "| gsm8k | 2 |" in printed and "| synthetic | 2 |" in printed
 
-    results = json.loads((out / ev.RESULTS_FILE).read_text())
+    results = json.loads((out / evaluation.RESULTS_FILE).read_text())
     summary = results["summary"]
     assert summary["eval/overall/num_problems"] == 4
     assert {"eval/gsm8k/pass@4", "eval/synthetic/pass@1", "eval/mean/pass@2"} <= set(summary)
     assert "eval/gsm8k/pass@8" not in summary  # k > n
     assert results["config"]["n"] == 4 and results["config"]["rollout"] == "hf"
-    records = [json.loads(line) for line in (out / ev.RECORDS_FILE).read_text().splitlines()]
+    records = [json.loads(line) for line in (out / evaluation.RECORDS_FILE).read_text().splitlines()]
     assert len(records) == 4 and all(len(r["completions"]) == 4 for r in records)
     assert records[0]["answer"] == "0" and all(0 < t <= 12 for r in records for t in r["num_tokens"])
 
     # Re-score without generating: make two completions of the first problem right.
     records[0]["completions"][:2] = [r"\boxed{0}", r"so \boxed{0}."]
-    write_jsonl(records, out / ev.RECORDS_FILE)
-    summary2, rescored = ev.rescore(out / ev.RECORDS_FILE)
+    write_jsonl(records, out / evaluation.RECORDS_FILE)
+    summary2, rescored = evaluation.rescore(out / evaluation.RECORDS_FILE)
     assert rescored[0]["correct"][:2] == [True, True]
     assert rescored[0]["correct"][2:] == records[0]["correct"][2:]
     first = sum(rescored[0]["correct"]) / 4
     assert summary2["eval/gsm8k/pass@1"] == pytest.approx((first + sum(rescored[1]["correct"]) / 4) / 2)
     assert summary2["eval/gsm8k/pass@1"] >= summary["eval/gsm8k/pass@1"] + 0.25 - 1e-9
     # The CLI's --rescore writes next to the records and keeps the generation config.
-    ev.main(ev.Args(rescore=str(out / ev.RECORDS_FILE)))
-    rewritten = json.loads((out / ev.RESULTS_FILE).read_text())
+    run_tool(rescore=str(out / evaluation.RECORDS_FILE))
+    rewritten = json.loads((out / evaluation.RESULTS_FILE).read_text())
     assert rewritten["summary"] == summary2
-    assert rewritten["config"]["n"] == 4 and rewritten["config"]["rescored_from"].endswith(ev.RECORDS_FILE)
+    assert rewritten["config"]["n"] == 4 and rewritten["config"]["rescored_from"].endswith(evaluation.RECORDS_FILE)
 
 
 def test_rescore_rejects_a_non_record_file(tmp_path):
     path = tmp_path / "x.jsonl"
     write_jsonl([{"problem": "p", "answer": "1"}], path)
-    with pytest.raises(ValueError, match=r"x.jsonl:1: not an evaluation record \(missing benchmark, completions"):
-        ev.rescore(path)
+    with pytest.raises(
+        ValueError, match=r"x.jsonl: record 1: not an evaluation record \(missing benchmark, completions"
+    ):
+        evaluation.rescore(path)
     with pytest.raises(SystemExit, match="not an evaluation record"):
-        ev.main(ev.Args(rescore=str(path)))
+        run_tool(rescore=str(path))
 
 
 def test_hf_engine_refuses_greedy(tiny_random_model, tokenizer):
@@ -357,88 +367,78 @@ def test_hf_engine_refuses_greedy(tiny_random_model, tokenizer):
         tiny_random_model[0], stop_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
     )
     with pytest.raises(ValueError, match="temperature > 0"):
-        ev.evaluate(
+        evaluation.evaluate(
             engine, tokenizer, {"a": [{"problem": "p", "answer": "1"}]}, "qwen_math", n=1, temperature=0.0, max_tokens=4
         )
 
 
 @pytest.mark.vllm
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+@pytest.mark.skipif(not vllm_available(), reason="vllm is not installed")
 def test_cli_vllm_backend(tiny_model, tmp_path):
     out = tmp_path / "out"
-    env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "common.evaluate",
-            "--model",
-            str(tiny_model),
-            "--benchmarks",
-            "synthetic",
-            "--limit",
-            "3",
-            "--n",
-            "2",
-            "--max_tokens",
-            "8",
-            "--rollout",
-            "vllm",
-            "--output_dir",
-            str(out),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    flags = ["--model", str(tiny_model), "--benchmarks", "synthetic", "--limit", "3", "--n", "2", "--max_tokens", "8"]
+    proc = run_cli("tools/evaluate.py", *flags, "--rollout", "vllm", "--output_dir", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((out / ev.RESULTS_FILE).read_text())["summary"]
+    assert f"evaluating {tiny_model}" in proc.stdout  # which model, for the record
+    summary = json.loads((out / evaluation.RESULTS_FILE).read_text())["summary"]
     assert summary["eval/synthetic/num_problems"] == 3 and "eval/synthetic/pass@2" in summary
-    records = [json.loads(line) for line in (out / ev.RECORDS_FILE).read_text().splitlines()]
+    records = [json.loads(line) for line in (out / evaluation.RECORDS_FILE).read_text().splitlines()]
     assert all(len(r["completions"]) == 2 and all(0 < t <= 8 for t in r["num_tokens"]) for r in records)
 
 
-def test_resolve_model_finds_the_checkpoint_and_the_run_dir(tmp_path):
+def resolved(model):
+    """(model path, results directory) as tools/evaluate.py resolves --model."""
+    path, run = model_to_load(model)
+    return path, tool.output_dir(tool.Args(model=model), path, run)
+
+
+def test_model_flag_finds_the_export_or_the_checkpoint_and_the_run_dir(tmp_path):
     run = tmp_path / "runs" / "grpo_base"
     for step, complete in ((2, True), (4, True), (6, False)):  # checkpoint-6 is half-written
         (run / f"checkpoint-{step}" / "model").mkdir(parents=True)
         (run / f"checkpoint-{step}" / "model" / "config.json").write_text("{}")
         (run / f"checkpoint-{step}" / "model" / "tokenizer_config.json").write_text("{}")
+        (run / f"checkpoint-{step}" / "accelerate").mkdir()
+        (run / f"checkpoint-{step}" / "accelerate" / "state.bin").write_text("x")
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"step": step}))
         if complete:
             write_manifest(run / f"checkpoint-{step}")
             (run / f"checkpoint-{step}" / "COMPLETE").write_text("ok\n")
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
-    (run / "config.json").write_text('{"dtype": "auto"}')  # the run's flags, not a model config
+    (run / "run_config.json").write_text('{"flags": {}}')  # the run's flags, not a model config
     model4 = str(run / "checkpoint-4" / "model")
-    assert ev.resolve_model(str(run)) == (model4, run)
-    assert ev.resolve_model(str(run / "checkpoint-4")) == (model4, run)
-    assert ev.resolve_model(model4) == (model4, run)
+    assert resolved(str(run)) == (model4, run)
+    assert resolved(str(run / "checkpoint-4")) == (model4, run)
+    assert resolved(model4) == (model4, run)
+    # A finished run: its exported model/ (with its own manifest) comes first.
+    (run / "model").mkdir()
+    for name in ("config.json", "tokenizer_config.json"):
+        (run / "model" / name).write_text("{}")
+    write_manifest(run / "model")
+    assert resolved(str(run)) == (str(run / "model"), run)
     plain = tmp_path / "my-model"
     plain.mkdir()
     with pytest.raises(SystemExit, match="has no config.json"):
-        ev.resolve_model(str(plain))
+        resolved(str(plain))
     (plain / "config.json").write_text("{}")
     with pytest.raises(SystemExit, match="has no tokenizer files"):
-        ev.resolve_model(str(plain))
+        resolved(str(plain))
     (plain / "tokenizer.json").write_text("{}")
-    assert ev.resolve_model(str(plain)) == (str(plain), Path("runs/eval/my-model"))
-    assert ev.resolve_model("Qwen/Qwen2.5-Math-7B") == ("Qwen/Qwen2.5-Math-7B", Path("runs/eval/Qwen__Qwen2.5-Math-7B"))
+    assert resolved(str(plain)) == (str(plain), Path("runs/eval/my-model"))
+    assert resolved("Qwen/Qwen2.5-Math-7B") == ("Qwen/Qwen2.5-Math-7B", Path("runs/eval/Qwen__Qwen2.5-Math-7B"))
     empty_run = tmp_path / "empty_run"
     empty_run.mkdir()
     (empty_run / "metrics.jsonl").write_text('{"step": 1}\n')
-    with pytest.raises(SystemExit, match="no complete checkpoint"):
-        ev.resolve_model(str(empty_run))
+    with pytest.raises(SystemExit, match="no exported model/ and no complete checkpoint"):
+        resolved(str(empty_run))
     with pytest.raises(SystemExit, match="does not exist .* hub names look like org/name"):
-        ev.resolve_model(str(tmp_path / "typo" / "model"))
+        resolved(str(tmp_path / "typo" / "model"))
 
 
 def test_each_problem_samples_under_its_own_seed(tiny_random_model):
     """Two identical problems must not get identical samples: one seed shared by every prompt makes
     vLLM's GPU sampler (and the HF engine's per-row generators) draw the same stream for each."""
-    from common.evaluate import evaluate
-    from common.rollout import HFEngine
+    from common.evaluation import evaluate
 
     model, tok = tiny_random_model
     engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id)
@@ -448,13 +448,13 @@ def test_each_problem_samples_under_its_own_seed(tiny_random_model):
 
 
 @pytest.mark.parametrize(
-    "flags, message",
+    "argv, message",
     [
-        ({"n": 0}, "--n must be >= 1"),
-        ({"k": "abc"}, "--k must be comma-separated whole numbers"),
-        ({"top_p": 1.5}, "--top_p in"),
+        (["--n", "0"], "--n must be >= 1 (got 0)"),
+        (["--k", "abc"], "--k must be comma-separated whole numbers"),
+        (["--top_p", "1.5"], "--top_p must be > 0, <= 1"),
     ],
 )
-def test_bad_evaluation_flags_are_one_line_errors(flags, message):
-    with pytest.raises(SystemExit, match=message):
-        ev.validate(ev.Args(**flags))
+def test_bad_evaluation_flags_are_one_line_errors(argv, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        tool.validate(parse_args(tool.Args, argv=argv))

@@ -1,10 +1,15 @@
-"""grpo_base.py's algorithm pieces against hand-computed numbers."""
+"""grpo_base.py's algorithm pieces against hand-computed numbers; its update's micro-batching against one pass."""
 
 import math
 
 import pytest
 import torch
+from train_utils import as_completions, script_flags
 
+from common.batching import micro_batches, pack, select
+from common.cli import parse_args
+from common.logprobs import sequence_logprobs
+from common.run_flags import RunFlags
 from grpo_base import Args, group_advantages, policy_loss
 
 
@@ -23,12 +28,10 @@ def test_all_equal_group_has_zero_advantage_not_nan(value):
     assert torch.isfinite(a).all() and (a == 0).all()
 
 
-def test_group_of_one_is_refused_by_args_not_nan():
+def test_group_of_one_is_refused_by_its_flag_not_nan():
     # torch.std of one element is NaN; G = 1 is meaningless for GRPO.
-    with pytest.raises(SystemExit):
-        from grpo_base import validate
-
-        validate(Args(group_size=1))
+    with pytest.raises(SystemExit, match="--group_size must be >= 2"):
+        parse_args(Args, RunFlags, argv=["--group_size", "1"])
 
 
 def loss_of(agg, adv, mask, logp=None, old=None, **kw):
@@ -121,15 +124,6 @@ def test_truncated_importance_sampling_hand_computed():
     assert off.item() == pytest.approx(-1.0) and sums["tis_capped"] == 0  # default off: the papers' objective
 
 
-def test_zero3_with_a_reference_model_is_refused(monkeypatch):
-    from grpo_base import validate
-
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")  # what `accelerate launch` sets for zero3.yaml
-    validate(Args(beta=0.0))
-    with pytest.raises(SystemExit, match="--beta > 0 under DeepSpeed ZeRO-3.*fsdp2.yaml"):
-        validate(Args(beta=0.04))
-
-
 def test_context_overflow_is_refused_before_the_model_loads(tiny_random_dir, tmp_path):
     import shutil
 
@@ -143,10 +137,56 @@ def test_context_overflow_is_refused_before_the_model_loads(tiny_random_dir, tmp
     config.max_position_embeddings = 64
     config.save_pretrained(model_dir)
     (model_dir / "model.safetensors").write_bytes(b"not loaded: the check comes first")
-    args = grpo_base.Args(
-        model=str(model_dir), rollout="hf", max_prompt_len=40, max_completion_len=48, output_dir=str(tmp_path / "run")
+    flags = script_flags(
+        "grpo_base.py",
+        model=str(model_dir),
+        rollout="hf",
+        max_prompt_len=40,
+        max_completion_len=48,
+        output_dir=str(tmp_path / "run"),
     )
     with pytest.raises(
         SystemExit, match=r"--max_prompt_len \+ --max_completion_len = 88 tokens, more than .* context of 64"
     ):
-        grpo_base.main(args)
+        grpo_base.main(*flags)
+
+
+PROMPTS = [3, 9, 5, 4, 7, 2, 8, 6]
+COMPLETIONS = [10, 2, 30, 7, 1, 25, 12, 4]
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_loss_and_gradients_equal_one_unbucketed_pass(tiny_random_model, agg):
+    """Token-budget micro-batches, each cut to its own lengths, give the loss and gradients of the
+    whole batch in one padded pass (global denominators)."""
+    model, _ = tiny_random_model
+    g = torch.Generator().manual_seed(0)
+    V = model.config.vocab_size
+    batch = pack(
+        [torch.randint(3, V, (p,), generator=g).tolist() for p in PROMPTS],
+        as_completions([torch.randint(3, V, (c,), generator=g).tolist() for c in COMPLETIONS]),
+        pad_id=0,
+    )
+    mask, n = batch["completion_mask"], len(PROMPTS)
+    old = -torch.rand(mask.shape, generator=g)
+    adv = torch.randn(n, generator=g)
+    args = Args(loss_agg=agg, max_completion_len=mask.shape[1])
+
+    def run(plan):
+        model.zero_grad()
+        total = 0.0
+        for idx in plan:
+            mb = select(batch, idx)
+            C = mb["completion_mask"].shape[1]
+            logp, _ = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], 1.0, logits_to_keep=C)
+            loss, _ = policy_loss(logp, old[mb["rows"]], adv[mb["rows"]], mb["completion_mask"], args, n, mask.sum())
+            loss.backward()
+            total += loss.item()
+        return total, {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    whole = run([list(range(n))])
+    bucketed = run(micro_batches(PROMPTS, COMPLETIONS, list(range(n)), 99, max_tokens=60))
+    assert bucketed[0] == pytest.approx(whole[0], rel=1e-5, abs=1e-7)
+    for k in whole[1]:
+        torch.testing.assert_close(bucketed[1][k], whole[1][k], rtol=1e-4, atol=1e-6, msg=k)
+    model.zero_grad(set_to_none=True)

@@ -1,11 +1,9 @@
-"""Low-probability token selection (Pro-GRPO appendix eq. 12)."""
-
-import math
+"""common/lowprob.py: low-probability token selection (Pro-GRPO appendix eq. 12)."""
 
 import pytest
 import torch
 
-from common.lowprob import low_prob_confidence, low_prob_mask
+from common.lowprob import low_prob_mask
 
 
 def test_selects_ceil_fraction_of_valid_positions():
@@ -29,15 +27,6 @@ def test_at_least_one_and_empty_rows():
     mask = torch.tensor([[1, 0, 0], [0, 0, 0]])
     sel = low_prob_mask(logp, mask, 0.2)
     assert sel.tolist() == [[True, False, False], [False, False, False]]
-    conf = low_prob_confidence(logp, mask, 0.2)
-    assert conf[0].item() == pytest.approx(math.exp(-1.0))
-    assert conf[1].item() == 1.0  # nothing to be unsure about
-
-
-def test_confidence_is_geometric_mean_probability():
-    logp = torch.log(torch.tensor([[0.9, 0.1, 0.5, 0.8, 0.2, 0.7, 0.6, 0.95, 0.3, 0.4]]))
-    conf = low_prob_confidence(logp, torch.ones_like(logp), 0.2)
-    assert conf.item() == pytest.approx(math.sqrt(0.1 * 0.2))
 
 
 def test_ties_and_bad_fraction():

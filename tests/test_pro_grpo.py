@@ -1,16 +1,18 @@
 """pro_grpo.py: the re-weighted advantage (eq. 4, Table 7), the confidences (eqs. 5-6) and the CLI."""
 
 import math
+import re
 
 import pytest
 import torch
-from train_utils import TWO_STEPS, run_script
+from train_utils import as_completions, scoring_session
 
 import grpo_base
 import pro_grpo
-from common.batching import micro_batches, pack
+from common.batching import pack
+from common.cli import parse_args
 from common.lowprob import low_prob_mask
-from common.rollout import vllm_available
+from common.run_flags import RunFlags
 from pro_grpo import Args, group_advantages, prompt_confidence, reweighted_advantages, validate
 
 ALPHA = 0.3
@@ -73,10 +75,18 @@ def test_alpha_zero_is_grpo():
     torch.testing.assert_close(adv, group_advantages(r, 8))
 
 
-def test_bad_hyperparameters_are_refused():
-    for bad in (Args(alpha=-0.1), Args(alpha=float("nan")), Args(low_prob_frac=0.0), Args(low_prob_frac=1.5)):
-        with pytest.raises(SystemExit):
-            validate(bad)
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--alpha", "-0.1"], "--alpha must be >= 0"),
+        (["--alpha", "nan"], "--alpha must be >= 0 (got nan)"),
+        (["--low_prob_frac", "0"], "--low_prob_frac must be > 0, <= 1"),
+        (["--low_prob_frac", "1.5"], "--low_prob_frac must be > 0, <= 1"),
+    ],
+)
+def test_bad_hyperparameters_are_refused(argv, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        validate(*parse_args(Args, RunFlags, argv=argv))
 
 
 # --- confidences from the no-grad scoring pass ---------------------------------------------------
@@ -89,19 +99,11 @@ def pro_advantages_of(r, b, c_o, G, alpha, rule="cq-co"):
     return reweighted_advantages(group_advantages(r, G), r, b, c_o, G, alpha, rule)
 
 
-def score(module, model, batch, args):
-    """old_logprobs over the batch in micro-batches of args.micro_batch_size."""
-    lens = batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist()
-    return module.old_logprobs(
-        model, batch, args, micro_batches(*lens, list(range(len(lens[0]))), args.micro_batch_size)
-    )
-
-
 def scored(model, tok, prompts=PROMPTS, completions=COMPLETIONS, micro_batch_size=8):
     p = [tok(t, add_special_tokens=False).input_ids for t in prompts]
     c = [tok(t, add_special_tokens=False).input_ids for t in completions]
-    batch = pack(p, c, tok.pad_token_id)
-    return batch, score(pro_grpo, model, batch, Args(micro_batch_size=micro_batch_size))
+    batch = pack(p, as_completions(c), tok.pad_token_id)
+    return batch, pro_grpo.old_logprobs(scoring_session(model, micro_batch_size), batch, Args())
 
 
 def test_prompt_confidence_hand_computed_with_left_padding():
@@ -126,7 +128,7 @@ def test_prompt_confidence_hand_computed_with_left_padding():
 def test_completion_part_matches_grpo_base(tiny_random_model):
     model, tok = tiny_random_model
     batch, old = scored(model, tok)
-    base = score(grpo_base, model, batch, grpo_base.Args(micro_batch_size=8))
+    base = grpo_base.old_logprobs(scoring_session(model, 8), batch, grpo_base.Args())
     mask = batch["completion_mask"].bool()
     torch.testing.assert_close(old["logp"][mask], base["logp"][mask], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(old["entropy"][mask], base["entropy"][mask], atol=1e-5, rtol=1e-5)
@@ -184,66 +186,6 @@ def test_prompt_confidence_is_equal_across_the_group(tiny_random_model):
     torch.testing.assert_close(c_q, c_q[:, :1].expand_as(c_q), atol=1e-6, rtol=1e-6)
 
 
-# --- the CLI, two steps with each rollout backend -------------------------------------------------
-
-PRO_METRICS = {
-    *(
-        f"pro/{k}"
-        for k in (
-            "conf_prompt",
-            "conf_answer_correct",
-            "conf_answer_incorrect",
-            "lowprob_token_prob",
-            "mixed_group_frac",
-        )
-    ),
-    "pro/bonus_abs",
-    "pro/adv_sign_flip_frac",
-    *(
-        f"train/{k}"
-        for k in (
-            "reward",
-            "accuracy",
-            "entropy",
-            "zero_adv_group_frac",
-            "clip_frac_low",
-            "clip_frac_high",
-            "rollout_logp_gap",
-        )
-    ),
-}
-
-
-@pytest.mark.parametrize(
-    "rollout",
-    [
-        "hf",
-        pytest.param(
-            "vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vllm not installed")]
-        ),
-    ],
-)
-def test_two_steps_log_the_confidence_metrics(rollout, tiny_random_dir, tmp_path):
-    rows = run_script("pro_grpo.py", tmp_path, "--model", str(tiny_random_dir), "--rollout", rollout, *TWO_STEPS)
-    assert [r["step"] for r in rows] == [1, 2]
-    assert PRO_METRICS <= set(rows[-1]), PRO_METRICS - set(rows[-1])
-    for r in rows:
-        assert (
-            0 < r["pro/conf_prompt"] <= 1
-            and 0 < r["pro/lowprob_token_prob"] <= 1
-            and 0 <= r["pro/mixed_group_frac"] <= 1
-        )
-        if r["train/accuracy"] < 1:  # the random model is wrong nearly always
-            assert 0 < r["pro/conf_answer_incorrect"] <= 1
-    assert rows[-1]["train/rollout_logp_gap"] < 1e-3  # completion log-probs split correctly out of the full pass
-    assert (tmp_path / "checkpoint-2" / "COMPLETE").exists()
-
-
-def test_bad_alpha_gets_a_clear_message():
-    with pytest.raises(SystemExit, match="--alpha must be"):
-        validate(Args(alpha=-1))
-
-
 def test_group_mean_baseline_of_the_appendix_hand_computed():
     """--confidence_baseline group_mean (appendix eqs. 10, 18): b = the group's mean c(o) instead of c(q)."""
     r = torch.tensor([1.0, 0.0, 1.0, 0.0])
@@ -258,3 +200,14 @@ def test_group_mean_baseline_of_the_appendix_hand_computed():
         torch.testing.assert_close(adv, base + ALPHA * (b - c_o))
         assert metrics["pro/conf_prompt"].item() == pytest.approx(0.8)
     assert Args().confidence_baseline == "prompt"  # eq. 4 is the default
+
+
+def test_confidence_is_the_geometric_mean_probability_of_the_low_set():
+    logp = torch.log(torch.tensor([[0.9, 0.1, 0.5, 0.8, 0.2, 0.7, 0.6, 0.95, 0.3, 0.4], [0.5] + [1.0] * 9]))
+    mask = torch.ones_like(logp)
+    mask[1, 1:] = 0  # one valid token: the set is that token
+    torch.testing.assert_close(pro_grpo.low_prob_confidence(logp, mask, 0.2), torch.tensor([math.sqrt(0.1 * 0.2), 0.5]))
+    assert pro_grpo.low_prob_confidence(logp, torch.zeros_like(logp), 0.2).tolist() == [
+        1.0,
+        1.0,
+    ]  # nothing to be unsure about

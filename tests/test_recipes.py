@@ -7,7 +7,8 @@ import pytest
 from train_utils import ROOT
 
 from common.cli import parse_args
-from common.data import TEMPLATE_CHOICES
+from common.prompts import TEMPLATE_CHOICES
+from common.run_flags import RunFlags
 
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 README_COMMANDS = re.findall(
@@ -24,11 +25,11 @@ def test_every_readme_paper_command_is_a_recipe():
 @pytest.mark.parametrize(("script", "recipe"), README_COMMANDS)
 def test_recipe_parses_into_its_script_flags_and_validates(script, recipe):
     module = importlib.import_module(script)
-    args = parse_args(module.Args, ["--config", str(ROOT / recipe)])
-    module.validate(args)
+    args, run = parse_args(module.Args, RunFlags, argv=["--config", str(ROOT / recipe)])
+    module.validate(args, run)
     assert args.lr == 1e-6 and args.model != "tiny" and args.template in TEMPLATE_CHOICES
-    assert args.max_tokens_per_micro_batch > 0 and args.gradient_checkpointing
-    override = parse_args(module.Args, ["--config", str(ROOT / recipe), "--lr", "2e-6"])
+    assert run.max_tokens_per_micro_batch > 0 and run.gradient_checkpointing
+    override, _ = parse_args(module.Args, RunFlags, argv=["--config", str(ROOT / recipe), "--lr", "2e-6"])
     assert override.lr == 2e-6  # the command line wins
 
 
@@ -43,4 +44,4 @@ def test_a_bad_recipe_is_a_one_line_error(tmp_path):
     ]:
         (tmp_path / "r.yaml").write_text(text)
         with pytest.raises(SystemExit, match=message):
-            parse_args(grpo_base.Args, ["--config", str(tmp_path / "r.yaml")])
+            parse_args(grpo_base.Args, RunFlags, argv=["--config", str(tmp_path / "r.yaml")])

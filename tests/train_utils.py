@@ -1,5 +1,7 @@
-"""Test helpers: running the training scripts as a user would, checking engine log-probs."""
+"""Test helpers: running the training scripts as a user would, building their flags, checking engine log-probs."""
 
+import dataclasses
+import importlib
 import json
 import math
 import os
@@ -8,17 +10,42 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ["grpo_base.py", "edge_grpo.py", "egpo.py", "cw_grpo.py", "pro_grpo.py"]
 # Two short steps on the tiny models: what the scripts' end-to-end tests run.
 TWO_STEPS = ("--steps", "2", "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "16")
 
 
+def user_env(**extra) -> dict:
+    """A user's shell: without the variables vLLM sets inside this test process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_DIST")}
+    return env | {"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"} | extra
+
+
+def run_cli(script: str, *flags: str, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A script or tool (`python -m tools.x` as "tools/x.py") run as a user runs it; returns the finished process."""
+    target = [sys.executable, str(ROOT / script)] if not script.startswith(("tools/", "data/")) else [
+        sys.executable, "-m", script.removesuffix(".py").replace("/", ".")
+    ]  # fmt: skip
+    cmd = [*target, *flags]
+    return subprocess.run(cmd, cwd=ROOT, env=env or user_env(), capture_output=True, text=True, timeout=timeout)
+
+
 def run_script(script: str, out_dir: Path, *flags: str, timeout: int = 300) -> list[dict]:
-    """Run a training script as a user would; return its metrics.jsonl rows."""
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, str(ROOT / script), "--output_dir", str(out_dir), *flags]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    """Run a training script as a user would; return its metrics.jsonl rows (it must succeed)."""
+    proc = run_cli(script, "--output_dir", str(out_dir), *flags, timeout=timeout)
     assert proc.returncode == 0, f"{script} failed:\n{proc.stderr[-4000:]}"
     return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def script_flags(script: str, **values):
+    """(Args, RunFlags) of a training script with these values, as its command line would give them."""
+    from common.run_flags import RunFlags
+
+    module = importlib.import_module(script.removesuffix(".py"))
+    names = {f.name for f in dataclasses.fields(module.Args)}
+    args = module.Args(**{k: v for k, v in values.items() if k in names})
+    run = RunFlags(**{k: v for k, v in values.items() if k not in names})
+    return args, run
 
 
 def max_logp_error(model, prompts, groups, temperature: float) -> float:
@@ -38,3 +65,23 @@ def max_logp_error(model, prompts, groups, temperature: float) -> float:
             err = (logp[0] - torch.tensor(c.logprobs)).abs().max().item()
             worst = max(worst, math.inf if math.isnan(err) else err)
     return worst
+
+
+def as_completions(token_lists: list[list[int]], finished: bool = True) -> list:
+    """Token lists as the rollout engine's completions (log-prob 0 for every token)."""
+    from common.rollout import Completion
+
+    return [Completion(list(t), [0.0] * len(t), finished) for t in token_lists]
+
+
+def scoring_session(model, micro_batch_size: int = 8, ref_model=None):
+    """What the scripts' old_logprobs() reads of a session, for a model alone (one process, fixed micro-batches)."""
+    from types import SimpleNamespace
+
+    from common.batching import micro_batches
+
+    def plan(batch, rows):
+        lens = batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist()
+        return micro_batches(*lens, rows, micro_batch_size)
+
+    return SimpleNamespace(model=model, ref_model=ref_model, micro_batch_plan=plan)

@@ -1,10 +1,10 @@
 """Compare runs: training curves side by side, and a table of their final evaluation results.
 
-    python -m common.plot runs/grpo_base runs/edge_grpo runs/egpo --output docs/compare.png --table docs/results.md
+    python -m tools.plot runs/grpo_base runs/edge_grpo runs/egpo --output docs/compare.png --table docs/results.md
 
 Each RUN_DIR holds the `metrics.jsonl` a training script writes (one JSON
 object per step with "step" and metric keys; null for a value that was not
-finite) and, optionally, the `eval_results.json` of `common.evaluate`. The
+finite) and, optionally, the `eval_results.json` of `tools/evaluate.py`. The
 figure has one panel per metric: the ones every script logs under `train/`
 (reward, accuracy, entropy, response length, zero-advantage group fraction,
 within-group advantage variance), the periodic evaluation's overall pass@1
@@ -22,8 +22,10 @@ import json
 import math
 from pathlib import Path
 
+from common.evaluation import RESULTS_FILE
+from common.jsonl import iter_jsonl
+
 METRICS_FILE = "metrics.jsonl"
-RESULTS_FILE = "eval_results.json"  # = common.evaluate.RESULTS_FILE (not imported: no torch needed here)
 
 # The metrics every script logs, in panel order.
 COMMON = tuple(
@@ -61,20 +63,17 @@ def read_metrics(run: str | Path) -> list[dict]:
     """
     path = _metrics_path(run)
     by_step: dict[float, dict] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise LogError(f"{path}:{lineno}: malformed log line, not JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise LogError(f"{path}:{lineno}: malformed log line, expected a JSON object, got {type(row).__name__}")
-            step = row.get("step")
-            if isinstance(step, bool) or not isinstance(step, (int, float)):
-                raise LogError(f'{path}:{lineno}: malformed log line, no numeric "step" (got {step!r})')
-            by_step[step] = row
+    try:
+        rows = list(iter_jsonl(path, skip_torn_last_line=True))  # a live or killed run's last line may be cut short
+    except ValueError as e:
+        raise LogError(f"malformed log line, not JSON: {e}") from None
+    for lineno, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise LogError(f"{path}:{lineno}: malformed log line, expected a JSON object, got {type(row).__name__}")
+        step = row.get("step")
+        if isinstance(step, bool) or not isinstance(step, (int, float)):
+            raise LogError(f'{path}:{lineno}: malformed log line, no numeric "step" (got {step!r})')
+        by_step[step] = row
     if not by_step:
         raise LogError(f"{path}: empty log, no metric rows")
     return [by_step[s] for s in sorted(by_step)]
@@ -109,7 +108,7 @@ def read_eval(run: str | Path, rows: list[dict] | None = None) -> tuple[dict[str
             raise LogError(f"{path}: malformed, not JSON ({e.msg})") from None
         summary = data.get("summary") if isinstance(data, dict) else None
         if not isinstance(summary, dict):
-            raise LogError(f'{path}: malformed, no "summary" object (write it with common.evaluate)')
+            raise LogError(f'{path}: malformed, no "summary" object (write it with tools/evaluate.py)')
         return summary, RESULTS_FILE
     for row in reversed(rows if rows is not None else read_metrics(run)):  # last periodic evaluation
         summary = {k: v for k, v in row.items() if k.startswith("eval/") and _number(v) is not None}
@@ -224,9 +223,7 @@ def results_table(evals: dict[str, tuple[dict[str, float], str] | None]) -> str:
             elif parts[2] == "num_problems":
                 sizes.setdefault(parts[1], set()).add(int(value))
     if not ks:
-        return (
-            "No evaluation results: run `python -m common.evaluate --output_dir RUN_DIR`, or train with --eval_steps.\n"
-        )
+        return "No evaluation results: run `python -m tools.evaluate --model RUN_DIR`, or train with --eval_steps.\n"
     benches = [b for b in benches if b not in ("overall", "mean")] + [b for b in ("overall", "mean") if b in benches]
 
     def head(b: str) -> str:

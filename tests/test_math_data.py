@@ -1,4 +1,4 @@
-"""Tests for common/data.py and data/prepare.py on local stand-ins of each paper's dataset."""
+"""common/math_data.py, common/prompts.py, common/synthetic.py, and data/prepare.py on local stand-ins of each paper's dataset."""
 
 import json
 
@@ -6,20 +6,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.data import (
-    DAPO_PREFIX,
-    DAPO_SUFFIX,
+from common.cli import parse_args
+from common.jsonl import write_jsonl
+from common.math_data import DAPO_PREFIX, DAPO_SUFFIX, load_math_dataset
+from common.prompts import format_prompt
+from common.synthetic import (
     SYNTHETIC_EVAL_PATH,
     SYNTHETIC_MAX_OPERAND,
     SYNTHETIC_TRAIN_SIZE,
-    PromptSampler,
-    format_prompt,
-    load_math_dataset,
     synthetic_arithmetic,
     synthetic_eval_set,
-    write_jsonl,
 )
 from data import prepare
+
+
+def run_prepare(argv):
+    """`python -m data.prepare ARGV` in process."""
+    prepare.main(parse_args(prepare.Args, argv=argv))
+
 
 # ---------------------------------------------------------------------------
 # Stand-in files in each dataset's real schema
@@ -282,64 +286,6 @@ def test_shipped_eval_set_and_synthetic_source():
 
 
 # ---------------------------------------------------------------------------
-# Prompt sampler
-# ---------------------------------------------------------------------------
-
-ROWS = [{"problem": f"p{i}", "answer": str(i), "solution": None} for i in range(10)]
-
-
-def ids(batch):
-    return [r["problem"] for r in batch]
-
-
-def test_sampler_epochs_cover_every_row_once():
-    s = PromptSampler(ROWS, prompts_per_step=5, seed=1)
-    e0 = ids(s.next_batch())
-    assert s.step == 1 and s.epoch == 0
-    e0 += ids(s.next_batch())
-    assert s.step == 2 and s.epoch == 1  # the next prompt comes from epoch 1
-    e1 = ids(s.next_batch()) + ids(s.next_batch())
-    assert s.epoch == 2
-    assert sorted(e0) == sorted(e1) == sorted(ids(ROWS)) and e0 != e1  # reshuffled
-    # Batches straddle epoch boundaries without dropping rows.
-    s = PromptSampler(ROWS, prompts_per_step=4, seed=1)
-    drawn = sum((ids(s.next_batch()) for _ in range(5)), [])
-    assert sorted(drawn[:10]) == sorted(drawn[10:20]) == sorted(ids(ROWS))
-    # Deterministic.
-    t = PromptSampler(ROWS, prompts_per_step=4, seed=1)
-    assert sum((ids(t.next_batch()) for _ in range(5)), []) == drawn
-
-
-def test_sampler_rank_shards():
-    glob = PromptSampler(ROWS, prompts_per_step=6, seed=7)
-    shards = [PromptSampler(ROWS, prompts_per_step=6, seed=7, rank=r, world_size=3) for r in range(3)]
-    for _ in range(4):
-        parts = [ids(s.next_batch()) for s in shards]
-        assert all(len(p) == 2 for p in parts)
-        assert sum(parts, []) == ids(glob.next_batch())  # contiguous shares, in rank order
-
-
-def test_sampler_resume():
-    s = PromptSampler(ROWS, prompts_per_step=4, seed=3)
-    for _ in range(3):
-        s.next_batch()
-    state = json.loads(json.dumps(s.state_dict()))  # survives a checkpoint round trip
-    expected = [ids(s.next_batch()) for _ in range(4)]
-    r = PromptSampler(ROWS, prompts_per_step=4, seed=3)
-    r.load_state_dict(state)
-    assert r.step == 3 and [ids(r.next_batch()) for _ in range(4)] == expected
-    with pytest.raises(ValueError, match="same dataset"):
-        PromptSampler(ROWS[:5], prompts_per_step=4, seed=3).load_state_dict(state)
-
-
-def test_sampler_errors():
-    with pytest.raises(ValueError, match="divisible"):
-        PromptSampler(ROWS, prompts_per_step=5, seed=0, world_size=2)
-    with pytest.raises(ValueError, match="empty"):
-        PromptSampler([], prompts_per_step=2, seed=0)
-
-
-# ---------------------------------------------------------------------------
 # data.prepare filters
 # ---------------------------------------------------------------------------
 
@@ -356,7 +302,7 @@ def test_prepare_edge(tmp_path, fmt, capsys):
     assert "42 -> 40" in capsys.readouterr().out  # counts are printed
     # Through the CLI.
     out = tmp_path / "edge.jsonl"
-    prepare.main(["edge", "--source", src, "--output", str(out), "--n", "20"])
+    run_prepare(["edge", "--source", src, "--output", str(out), "--n", "20"])
     assert load_math_dataset(str(out)) == sub
 
 
@@ -387,7 +333,7 @@ def test_prepare_egpo(tmp_path, fmt, tiny_tokenizer_path):
     rows = load_math_dataset(src, preset="open-r1/OpenR1-Math-220k")
     from transformers import AutoTokenizer
 
-    from common.data import format_prompt
+    from common.prompts import format_prompt
 
     tok = AutoTokenizer.from_pretrained(tiny_tokenizer_path)
     short = len(tok(format_prompt("Problem 0: solve it.", "qwen_math"), add_special_tokens=False)["input_ids"])
@@ -400,7 +346,7 @@ def test_prepare_egpo(tmp_path, fmt, tiny_tokenizer_path):
     with pytest.raises(ValueError, match="--tokenizer"):
         prepare.prepare_egpo(rows, None)
     out = tmp_path / "egpo.jsonl"
-    prepare.main(
+    run_prepare(
         [
             "egpo",
             "--source",
@@ -415,13 +361,13 @@ def test_prepare_egpo(tmp_path, fmt, tiny_tokenizer_path):
     )
     assert load_math_dataset(str(out)) == kept
     with pytest.raises(ValueError, match="--tokenizer"):
-        prepare.main(["egpo", "--source", src, "--output", str(out)])
+        run_prepare(["egpo", "--source", src, "--output", str(out)])
 
 
 def test_prepare_cw(tmp_path, fmt):
     src = save(openrs_rows(), tmp_path, fmt)
     out = tmp_path / "cw.jsonl"
-    prepare.main(["cw", "--source", src, "--output", str(out)])
+    run_prepare(["cw", "--source", src, "--output", str(out)])
     rows = load_math_dataset(str(out))
     assert rows == [
         {"problem": "What is 3*4?", "answer": "12", "solution": "3*4=\\boxed{12}"},
@@ -432,7 +378,7 @@ def test_prepare_cw(tmp_path, fmt):
 def test_prepare_pro(tmp_path, fmt, capsys):
     src = save(dapo_rows(), tmp_path, fmt)
     out = tmp_path / "pro.jsonl"
-    prepare.main(["pro", "--source", src, "--output", str(out)])
+    run_prepare(["pro", "--source", src, "--output", str(out)])
     rows = load_math_dataset(str(out))
     assert rows == [
         {"problem": "Let $x$ satisfy $x+1=3$. Find $x$.", "answer": "2", "solution": None},
@@ -447,7 +393,7 @@ def test_prepare_pro(tmp_path, fmt, capsys):
 
 def test_prepare_synthetic(tmp_path):
     out = tmp_path / "syn.jsonl"
-    prepare.main(["synthetic", "--output", str(out), "--n", "300", "--ops", "+-", "--max_operand", "20"])
+    run_prepare(["synthetic", "--output", str(out), "--n", "300", "--ops", "+-", "--max_operand", "20"])
     rows = load_math_dataset(str(out))
     assert len(rows) == 300 and rows == prepare.prepare_synthetic(300, 42, 20, "+-")
     assert all(int(r["answer"]) >= 0 for r in rows)
@@ -467,8 +413,9 @@ R1_DISTILL_LIKE = (  # the shape of DeepSeek-R1-Distill's template: system first
 def test_native_template_uses_the_models_chat_template(tiny_random_model):
     from copy import deepcopy
 
-    from common.data import R1_SYSTEM, prompt_opens_think
-    from common.rewards import MathVerifier, compute_rewards
+    from common.prompts import R1_SYSTEM, prompt_opens_think
+    from common.rewards import compute_rewards
+    from common.verifier import MathVerifier
 
     tok = deepcopy(tiny_random_model[1])
     tok.chat_template = R1_DISTILL_LIKE
@@ -479,8 +426,8 @@ def test_native_template_uses_the_models_chat_template(tiny_random_model):
     # The completion then starts inside <think>: the format reward must know it.
     completion = "2 + 2 = 4.</think> <answer>\\boxed{4}</answer>"
     with MathVerifier() as v:
-        total, acc = compute_rewards([completion], ["4"], ["accuracy", "think_format"], v, prompt_ends_with_think=True)
-    assert (total, acc) == ([2.0], [1.0])
+        r = compute_rewards([completion], ["4"], ["accuracy", "think_format"], v, prompt_ends_with_think=True)
+    assert (r.total, r.accuracy) == ([2.0], [1.0])
 
 
 def test_native_template_without_a_chat_template_is_refused(tiny_random_model):
@@ -492,20 +439,16 @@ def test_native_template_without_a_chat_template_is_refused(tiny_random_model):
 
 def test_prepared_synthetic_training_set_holds_no_evaluation_problem(tmp_path):
     """The docs promise it; before, `prepare synthetic` wrote the 100 evaluation sums themselves."""
-    from data.prepare import main as prepare
-
     out = tmp_path / "train.jsonl"
-    prepare(["synthetic", "--output", str(out), "--n", "2000"])
+    run_prepare(["synthetic", "--output", str(out), "--n", "2000"])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2000
     assert not {r["problem"] for r in rows} & {r["problem"] for r in synthetic_eval_set()}
 
 
 def test_prepare_refuses_to_write_an_empty_training_set(tmp_path):
-    from data.prepare import main as prepare
-
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(SystemExit, match="no rows left to write"):
-        prepare(["cw", "--source", str(empty), "--output", str(tmp_path / "out.jsonl")])
+        run_prepare(["cw", "--source", str(empty), "--output", str(tmp_path / "out.jsonl")])
     assert not (tmp_path / "out.jsonl").exists()

@@ -1,0 +1,262 @@
+"""Evaluation: pass@k of a policy on benchmarks, from the training loop or `tools/evaluate.py`.
+
+Each problem is rendered with the training prompt template, sampled `n` times and checked with
+the training reward's verifier. Per problem with c correct of n samples:
+
+    pass@1 = c / n (mean over samples)
+    pass@k = 1 - C(n - c, k) / C(n, k)    (Chen et al. 2021, unbiased, k <= n)
+
+A benchmark's score is the mean over its problems. Two averages over benchmarks: `overall`,
+weighted by problem count (EDGE-GRPO's "total correct / total problems"), and `mean`, the plain
+mean of the benchmark scores (the "Avg." column of CW-GRPO and Pro-GRPO). Summary keys are flat,
+ready to log beside the training metrics: `eval/<benchmark>/pass@<k>`, `.../num_problems`,
+`.../response_len`, `.../truncated_frac`, the same for `overall`, and `eval/mean/pass@<k>`.
+Per-problem records keep the completion texts, so `rescore` can re-check them without generating.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from common.answers import extract_answer
+from common.benchmarks import AGGREGATES
+from common.jsonl import read_jsonl, write_jsonl
+from common.prompts import format_prompt
+from common.verifier import MathVerifier
+
+RESULTS_FILE = "eval_results.json"
+RECORDS_FILE = "eval_records.jsonl"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k).
+
+    Product form, 1 - prod_{i=n-c+1}^{n} (1 - k / i): no huge binomials, so
+    it stays exact-ish for n in the thousands.
+    """
+    if not (n >= 1 and 0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs n >= 1, 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:  # every k-subset holds a correct sample
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def default_ks(n: int) -> list[int]:
+    """1, 2, 4, ... up to n."""
+    return [2**i for i in range(n.bit_length()) if 2**i <= n]
+
+
+def summarize(records: list[dict], ks: list[int] | None = None) -> dict[str, float]:
+    """Flat summary (see the module docstring) of scored records; k > a problem's n is skipped."""
+    if not records:
+        raise ValueError("no records to summarize")
+    min_n = min(len(r["correct"]) for r in records)
+    if min_n == 0:
+        raise ValueError("a record has no completions")
+    ks = sorted({k for k in (ks or default_ks(min_n)) if 1 <= k <= min_n} | {1})
+    by_bench: dict[str, list[dict]] = {}
+    for r in records:
+        by_bench.setdefault(r["benchmark"], []).append(r)
+
+    summary: dict[str, float] = {}
+    totals = {k: 0.0 for k in ks}
+    n_problems, n_completions, n_tokens, n_truncated = 0, 0, 0, 0
+    for bench, recs in by_bench.items():
+        for k in ks:
+            scores = [pass_at_k(len(r["correct"]), sum(r["correct"]), k) for r in recs]
+            summary[f"eval/{bench}/pass@{k}"] = sum(scores) / len(scores)
+            totals[k] += sum(scores)
+        generated = [r for r in recs if "skipped" not in r]  # lengths of what was actually generated
+        tokens = sum(sum(r["num_tokens"]) for r in generated)
+        completions = sum(len(r["num_tokens"]) for r in generated)
+        truncated = sum(sum(not f for f in r["finished"]) for r in generated)
+        summary[f"eval/{bench}/num_problems"] = len(recs)
+        summary[f"eval/{bench}/response_len"] = tokens / max(completions, 1)
+        summary[f"eval/{bench}/truncated_frac"] = truncated / max(completions, 1)
+        n_problems += len(recs)
+        n_completions, n_tokens, n_truncated = n_completions + completions, n_tokens + tokens, n_truncated + truncated
+    for k in ks:
+        summary[f"eval/overall/pass@{k}"] = totals[k] / n_problems  # = total correct / total problems
+    summary["eval/overall/num_problems"] = n_problems
+    summary["eval/overall/response_len"] = n_tokens / max(n_completions, 1)
+    summary["eval/overall/truncated_frac"] = n_truncated / max(n_completions, 1)
+    for k in ks:
+        summary[f"eval/mean/pass@{k}"] = sum(summary[f"eval/{b}/pass@{k}"] for b in by_bench) / len(by_bench)
+    return summary
+
+
+def evaluate(
+    engine,
+    tokenizer,
+    benchmarks: dict[str, list[dict]],
+    template: str,
+    n: int,
+    temperature: float,
+    max_tokens: int,
+    top_p: float = 1.0,
+    seed: int = 0,
+    verifier: MathVerifier | None = None,
+    ks: list[int] | None = None,
+    max_prompt_len: int | None = None,
+    accelerator=None,
+    say=None,
+) -> tuple[dict[str, float], list[dict]]:
+    """Sample n completions per problem with `engine` (a `common.rollout` engine: the training loop's
+    live one samples the policy being trained) and score them; returns (flat summary, per-problem records).
+
+    benchmarks: {name: rows with "problem" and "answer"} (`common.benchmarks.load_benchmarks`).
+    max_prompt_len: longer prompts are not generated (a vLLM engine built for training would reject
+    them) and count as wrong; their records say so. accelerator: with several processes, each rank
+    samples every world-th problem and every rank gets all records, so the summary is the same on
+    every rank and equals a one-process evaluation (each problem's seed is its own, from its index).
+    say: called with a line per benchmark (problems, pass@1, time).
+    """
+    import time
+
+    from common.rollout import HFEngine, prompt_seeds
+
+    if isinstance(engine, HFEngine) and temperature <= 0:
+        raise ValueError("the HF engine samples and needs temperature > 0; use the vLLM engine for greedy decoding")
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    own_verifier = verifier is None
+    verifier = verifier or MathVerifier()
+    records: list[dict] = []
+    try:
+        first = 0  # problems seen so far: each problem's seed comes from its place among all of them
+        for bench, rows in benchmarks.items():
+            start = time.perf_counter()
+            seeds = prompt_seeds(seed, 0, 0, 0, first + len(rows))[first:]  # unique across benchmarks too
+            first += len(rows)
+            mine = list(range(rank, len(rows), world))
+            prompts = {
+                i: tokenizer(format_prompt(rows[i]["problem"], template, tokenizer), add_special_tokens=False).input_ids
+                for i in mine
+            }
+            keep = [i for i in mine if max_prompt_len is None or len(prompts[i]) <= max_prompt_len]
+            # Called on every rank even with nothing to sample: a synced engine steps with its peers.
+            groups = engine.generate(
+                [prompts[i] for i in keep], n, max_tokens, temperature, top_p, seed=[seeds[i] for i in keep]
+            )
+            by_index = dict(zip(keep, groups))
+            bench_records = []
+            for i in mine:
+                rec = {"benchmark": bench, "index": i, "problem": rows[i]["problem"], "answer": rows[i]["answer"]}
+                rec["prompt_tokens"] = len(prompts[i])
+                group = by_index.get(i)
+                if group is None:
+                    rec |= {"skipped": f"prompt of {len(prompts[i])} tokens > max_prompt_len={max_prompt_len}"}
+                    rec |= {"completions": [""] * n, "num_tokens": [0] * n, "finished": [False] * n}
+                else:
+                    rec["completions"] = tokenizer.batch_decode([c.token_ids for c in group], skip_special_tokens=True)
+                    rec |= {"num_tokens": [len(c.token_ids) for c in group], "finished": [c.finished for c in group]}
+                bench_records.append(rec)
+            score_records(bench_records, verifier)
+            bench_records = _gather(bench_records, accelerator)
+            records += bench_records
+            if say is not None:
+                acc = sum(sum(r["correct"]) / n for r in bench_records) / len(rows)
+                skipped = sum("skipped" in r for r in bench_records)
+                note = f", {skipped} prompts too long" if skipped else ""
+                say(
+                    f"{bench}: {len(rows)} problems x {n} samples, pass@1 {100 * acc:.1f}%{note} ({time.perf_counter() - start:.0f}s)"
+                )
+    finally:
+        if own_verifier:
+            verifier.close()
+    return summarize(records, ks), records
+
+
+def _gather(records: list[dict], accelerator) -> list[dict]:
+    """Every rank's records, in problem order, on every rank."""
+    if accelerator is None or accelerator.num_processes == 1:
+        return records
+    from accelerate.utils import gather_object
+
+    return sorted(gather_object(records), key=lambda r: r["index"])
+
+
+def score_records(records: list[dict], verifier: MathVerifier) -> None:
+    """Fill each record's `predictions` and `correct` from its completion texts (in place). An answer the
+    verifier had no time for counts as wrong here: an evaluation has no group to leave out."""
+    for rec in records:
+        preds = [extract_answer(t) for t in rec["completions"]]
+        rec["predictions"] = preds
+        rec["correct"] = [
+            bool(ok) for ok in verifier.verify_batch(preds, [rec["answer"]] * len(preds), budget_s=math.inf)
+        ]
+
+
+def write_results(out_dir: str | os.PathLike, summary: dict, records: list[dict], config: dict | None = None) -> Path:
+    """`eval_results.json` ({"summary", "config"}) and `eval_records.jsonl` under out_dir; returns the JSON path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_jsonl(records, out_dir / RECORDS_FILE)
+    path = out_dir / RESULTS_FILE
+    path.write_text(json.dumps({"summary": summary, "config": config or {}}, indent=2, default=str) + "\n")
+    return path
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """Records written by `write_results`, checked for the fields re-scoring needs."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"records file not found: {path}")
+    records = read_jsonl(path)
+    for lineno, rec in enumerate(records, 1):
+        missing = [
+            k
+            for k in ("benchmark", "answer", "completions", "num_tokens", "finished")
+            if not isinstance(rec, dict) or k not in rec
+        ]
+        if missing:
+            raise ValueError(f"{path}: record {lineno}: not an evaluation record (missing {', '.join(missing)})")
+    if not records:
+        raise ValueError(f"{path}: no records")
+    return records
+
+
+def rescore(
+    records_path: str | os.PathLike, verifier: MathVerifier | None = None, ks: list[int] | None = None
+) -> tuple[dict[str, float], list[dict]]:
+    """Re-check saved completions against their gold answers (no generation): (summary, records)."""
+    records = read_records(records_path)
+    own_verifier = verifier is None
+    verifier = verifier or MathVerifier()
+    try:
+        score_records(records, verifier)
+    finally:
+        if own_verifier:
+            verifier.close()
+    return summarize(records, ks), records
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def format_table(summary: dict) -> str:
+    """Markdown table: one row per benchmark (+ overall, mean), pass@k in %, lengths in tokens."""
+    rows: dict[str, dict[str, float]] = {}
+    for key, value in summary.items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "eval":
+            rows.setdefault(parts[1], {})[parts[2]] = value
+    ks = sorted({int(m[5:]) for r in rows.values() for m in r if m.startswith("pass@")})
+    header = ["benchmark", "problems", *[f"pass@{k} (%)" for k in ks], "response len", "truncated (%)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    order = [b for b in rows if b not in AGGREGATES] + [b for b in AGGREGATES if b in rows]
+    for bench in order:
+        r = rows[bench]
+        label = {"overall": "overall (per problem)", "mean": "mean (per benchmark)"}.get(bench, bench)
+        cells = [
+            label,
+            str(int(r["num_problems"])) if "num_problems" in r else "",
+            *[_pct(r[f"pass@{k}"]) if f"pass@{k}" in r else "" for k in ks],
+            f"{r['response_len']:.0f}" if "response_len" in r else "",
+            _pct(r["truncated_frac"]) if "truncated_frac" in r else "",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

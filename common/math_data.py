@@ -1,0 +1,340 @@
+"""Math datasets: every source reduced to rows {"problem": str, "answer": str, "solution": str | None}.
+
+`answer` is the gold final answer the reward checks against; `solution` a reference worked
+solution (EDGE-GRPO's guided error correction needs it, the other algorithms ignore it).
+Sources are local files (.jsonl, .json, .parquet, or a directory holding them), Hugging Face
+hub names, or "synthetic-arith" (generated). The hub needs a network, so every path is also
+reachable through a local copy: a known dataset's field mapping applies to a local file with
+`preset=`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.cli import clear_errors, require
+from common.jsonl import iter_jsonl
+from common.prompts import format_prompt, prompt_opens_think
+from common.synthetic import (
+    SYNTHETIC_MAX_OPERAND,
+    SYNTHETIC_NAME,
+    SYNTHETIC_TRAIN_SEED,
+    SYNTHETIC_TRAIN_SIZE,
+    synthetic_arithmetic,
+    synthetic_eval_set,
+)
+
+# File types a dataset, benchmark or evaluation copy may come in.
+DATA_FILE_EXTS = (".jsonl", ".json", ".parquet")
+
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response "
+    "should be of the form Answer: $Answer (without quotes) where $Answer is the "
+    "answer to the problem."
+)
+DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
+
+
+def strip_dapo_instruction(text: str) -> str:
+    """Remove DAPO-Math-17k's "Answer:"-format wrapper, leaving the bare problem.
+
+    The wrapper asks for an "Answer: ..." last line, which contradicts our
+    \\boxed{} templates, so it must not reach the policy.
+    """
+    text = text.strip()
+    if text.startswith(DAPO_PREFIX):
+        text = text[len(DAPO_PREFIX) :]
+    if text.endswith(DAPO_SUFFIX):
+        text = text[: -len(DAPO_SUFFIX)]
+    return text.strip()
+
+
+@dataclass(frozen=True)
+class FieldMap:
+    """Where a dataset keeps problem / answer / solution (dotted paths reach nested fields)."""
+
+    problem: str = "problem"
+    answer: str = "answer"
+    solution: str | None = "solution"
+    problem_transform: Callable[[str], str] | None = None
+    config: str | None = None  # hub config (subset) name
+
+
+DATASET_PRESETS: dict[str, FieldMap] = {
+    "agentica-org/DeepScaleR-Preview-Dataset": FieldMap(),
+    # prompt = [{"role": "user", "content": <wrapped problem>}],
+    # reward_model = {"ground_truth": ..., "style": "rule-lighteval/MATH_v2"}; no solution.
+    "BytedTsinghua-SIA/DAPO-Math-17k": FieldMap(
+        problem="prompt", answer="reward_model.ground_truth", solution=None, problem_transform=strip_dapo_instruction
+    ),
+    "knoveleng/open-rs": FieldMap(),
+    # Configs "default" (94K) and "extended" (131K); EGPO draws from both.
+    "open-r1/OpenR1-Math-220k": FieldMap(config="default"),
+}
+
+
+def _get_path(row: dict, path: str) -> Any:
+    """row["a"]["b"] for path "a.b"; integer parts index lists. KeyError if absent."""
+    value: Any = row
+    for part in path.split("."):
+        if isinstance(value, dict):
+            value = value[part]
+        elif isinstance(value, (list, tuple)) and part.lstrip("-").isdigit():
+            value = value[int(part)]
+        else:
+            raise KeyError(part)
+    return value
+
+
+def _available_fields(row: dict, path: str) -> list[str]:
+    """The keys present at the level where `path` stops resolving (for error messages)."""
+    value: Any = row
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            break
+        value = value[part]
+    return sorted(value) if isinstance(value, dict) else []
+
+
+def _as_text(value: Any) -> str:
+    """Field value -> text; a chat-message list gives its (last) user message."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
+        user = [m for m in value if m.get("role") == "user"] or list(value)
+        return str(user[-1].get("content", ""))
+    if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], (str, int, float)):
+        value = value[0]
+    return str(value).strip()
+
+
+def _is_answer(value: Any) -> bool:
+    """A gold answer is a string or a number; a one-item list of one is that item (some datasets
+    wrap answers in lists). Booleans, dicts and longer lists would be stringified into nonsense."""
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool) and bool(str(value).strip())
+
+
+def _looks_like_path(source: str) -> bool:
+    return os.path.exists(source) or source.endswith(DATA_FILE_EXTS) or source.startswith(("/", "./", "../", "~"))
+
+
+def _data_files(directory: Path, split: str) -> list[Path]:
+    """Data files in a directory (e.g. a hub snapshot): top level first, else recursive."""
+    for pattern in ("*", "**/*"):
+        files = sorted(p for p in directory.glob(pattern) if p.is_file() and p.name.endswith(DATA_FILE_EXTS))
+        if files:
+            break
+    else:
+        raise FileNotFoundError(f"no {'/'.join(DATA_FILE_EXTS)} file in directory {directory}")
+    # Hub snapshots name shards after their split (train-00000-of-00002.parquet).
+    matching = [p for p in files if split in p.name]
+    files = matching or files
+    exts = {p.suffix for p in files}
+    if len(exts) > 1:
+        raise ValueError(f"directory {directory} mixes file types {sorted(exts)}; pass one file as --source")
+    return files
+
+
+def _read_file(path: Path, split: str) -> Iterator[dict]:
+    if path.suffix == ".jsonl":
+        yield from iter_jsonl(path)
+    elif path.suffix == ".json":
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if isinstance(data, dict):  # {"train": [...], "test": [...]} or {"data": [...]}
+            lists = {k: v for k, v in data.items() if isinstance(v, list)}
+            data = lists.get(split) or lists.get("data") or (next(iter(lists.values())) if len(lists) == 1 else None)
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a JSON list of rows (or a dict holding one)")
+        yield from data
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            yield from batch.to_pylist()
+    else:
+        raise ValueError(f"unsupported file type {path.suffix!r}; use one of {DATA_FILE_EXTS}")
+
+
+def _raw_rows(source: str, split: str, config: str | None) -> Iterator[dict]:
+    if _looks_like_path(source):
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"dataset file not found: {source}")
+        for f in _data_files(path, split) if path.is_dir() else [path]:
+            yield from _read_file(f, split)
+        return
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(source, config, split=split)
+    except Exception as e:  # offline, unknown name, bad split: all surface here
+        raise RuntimeError(
+            f"could not load {source!r} (config={config}, split={split}) from the Hugging Face hub: "
+            f"{type(e).__name__}: {e}\nThe hub may be unreachable (no network here) or the name is "
+            f"wrong. Download the dataset elsewhere and pass a local .jsonl/.json/.parquet file (or "
+            f"a directory holding one) as the source instead."
+        ) from e
+    yield from ds
+
+
+def iter_math_dataset(
+    source: str,
+    split: str = "train",
+    problem_field: str | None = None,
+    answer_field: str | None = None,
+    solution_field: str | None = None,
+    limit: int | None = None,
+    preset: str | None = None,
+    config: str | None = None,
+    strict: bool = False,
+) -> Iterator[dict]:
+    """Stream `{"problem", "answer", "solution"}` rows; see `load_math_dataset`. `strict`: an answer
+    that is not a string or a number (missing, empty, a bool, a dict, a list of several) becomes
+    None instead of its text, for the caller to count and refuse or drop."""
+    if source == SYNTHETIC_NAME:
+        if split == "train":
+            rows = synthetic_arithmetic(
+                SYNTHETIC_TRAIN_SIZE, seed=SYNTHETIC_TRAIN_SEED, max_operand=SYNTHETIC_MAX_OPERAND
+            )
+        elif split in ("test", "eval", "validation"):
+            rows = synthetic_eval_set()
+        else:
+            raise ValueError(f"{SYNTHETIC_NAME} has splits 'train' and 'test', not {split!r}")
+        yield from rows[:limit]
+        return
+
+    preset = preset or source
+    fmap = DATASET_PRESETS.get(preset)
+    if fmap is None and preset != source:
+        raise ValueError(f"unknown preset {preset!r}; known: {sorted(DATASET_PRESETS)}")
+    fmap = fmap or FieldMap()
+    fields = {
+        "problem": problem_field or fmap.problem,
+        "answer": answer_field or fmap.answer,
+        "solution": solution_field or fmap.solution,
+    }
+    # Only an explicitly requested solution field must exist; by default it is optional.
+    required = {"problem", "answer"} | ({"solution"} if solution_field else set())
+
+    count = 0
+    for i, raw in enumerate(_raw_rows(source, split, config or fmap.config)):
+        if limit is not None and count >= limit:
+            return
+        row = {}
+        for key, path in fields.items():
+            if path is None:
+                row[key] = None
+                continue
+            try:
+                value = _get_path(raw, path)
+            except (KeyError, IndexError, TypeError):
+                if i == 0 and key in required:
+                    have = _available_fields(raw, path)
+                    raise ValueError(
+                        f"{key} field {path!r} not found in {source} (its fields: {', '.join(have) or 'none'}). "
+                        f"Pass --{key}_field with the field that holds the {key} "
+                        f"(dotted paths such as reward_model.ground_truth reach nested fields)."
+                    ) from None
+                if i == 0 and key == "solution":
+                    fields["solution"] = None  # the dataset has no solutions: stop looking
+                value = None
+            row[key] = value
+        problem = _as_text(row["problem"])
+        if fmap.problem_transform is not None and not problem_field:
+            problem = fmap.problem_transform(problem)
+        solution = _as_text(row["solution"]) or None
+        answer = _as_text(row["answer"]) if not strict or _is_answer(row["answer"]) else None
+        yield {"problem": problem, "answer": answer or (None if strict else ""), "solution": solution}
+        count += 1
+
+
+def load_math_dataset(
+    source: str,
+    split: str = "train",
+    problem_field: str | None = None,
+    answer_field: str | None = None,
+    solution_field: str | None = None,
+    limit: int | None = None,
+    preset: str | None = None,
+    config: str | None = None,
+) -> list[dict]:
+    """Load rows `{"problem": str, "answer": str, "solution": str | None}`.
+
+    source: a local ``.jsonl`` / ``.json`` / ``.parquet`` file, a directory
+        holding such files (all shards are read; names containing `split` are
+        preferred), a hub dataset name, or "synthetic-arith" (generated; split
+        "train" or "test": the same 100 sums in two orders, "test" = the shipped eval file).
+    *_field: where the field lives, dotted for nested fields
+        (``reward_model.ground_truth``); they override the built-in mapping of
+        known datasets (`DATASET_PRESETS`). A problem field holding a chat
+        message list yields its last user message.
+    preset: apply a known dataset's mapping to a local copy of it, e.g.
+        ``preset="BytedTsinghua-SIA/DAPO-Math-17k"`` for a downloaded parquet.
+    config: hub config (subset); defaults to the preset's.
+
+    Rows with empty answers are kept (answer ""); the `data.prepare` commands
+    drop them. A missing solution is None.
+    """
+    return list(iter_math_dataset(source, split, problem_field, answer_field, solution_field, limit, preset, config))
+
+
+def load_prompts(
+    dataset: str,
+    tokenizer,
+    template: str,
+    max_prompt_len: int,
+    *,
+    problem_field: str | None = None,
+    answer_field: str | None = None,
+    solution_field: str | None = None,
+    bad_rows: str = "error",
+    say: Callable[[str], None] = print,
+) -> tuple[list[dict], bool]:
+    """The rows of `dataset`, each with its prompt rendered by `template` and tokenised ("prompt_ids"),
+    those longer than `max_prompt_len` tokens dropped and counted; and whether the prompt opens the
+    <think> block (then completions start inside it).
+
+    A row without a problem or a usable answer (missing, empty, not a string or a number) would
+    train at reward 0: `bad_rows="error"` refuses the data, naming how many and the first;
+    "drop" drops them with a count. Repeated problems are counted, and kept. Any problem stops
+    the run with one line naming the flag (--dataset, --template, --max_prompt_len)."""
+    with clear_errors("--dataset"):
+        rows = list(iter_math_dataset(dataset, problem_field=problem_field, answer_field=answer_field,
+                                      solution_field=solution_field, strict=True))  # fmt: skip
+    require(rows, f"--dataset: {dataset} has no rows")
+    bad = [i for i, r in enumerate(rows) if not r["problem"].strip() or r["answer"] is None]
+    if bad:
+        first = rows[bad[0]]
+        what = (
+            f"{len(bad)} of {len(rows)} rows have no problem or no usable gold answer "
+            f"(row {bad[0]}: answer {first['answer']!r}, problem {first['problem'][:60]!r})"
+        )
+        require(
+            bad_rows == "drop", f"--dataset: {what}; fix the data, name the fields (--answer_field), or --bad_rows drop"
+        )
+        say(f"dropped {what}")
+        dropped = set(bad)
+        rows = [r for i, r in enumerate(rows) if i not in dropped]
+        require(rows, f"--dataset: no usable row left in {dataset}")
+    repeated = len(rows) - len({r["problem"] for r in rows})
+    if repeated:
+        say(f"note: {repeated} of {len(rows)} problems in --dataset repeat an earlier one (kept)")
+    with clear_errors("--template"):
+        for r in rows:
+            r["prompt_ids"] = tokenizer(
+                format_prompt(r["problem"], template, tokenizer), add_special_tokens=False
+            ).input_ids
+        opens_think = prompt_opens_think(template, tokenizer)
+    kept = [r for r in rows if len(r["prompt_ids"]) <= max_prompt_len]
+    require(kept, f"--max_prompt_len: all {len(rows)} prompts are longer than {max_prompt_len} tokens; raise it")
+    if len(kept) < len(rows):
+        say(f"dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than --max_prompt_len={max_prompt_len}")
+    return kept, opens_think

@@ -1,0 +1,166 @@
+"""What `--model` names, and loading it: the demo model, a local directory, a run or checkpoint, or a hub name.
+
+Every check that can fail runs before a model loads and stops with one line: a local path that
+does not exist, a directory that is not a model (no config.json, no tokenizer files), a damaged
+checkpoint or exported model (its MANIFEST.json), a context too short for prompt + completion, a
+hub name when the hub cannot be reached (detected in about a second, not after a minute of retries).
+"""
+
+import os
+import socket
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+from common.checkpoint import checkpoint_problem, list_checkpoints, manifest_problem
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def hub_reachable(timeout_s: float = 1.0) -> bool:
+    """Can this machine reach the Hugging Face hub (HF_ENDPOINT)? False at once under HF_HUB_OFFLINE=1;
+    otherwise one TCP connection, the name lookup included, bounded by `timeout_s`."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    address = (url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443))
+    result = []
+
+    def connect():  # in a thread: a name lookup ignores socket timeouts
+        try:
+            socket.create_connection(address, timeout=timeout_s).close()
+            result.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(timeout_s + 0.1)
+    return bool(result)
+
+
+def offline_unless_hub_reachable() -> bool:
+    """Set HF_HUB_OFFLINE=1 for this process when the hub cannot be reached, so that transformers and
+    datasets read their local caches at once instead of retrying for a minute. Returns whether it is reachable."""
+    if hub_reachable():
+        return True
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    return False
+
+
+def hub_error(flag: str, name: str, what: str = "model") -> SystemExit:
+    """The one line for a hub name that cannot be loaded here."""
+    return SystemExit(
+        f"error: {flag}: {name} is a hub name, but the Hugging Face hub cannot be reached from this machine and "
+        f"the {what} is not in the local cache; download it where there is a network "
+        f"(`huggingface-cli download {name} --local-dir DIR`) and pass the local path"
+    )
+
+
+def model_to_load(model: str) -> tuple[str, Path | None]:
+    """What `--model` names, as (a path or hub name to load, the training run it comes from or None).
+
+    "tiny" is the CPU demo model (built once, with a line saying so); a training run directory
+    (run_config.json or metrics.jsonl, and checkpoint-N/) means its exported model/ if that is
+    whole, else its newest good checkpoint; a checkpoint-N directory its model/ folder. A model
+    directory with a MANIFEST.json (checkpoints, a run's model/) must match it.
+    """
+    if model == "tiny":
+        from common.tiny_model import ensure_tiny_model
+
+        return str(ensure_tiny_model(say=print)), None
+    path = Path(model).expanduser()
+    if not path.exists():
+        if model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or model.endswith("/") or "/" not in model:
+            raise SystemExit(
+                f"error: --model: {model} does not exist (a local path; hub names look like org/name, 'tiny' is the demo model)"
+            )
+        return model, None  # a hub name
+    run = None
+    if (path / "run_config.json").is_file() or (path / "metrics.jsonl").is_file():  # a training run
+        run = path
+        if (path / "model" / "config.json").is_file() and manifest_problem(path / "model") is None:
+            path = path / "model"
+        else:
+            good = [c for c in list_checkpoints(path) if checkpoint_problem(c) is None]
+            if not good:
+                raise SystemExit(
+                    f"error: --model: run directory {path} has no exported model/ and no complete checkpoint-N/"
+                )
+            path = good[0]
+    if path.name.startswith("checkpoint-") and (path / "model").is_dir():
+        if problem := manifest_problem(path):
+            raise SystemExit(f"error: --model: checkpoint {path} is damaged: {problem}; use an earlier checkpoint")
+        run = run or (path.parent if (path.parent / "metrics.jsonl").is_file() else None)
+        path = path / "model"
+    elif (path / "MANIFEST.json").is_file() and (problem := manifest_problem(path)):
+        raise SystemExit(f"error: --model: {path} is damaged: {problem}; use a checkpoint-N of its run instead")
+    if not (path / "config.json").is_file():
+        raise SystemExit(f"error: --model: {path} has no config.json: not a model, a checkpoint-N or a run directory")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise SystemExit(
+            f"error: --model: {path} has no tokenizer files (tokenizer.json, tokenizer_config.json); copy them from the base model"
+        )
+    if run is None and path.name == "model":  # a run's model/, or a checkpoint-N/model/ named directly
+        owner = path.parent.parent if path.parent.name.startswith("checkpoint-") else path.parent
+        run = owner if (owner / "metrics.jsonl").is_file() else None
+    return str(path), run
+
+
+def context_length(model_path: str) -> int | None:
+    """The model's context in tokens (its config's max_position_embeddings), if it says."""
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+
+
+def check_context_length(model_path: str, needed: int, flags: str) -> None:
+    """Stop with one line, before the weights load, if prompt + completion (`needed` tokens, the sum of
+    `flags`) exceeds the model's context: vLLM would refuse it only after loading, and the trainer
+    would score positions the model was never trained on."""
+    limit = context_length(model_path)
+    if limit is not None and needed > limit:
+        raise SystemExit(
+            f"error: {flags} = {needed} tokens, more than {model_path}'s context of {limit} tokens: "
+            "lower --max_prompt_len or --max_completion_len"
+        )
+
+
+def load_tokenizer(model_path: str):
+    """The model's tokenizer, with a pad token (padding is masked out: any id will do)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_policy(model_path: str, dtype, gradient_checkpointing: bool = False):
+    """The policy to train, in `dtype` (its master weights)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def load_reference_model(model_path: str, dtype, device):
+    """The frozen reference model of the KL term (`--beta > 0`), with real weights on every rank.
+
+    accelerate's FSDP `cpu_ram_efficient_loading` makes transformers load all-zero weights on
+    every rank but local rank 0, counting on `prepare` to broadcast rank 0's: the reference
+    model is never prepared, so it would stay zero on 7 of 8 GPUs and the KL would pull the
+    policy toward the uniform distribution. It is loaded with that switch off (every rank
+    reads the checkpoint; the copy is whole on each GPU, not sharded).
+    """
+    from transformers import AutoModelForCausalLM
+
+    saved = os.environ.pop("FSDP_CPU_RAM_EFFICIENT_LOADING", None)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    finally:
+        if saved is not None:
+            os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = saved
+    return model.to(device).eval().requires_grad_(False)

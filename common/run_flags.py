@@ -1,0 +1,167 @@
+"""The flags every script shares for how a run goes: data columns, run directory and checkpoints,
+logging, health checks, systems, reward checking, evaluation. None of them is the algorithm; each
+script's own `Args` holds what is trained and the method. Parsed together with `Args`
+(`common.cli.parse_args(Args, RunFlags)`); read by `common.session`, which passes each module
+the values it needs. Light on purpose: parsing must not import torch.
+"""
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.cli import arg
+
+# Experiment trackers accelerate can log to (`--report_to`), and the package each needs.
+TRACKERS = {
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "trackio": "trackio",
+    "mlflow": "mlflow",
+    "comet_ml": "comet_ml",
+    "aim": "aim",
+    "clearml": "clearml",
+    "dvclive": "dvclive",
+    "swanlab": "swanlab",
+}
+
+
+def vllm_available() -> bool:
+    """Is vLLM installed? (Checked without importing it: that takes seconds.)"""
+    return importlib.util.find_spec("vllm") is not None
+
+
+@dataclass
+class RunFlags:
+    RESUMABLE = True  # by default `--resume` may change these flags: they say how a run goes, not what it trains
+
+    # Data: which columns of --dataset hold what.
+    problem_field: str | None = arg(
+        None, "dataset column holding the problem (default: known per dataset, else 'problem')", resumable=False
+    )
+    answer_field: str | None = arg(
+        None, "dataset column holding the gold answer (default: known per dataset, else 'answer')", resumable=False
+    )
+    solution_field: str | None = arg(
+        None, "dataset column holding a reference solution (EDGE-GRPO's GEC)", resumable=False
+    )
+    bad_rows: str = arg(
+        "error",
+        "rows without a problem or a usable answer: refuse the data, or drop them",
+        ["error", "drop"],
+        resumable=False,
+    )
+    # Run directory and checkpoints.
+    output_dir: str | None = arg(
+        None, "run directory (default: runs/<script name>): metrics.jsonl, run_config.json, checkpoint-N/, model/"
+    )
+    resume: bool = arg(False, "continue the run in --output_dir from its newest good checkpoint")
+    overwrite: bool = arg(False, "delete the run --output_dir holds and start a new one there")
+    save_minutes: float = arg(
+        30.0,
+        "save a checkpoint after the first step that ends this many minutes after the last save (0: off)",
+        at_least=0,
+    )
+    save_steps: int = arg(
+        0, "also save a checkpoint every N steps (0: off); the last step and a SIGTERM / Ctrl-C always save", at_least=0
+    )
+    keep_last: int = arg(
+        2,
+        "complete checkpoints kept on disk (0: all); the last one from before a skipped update is kept too",
+        at_least=0,
+    )
+    # Logging.
+    report_to: str = arg("none", f"experiment trackers beside metrics.jsonl, comma-separated: {', '.join(TRACKERS)}")
+    project: str = arg("grpo-zoo", "tracker project name (W&B project, TensorBoard top directory, ...)")
+    run_name: str | None = arg(None, "tracker run name (default: the name of --output_dir)")
+    log_every: int = arg(0, "print a line of the step's figures every N steps (0: the progress bar only)", at_least=0)
+    log_samples: int = arg(
+        4, "completions of each step written to samples.jsonl (prompt, completion, reward, advantage)", at_least=0
+    )
+    # Health: a run that diverges or cannot learn says so.
+    max_nonfinite_steps: int = arg(
+        3,
+        "stop after this many optimiser steps in a row with a NaN/inf loss or gradient norm, each skipped (0: never stop)",
+        at_least=0,
+    )
+    grad_spike_factor: float = arg(
+        0.0,
+        "skip an update whose gradient norm exceeds this many times the median of the last 50 (0: off; e.g. 10)",
+        at_least=0,
+    )
+    warn_flat_steps: int = arg(
+        10, "warn when every group's rewards have been equal for this many steps in a row (0: never)", at_least=0
+    )
+    # Systems: how the work is laid out on the hardware (none of these changes what is trained).
+    rollout: str = arg("vllm" if vllm_available() else "hf", "rollout engine", ["vllm", "hf"])
+    precision: str = arg(
+        "auto",
+        "auto: fp32 weights + bf16 autocast on GPU, fp32 on CPU; bf16: bf16 weights too (half the memory, but lr-1e-6 updates round away)",
+        ["auto", "bf16", "fp32"],
+        resumable=False,
+    )
+    micro_batch_size: int = arg(
+        32,
+        "sequences per forward/backward (gradients accumulate beyond), if --max_tokens_per_micro_batch is 0",
+        at_least=1,
+    )
+    max_tokens_per_micro_batch: int = arg(
+        0, "if > 0: micro-batches of length-sorted sequences, each within this many (padded) tokens", at_least=0
+    )
+    gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
+    vllm_gpu_memory_utilization: float = arg(
+        0.3, "share of GPU memory vLLM may take (weights + KV cache)", above=0, at_most=1
+    )
+    vllm_sleep: bool = arg(False, "release vLLM's GPU memory during the update (GPU only)")
+    vllm_max_num_seqs: int = arg(
+        0, "sequences vLLM decodes at once (0: this rank's whole rollout, at most 1024)", at_least=0
+    )
+    vllm_max_num_batched_tokens: int = arg(
+        0, "tokens per vLLM forward, prefill chunks included (0: vLLM's default)", at_least=0
+    )
+    # Reward checking.
+    verifier_workers: int = arg(
+        0, "math-verify child processes per rank (0: automatic, docs/algorithms/grpo_base.md)", at_least=0
+    )
+    verifier_memory_mb: int = arg(2048, "address-space limit of each math-verify child in MB (0: none)", at_least=0)
+    reward_time_budget_s: float = arg(
+        120.0,
+        "seconds per step for symbolic answer checks; a group with an answer left unchecked trains on nothing (0: no limit)",
+        at_least=0,
+    )
+    # Evaluation during training (logged as eval/<benchmark>/pass@k).
+    eval_steps: int = arg(0, "evaluate every N steps, before the first and after the last (0: never)", at_least=0)
+    eval_benchmarks: str = arg(
+        "synthetic", "comma-separated benchmark names (python -m tools.evaluate --help) or name=FILE"
+    )
+    eval_n: int = arg(4, "samples per eval problem: pass@1 is their mean, pass@k for k = 1, 2, 4 .. <= n", at_least=1)
+    eval_temperature: float = arg(0.6, "eval sampling temperature", above=0)
+
+    def validate(self) -> None:
+        """Cross-flag checks, before anything loads: one line each."""
+        if self.resume and self.overwrite:
+            raise SystemExit(
+                "error: --resume and --overwrite contradict each other: continue the run, or start it over"
+            )
+        for name in filter(None, self.report_to.split(",")) if self.report_to != "none" else []:
+            if name not in TRACKERS:
+                raise SystemExit(
+                    f"error: --report_to: unknown tracker {name!r}; choose from {', '.join(TRACKERS)} (or none)"
+                )
+            if importlib.util.find_spec(TRACKERS[name]) is None:
+                raise SystemExit(
+                    f"error: --report_to {name}: the {TRACKERS[name]} package is not installed (pip install {TRACKERS[name]})"
+                )
+        if "wandb" in self.report_to.split(",") and not wandb_ready():
+            raise SystemExit(
+                "error: --report_to wandb: not logged in to Weights & Biases; run `wandb login`, set WANDB_API_KEY, "
+                "or log offline with WANDB_MODE=offline"
+            )
+
+
+def wandb_ready() -> bool:
+    """Can W&B log without asking for a key? (Offline or disabled mode, an API key, or a stored login.)"""
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")

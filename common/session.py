@@ -1,0 +1,432 @@
+"""A training session: everything around the algorithm, set up in one call and driven by a few.
+
+    s = start_session("grpo_base", run, flag_record(args, run), model=..., dataset=..., ...)
+    for step in s.steps():                  # stops early, after saving, on SIGTERM / Ctrl-C
+        ...                                 # the algorithm: rollout, rewards, pi_old, advantages
+        s.optimizer_step(step + 1, loss)    # inside the update: clip, skip a bad update, step
+        s.sync_weights()                    # the rollout engine gets the new weights
+        s.end_step(step + 1, metrics, timer)  # evaluate, log, save
+    s.close()
+
+`start_session` checks everything that can be checked before a model loads (the run directory
+and its lock, the model path, the context length, the data), then builds the accelerator, the
+policy (and the reference model), the optimiser and its schedule, the prompt sampler, the
+rollout engine, the answer verifier, the logger and the health checks, resumes from the newest
+good checkpoint when asked, and records the run's flags. The scripts read its fields
+(`s.model`, `s.engine`, `s.tokenizer`, ...) and call its methods; they never see a flag of
+RunFlags by name, and this module never sees a script's Args.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.cli import clear_errors, require
+from common.run_flags import RunFlags
+
+
+@dataclass
+class Scores:
+    """A step's rewards as tensors on the training device, one entry per completion."""
+
+    reward: object  # [N] float: the sum of the reward terms
+    accuracy: object  # [N] float: 0/1 correctness
+    checked: object  # [N] bool: False where the verifier ran out of time before checking the answer
+
+    def without_unchecked_groups(self, advantages, G: int):
+        """`advantages` ([N] or [N, C]) with every group that holds an unchecked answer set to 0: its
+        rewards would score that answer wrong, a guess; no advantage is better than a wrong one."""
+        keep = self.checked.view(-1, G).all(1).repeat_interleave(G).float()
+        return advantages * keep.view(-1, *[1] * (advantages.dim() - 1))
+
+
+@dataclass
+class OptimizerStep:
+    loss: float  # the mini-batch's loss, over all ranks
+    grad_norm: float  # before clipping (NaN when DeepSpeed clips inside its own step)
+    applied: bool  # False: skipped (not finite, or a gradient-norm spike)
+
+
+class Session:
+    """What `start_session` built. Fields: accelerator, device, rank, world, mode (how the model is
+    laid out over ranks), model, ref_model, tokenizer, optimizer, scheduler, engine, verifier,
+    sampler, opens_think, start_step, total_steps, logger, run_dir."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+    # -- the loop ---------------------------------------------------------------
+
+    def steps(self) -> Iterator[int]:
+        """The step indices still to run; ends early once a stop signal has been honoured."""
+        for step in range(self.start_step, self.total_steps):
+            if self.stop.stopped:
+                return
+            yield step
+
+    def timer(self):
+        from common.metrics import PhaseTimer
+
+        return PhaseTimer(sync=self._cuda_sync)
+
+    def score(self, texts: list[str], rows: list[dict]) -> Scores:
+        """Rewards of the step's completions (`rows`: each completion's dataset row)."""
+        import torch
+
+        from common.rewards import compute_rewards
+
+        r = compute_rewards(
+            texts, [row["answer"] for row in rows], self.reward_terms, self.verifier,
+            prompt_ends_with_think=self.opens_think, custom=self.custom_rewards,
+        )  # fmt: skip
+        self.unchecked += len(r.checked) - sum(r.checked)
+        as_tensor = lambda x, dtype: torch.tensor(x, device=self.device, dtype=dtype)
+        return Scores(
+            as_tensor(r.total, torch.float32), as_tensor(r.accuracy, torch.float32), as_tensor(r.checked, torch.bool)
+        )
+
+    def micro_batch_plan(self, batch: dict, rows: list[int]) -> list[list[int]]:
+        """The micro-batches (rows of `batch`) of one forward/backward each (`common.batching.micro_batches`);
+        when several processes train, every rank runs as many (the most any rank has)."""
+        from common.distributed import micro_batch_plan
+
+        return micro_batch_plan(self.accelerator, batch, rows, self.micro_batch_size, self.max_tokens_per_micro_batch)
+
+    def accumulate(self, last: bool):
+        """Context of one micro-batch's forward/backward; gradients are reduced over ranks on the `last`."""
+        from common.distributed import micro_batch
+
+        return micro_batch(self.accelerator, self.model, self.mode, last)
+
+    def optimizer_step(self, step: int, local_loss: float) -> OptimizerStep:
+        """Clip the accumulated gradient, then apply the update unless its loss or gradient norm is not
+        finite or spikes (`common.health`), step the schedule, and clear the gradients. Every rank
+        must call it (the loss is summed over ranks, so all ranks decide alike)."""
+        from common.distributed import global_sum
+
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        grad_norm = math.nan if grad_norm is None else float(grad_norm)  # None: DeepSpeed clips in its own step
+        loss = global_sum(self.accelerator, local_loss) / self.world
+        applied = self.guard.check(step, loss, grad_norm, self.scheduler.get_last_lr()[0])
+        if applied:
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad()
+        self.skipped_this_step |= not applied
+        return OptimizerStep(loss, grad_norm, applied)
+
+    def sync_weights(self) -> None:
+        """Push the policy's weights into the rollout engine (a no-op for the HF engine)."""
+        from common.distributed import state_dict_for_sync
+
+        self.engine.load_weights(state_dict_for_sync(self.accelerator, self.model))
+
+    def evaluate(self) -> tuple[dict, list[dict]]:
+        """pass@k of the live policy on --eval_benchmarks, its problems split over the ranks (summary on every rank)."""
+        from common.evaluation import evaluate
+
+        return evaluate(
+            self.engine, self.tokenizer, self.eval_sets, self.template, self.eval_n, self.eval_temperature,
+            self.max_completion_len, self.top_p, seed=self.seed, verifier=self.verifier,
+            max_prompt_len=self.max_prompt_len, accelerator=self.accelerator,
+        )  # fmt: skip
+
+    def end_step(self, step: int, metrics: dict, timer, samples=None) -> None:
+        """After the update and the sync: evaluate when due, add the run's own figures (phase times,
+        memory, learning rate, unchecked answers), reduce over ranks, log (and `samples`: the step's
+        dataset rows, texts, rewards, advantages), warn, save when due; stop after a signal."""
+        from common.distributed import peak_memory_gb, reduce_metrics
+
+        step_s = sum(timer.seconds.values())  # the step itself; evaluation is timed on its own
+        if self.eval_steps and (step % self.eval_steps == 0 or step == self.total_steps):
+            with timer("eval"):
+                summary, records = self.evaluate()
+            metrics |= summary
+            self.logger.eval_line(step, summary)
+            if step == self.total_steps and self.is_main:
+                from common.evaluation import write_results
+
+                write_results(self.run_dir, summary, records, {"step": step, "benchmarks": self.eval_benchmarks})
+        metrics |= {f"time/{k}_s": v for k, v in timer.seconds.items()} | {
+            "time/step_s": step_s,
+            "time/peak_mem_gb": peak_memory_gb(),
+            "reward/timeouts": self.verifier.take_timeouts(),
+            "reward/unchecked": self.unchecked,
+            "train/lr": self.scheduler.get_last_lr()[0],
+        }
+        metrics = reduce_metrics(self.accelerator, {k: float(v) for k, v in metrics.items()})
+        metrics["train/epoch"] = self.sampler.epoch
+        if metrics["reward/unchecked"]:
+            self.logger.write(
+                f"step {step}: {metrics['reward/unchecked']:.0f} answers were not checked within --reward_time_budget_s="
+                f"{self.verifier.budget_s}; their groups trained on nothing (raise the budget or --verifier_workers)"
+            )
+        self.unchecked = 0
+        self.logger.log(step, metrics)
+        self.logger.log_samples(step, samples)
+        self.watch.update(step, metrics["train/zero_adv_group_frac"], metrics["train/truncated_frac"])
+        self.stop.agree(self.accelerator)  # every rank stops after the same step
+        self._save_if_due(step)
+        self.last_metrics = metrics
+        self.skipped_this_step = False
+
+    def close(self) -> None:
+        """Close the log, the trackers and the verifier; print one closing line (the final figures and
+        where the model is, or how to resume a stopped run); exit non-zero if a signal stopped it."""
+        from common.checkpoint import ensure_export
+
+        if self.is_main and not self.stop.stopped:
+            ensure_export(self.run_dir, self.total_steps)  # a resume of a finished run whose export was cut short
+        self.accelerator.wait_for_everyone()  # the last collective: the engine's teardown may end the process group
+        self.verifier.close()
+        self.engine.close()
+        self.accelerator.end_training()  # the trackers' last writes
+        self.logger.close(self.last_metrics, stopped=self.stop.message(self.saved_step))
+        self.lock.release()
+        if self.stop.stopped:
+            raise SystemExit(self.stop.exit_code)
+
+    # -- internals ----------------------------------------------------------------
+
+    def _save_if_due(self, step: int) -> None:
+        from common.checkpoint import save_checkpoint
+
+        final = step == self.total_steps
+        due = (
+            final
+            or self.stop.stopped
+            or (self.save_steps and step % self.save_steps == 0)
+            or (self.save_minutes and time.monotonic() - self.last_save >= 60 * self.save_minutes)
+        )
+        # A step whose update was skipped is not saved on schedule: a diverging run keeps its last
+        # checkpoint from before the trouble as its newest (the resume advice points there).
+        if not due or (self.skipped_this_step and not (final or self.stop.stopped)):
+            return
+        saved = save_checkpoint(
+            self.accelerator, self.model, self.tokenizer, self.run_dir, step, {"sampler": self.sampler.state_dict()},
+            self.keep_last, export=final, mode=self.mode,
+        )  # fmt: skip
+        if saved is not None:
+            self.saved_step, self.last_save = step, time.monotonic()
+
+
+def start_session(
+    script: str,
+    run: RunFlags,
+    flags: tuple[dict, set[str]],
+    *,
+    model: str,
+    dataset: str,
+    template: str,
+    rewards: str,
+    reward_fn: str | None,
+    seed: int,
+    steps: int,
+    epochs: float | None,
+    prompts_per_step: int,
+    group_size: int,
+    max_prompt_len: int,
+    max_completion_len: int,
+    optimizer: Callable,
+    lr_schedule: str,
+    warmup_steps: int,
+    grad_clip: float,
+    reference_model: bool,
+    top_p: float = 1.0,
+    extra_context: int = 0,
+    extra_context_flags: str = "",
+    check_data: Callable[[list[dict]], None] | None = None,
+) -> Session:
+    """Set up a run (module docstring). `script`: the script's name (the default --output_dir is
+    runs/<script>); `flags`: `common.cli.flag_record(args, run)`, recorded in run_config.json;
+    `optimizer`: params -> torch optimizer; `extra_context`: tokens a sequence may grow beyond
+    prompt + completion (EDGE-GRPO's reflections), named by `extra_context_flags` in errors;
+    `check_data`: called with the dataset's rows before any model loads (one-line errors)."""
+    import torch
+    from accelerate.utils import set_seed
+
+    from common.console import quiet_libraries
+    from common.distributed import make_accelerator, parallel_mode
+    from common.health import SignalWatch, StopSignal, UpdateGuard
+    from common.math_data import load_prompts
+    from common.metrics import RunLogger
+    from common.models import (
+        check_context_length,
+        hub_error,
+        load_policy,
+        load_reference_model,
+        load_tokenizer,
+        model_to_load,
+        offline_unless_hub_reachable,
+    )
+    from common.rewards import REWARD_FUNCS, load_reward_fn
+    from common.rollout import make_engine
+    from common.run_dir import RunLock, check_run_dir, check_shared, check_writable, start_run_dir
+    from common.sampler import PromptSampler
+    from common.verifier import MathVerifier, default_workers
+
+    values, resumable = flags
+    run_dir = Path(run.output_dir or f"runs/{script}")
+    world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    require(
+        prompts_per_step % world_env == 0,
+        f"--prompts_per_step={prompts_per_step} must divide by the {world_env} processes: each rank owns whole prompt groups",
+    )
+    terms = rewards.split(",")
+    unknown = set(terms) - set(REWARD_FUNCS)
+    require(
+        not unknown,
+        f"--rewards: unknown term(s) {sorted(unknown)}; choose from {sorted(REWARD_FUNCS)}, or add your own with --reward_fn",
+    )
+    with clear_errors("--reward_fn"):
+        custom = [load_reward_fn(spec) for spec in (reward_fn or "").split(",") if spec]
+    quiet_libraries()  # our progress bar and lines; library notices that need no action are filtered
+
+    # Everything that can be checked without a model: the run directory (locked), the model's path and context.
+    lock = RunLock(run_dir)
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    check_writable(run_dir)
+    if is_main:
+        lock.acquire()
+    check_run_dir(run_dir, values, resumable, run.resume, run.overwrite)
+    hub_ok = offline_unless_hub_reachable()
+    model_path, _ = model_to_load(model)
+    with clear_errors("--model"):
+        try:
+            tokenizer = load_tokenizer(model_path)
+        except OSError:
+            if not hub_ok and not Path(model_path).exists():
+                raise hub_error("--model", model_path) from None
+            raise
+        check_context_length(
+            model_path, max_prompt_len + max_completion_len + extra_context,
+            "--max_prompt_len + --max_completion_len" + extra_context_flags,
+        )  # fmt: skip
+    rows, opens_think = load_prompts(
+        dataset, tokenizer, template, max_prompt_len, problem_field=run.problem_field, answer_field=run.answer_field,
+        solution_field=run.solution_field, bad_rows=run.bad_rows, say=print if is_main else lambda _: None,
+    )  # fmt: skip
+    if check_data is not None:
+        check_data(rows)
+    eval_sets = {}
+    if run.eval_steps:  # fail fast, before training
+        from common.benchmarks import load_benchmarks
+
+        with clear_errors("--eval_benchmarks"):
+            eval_sets = load_benchmarks(run.eval_benchmarks)
+
+    # The accelerator, the policy and its optimiser.
+    gpu = torch.cuda.is_available()
+    accelerator = make_accelerator(
+        "bf16" if gpu and run.precision != "fp32" else "no",
+        grad_clip,
+        run.micro_batch_size,
+        run.report_to,
+        str(run_dir),
+    )
+    rank, world = accelerator.process_index, accelerator.num_processes
+    mode = parallel_mode(accelerator)  # decided once, from accelerate's state; passed to what depends on it
+    mode = parallel_mode(accelerator)
+    require(
+        not (reference_model and mode.kind == "zero3"),
+        "--beta > 0 under DeepSpeed ZeRO-3: the reference model would be partitioned and never wrapped; "
+        "use configs/accelerate/fsdp2.yaml (the reference model is then loaded whole on each GPU) or --beta 0",
+    )
+    set_seed(seed + rank)
+    policy = load_policy(
+        model_path, torch.bfloat16 if run.precision == "bf16" else torch.float32, run.gradient_checkpointing
+    )
+    ref_model = None
+    if reference_model:  # only then: all four papers train without it
+        ref_model = load_reference_model(model_path, torch.bfloat16 if gpu else torch.float32, accelerator.device)
+    opt = optimizer(policy.parameters())
+    total_steps = math.ceil(epochs * len(rows) / prompts_per_step) if epochs else steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(lr_schedule, warmup_steps, total_steps))
+    policy, opt = accelerator.prepare(policy, opt)
+    accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
+    sampler = PromptSampler(rows, prompts_per_step, seed=seed, rank=rank, world_size=world)
+    engine = make_engine(
+        run.rollout, model_path, tokenizer, accelerator.unwrap_model(policy), seed=seed + rank, world=world,
+        max_model_len=max_prompt_len + max_completion_len + extra_context,
+        dtype="bfloat16" if gpu and run.precision != "fp32" else "float32",
+        gpu_memory_utilization=run.vllm_gpu_memory_utilization, sleep=run.vllm_sleep,
+        max_num_seqs=run.vllm_max_num_seqs or min(1024, prompts_per_step // world * group_size),
+        max_num_batched_tokens=run.vllm_max_num_batched_tokens, synced=mode.sharded,
+    )  # fmt: skip
+
+    # Resume: weights, optimiser, schedule (at this run's learning rate), RNG, data order; then vLLM's copy.
+    start_step, base_lrs = 0, list(scheduler.base_lrs)
+    if run.resume:
+        from common.checkpoint import load_checkpoint
+
+        state = load_checkpoint(accelerator, run_dir)
+        if state is not None:
+            start_step = state["step"]
+            sampler.load_state_dict(state["sampler"])
+            set_base_lr(opt, scheduler, base_lrs)  # this run's --lr, not the checkpoint's
+            from common.distributed import state_dict_for_sync
+
+            engine.load_weights(state_dict_for_sync(accelerator, policy))
+    verifier = MathVerifier(
+        workers=run.verifier_workers or default_workers(),
+        memory_mb=run.verifier_memory_mb,
+        budget_s=run.reward_time_budget_s or None,
+    )
+    if is_main:  # everything has loaded: now the run directory is this run's
+        start_run_dir(run_dir, values, start_step > 0, run.overwrite)
+    accelerator.wait_for_everyone()
+    check_shared(run_dir, accelerator)  # multi-node: every rank sees what rank 0 writes
+    logger = RunLogger(
+        run_dir, total_steps, accelerator.is_main_process, start_step, accelerator if run.report_to != "none" else None,
+        values, project=run.project, run_name=run.run_name, log_every=run.log_every, log_samples=run.log_samples,
+    )  # fmt: skip
+    say = logger.write if accelerator.is_main_process else lambda _: None
+    session = Session(
+        accelerator=accelerator, device=accelerator.device, rank=rank, world=world, mode=mode, is_main=accelerator.is_main_process,
+        model=policy, ref_model=ref_model, tokenizer=tokenizer, optimizer=opt, scheduler=scheduler, engine=engine,
+        verifier=verifier, sampler=sampler, opens_think=opens_think, start_step=start_step, total_steps=total_steps,
+        logger=logger, run_dir=run_dir, lock=lock, reward_terms=terms, custom_rewards=custom,
+        guard=UpdateGuard(run.max_nonfinite_steps, run.grad_spike_factor, say=say), watch=SignalWatch(run.warn_flat_steps, say=say),
+        stop=StopSignal(), grad_clip=grad_clip, micro_batch_size=run.micro_batch_size,
+        max_tokens_per_micro_batch=run.max_tokens_per_micro_batch, save_steps=run.save_steps, save_minutes=run.save_minutes,
+        keep_last=run.keep_last, eval_steps=run.eval_steps, eval_sets=eval_sets, eval_benchmarks=run.eval_benchmarks,
+        eval_n=run.eval_n, eval_temperature=run.eval_temperature, template=template, seed=seed, top_p=top_p,
+        max_prompt_len=max_prompt_len, max_completion_len=max_completion_len, last_metrics={}, unchecked=0,
+        saved_step=start_step or None, last_save=time.monotonic(), skipped_this_step=False,
+        _cuda_sync=torch.cuda.synchronize if gpu else None,
+    )  # fmt: skip
+    session.guard.checkpoint_hint = lambda: session.saved_step
+    if run.eval_steps and start_step == 0:  # step 0: the policy before training, every curve's starting point
+        summary, _ = session.evaluate()
+        logger.eval_line(0, summary)
+        logger.log(0, summary, advance=False)  # the same on every rank: the evaluation gathers its records
+    return session
+
+
+def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """The learning-rate multiplier at optimiser step s: a linear warm-up over `warmup_steps`, then
+    constant, or decaying to 0 at `total_steps` along a cosine or a line."""
+
+    def factor(s: int) -> float:
+        if s < warmup_steps:
+            return (s + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (s - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+
+    return factor
+
+
+def set_base_lr(optimizer, scheduler, lrs: list[float]) -> None:
+    """After a resume, this run's --lr is the base of the schedule (the checkpoint stored the old one)."""
+    scheduler.base_lrs = list(lrs)
+    for group, lr, schedule in zip(optimizer.param_groups, lrs, scheduler.lr_lambdas):
+        group["initial_lr"] = lr
+        group["lr"] = lr * schedule(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
