@@ -11,4 +11,4 @@ for script in grpo_base edge_grpo egpo cw_grpo pro_grpo; do
     python "$script.py" --seed 0 --steps 30 --eval_steps 10 --output_dir "$out/$script" --overwrite
     runs+=("$out/$script")
 done
-python -m common.plot "${runs[@]}" --output docs/compare_demo.png --table docs/results_demo.md
+python -m tools.plot "${runs[@]}" --output docs/compare_demo.png --table docs/results_demo.md
