@@ -116,7 +116,7 @@ def load_benchmark(
             raise RuntimeError(
                 f"benchmark {name!r}: could not load {spec.hub} from the Hugging Face hub ({e.__cause__ or e}).\n"
                 f"Without a network, pass a local copy: --benchmarks {name}=path/to/{name}.jsonl, or "
-                f"--data_dir DIR holding {name}.jsonl (`python -m common.evaluate --export_data DIR "
+                f"--data_dir DIR holding {name}.jsonl (`python -m tools.evaluate --export_data DIR "
                 f"--benchmarks {name}` writes one on a machine that reaches the hub)."
             ) from None
     else:

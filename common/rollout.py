@@ -297,12 +297,20 @@ class VLLMEngine:
         self.llm.llm_engine.engine_core.shutdown()
 
     def sleep(self) -> None:
-        """Free vLLM's GPU memory (weights offloaded to CPU, KV cache discarded) during the update.
-        The engine wakes by itself, in the order that needs the least memory: the weights
-        when `load_weights` pushes the new ones in, the KV cache when `generate` next runs."""
+        """Free vLLM's GPU memory during the update: the weights and the KV cache are discarded (level 2;
+        level 1 would first copy the weights to host memory, every step, although the sync overwrites
+        them: vLLM keeps its few non-checkpoint buffers itself). The engine wakes by itself, in the
+        order that needs the least memory: the weights when `load_weights` pushes the new ones in,
+        the KV cache when `generate` next runs. Between `sleep` and `load_weights` it must not sample."""
         if self.sleep_mode and not self.asleep:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=2)
             self.asleep = {"weights", "kv_cache"}
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """Tokens vLLM's KV cache holds at once (all sequences together)."""
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        return cache.num_gpu_blocks * cache.block_size
 
     def _wake(self, *tags: str) -> None:
         """Wake only what is asleep: vLLM warns (and reallocates nothing) on an awake engine."""
@@ -416,7 +424,7 @@ class HFEngine:
             do_sample=False,  # the sampling is _RowSampler's
             temperature=1.0,
             top_p=1.0,
-            top_k=0,  # off: set, like every field, so that the model's own generation_config.json cannot fill it
+            top_k=50,  # transformers' default, unused by greedy decoding: set so that the model's config cannot fill it
             repetition_penalty=1.0,
             no_repeat_ngram_size=0,
             max_new_tokens=max_tokens,
@@ -447,3 +455,5 @@ class HFEngine:
 
     def close(self) -> None:
         pass
+
+    kv_cache_tokens = None  # generate's own cache, sized per call

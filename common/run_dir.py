@@ -153,9 +153,12 @@ def check_run_dir(output_dir: str | Path, flags: dict, resumable: set[str], resu
         )
 
 
-def start_run_dir(output_dir: str | Path, flags: dict, resumed: bool, overwrite: bool) -> None:
+def start_run_dir(
+    output_dir: str | Path, flags: dict, resumed: bool, overwrite: bool, launch: dict | None = None
+) -> None:
     """Rank 0, after `check_run_dir` passed on every rank and the run has loaded: clear an overwritten
-    run or one that never saved a checkpoint, and record the flags (`resumed`: continuing a checkpoint)."""
+    run or one that never saved a checkpoint, and record the flags (`resumed`: continuing a checkpoint)
+    and how this start was launched (`launch`: processes, parallel mode) in the history."""
     path = Path(output_dir)
     if path.is_dir() and not resumed and _holds_a_run(path):
         if not overwrite:
@@ -169,6 +172,7 @@ def start_run_dir(output_dir: str | Path, flags: dict, resumed: bool, overwrite:
     config["flags"] = config["flags"] | flags  # the values in force now; the history keeps what changed when
     config["history"].append(
         {"time": _now(), "event": "resume" if resumed else "start"}
+        | (launch or {})
         | ({"changed": changed} if resumed and changed else {})
     )
     tmp = path / (CONFIG + ".tmp")

@@ -350,14 +350,19 @@ def start_session(
     policy, opt = accelerator.prepare(policy, opt)
     accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
     sampler = PromptSampler(rows, prompts_per_step, seed=seed, rank=rank, world_size=world)
+    rows_per_rank = prompts_per_step // world * group_size  # sequences sampled at once: the rollout, an evaluation
+    eval_rows_per_rank = max((len(r) for r in eval_sets.values()), default=0) * run.eval_n // world
     engine = make_engine(
         run.rollout, model_path, tokenizer, accelerator.unwrap_model(policy), seed=seed + rank, world=world,
         max_model_len=max_prompt_len + max_completion_len + extra_context,
         dtype="bfloat16" if gpu and run.precision != "fp32" else "float32",
         gpu_memory_utilization=run.vllm_gpu_memory_utilization, sleep=run.vllm_sleep,
-        max_num_seqs=run.vllm_max_num_seqs or min(1024, prompts_per_step // world * group_size),
+        max_num_seqs=run.vllm_max_num_seqs or min(1024, max(rows_per_rank, eval_rows_per_rank)),
         max_num_batched_tokens=run.vllm_max_num_batched_tokens, synced=mode.sharded,
     )  # fmt: skip
+
+    if engine.kv_cache_tokens and is_main:
+        check_kv_cache(engine.kv_cache_tokens, rows_per_rank, max_prompt_len + max_completion_len + extra_context)
 
     # Resume: weights, optimiser, schedule (at this run's learning rate), RNG, data order; then vLLM's copy.
     start_step, base_lrs = 0, list(scheduler.base_lrs)
@@ -378,7 +383,7 @@ def start_session(
         budget_s=run.reward_time_budget_s or None,
     )
     if is_main:  # everything has loaded: now the run directory is this run's
-        start_run_dir(run_dir, values, start_step > 0, run.overwrite)
+        start_run_dir(run_dir, values, start_step > 0, run.overwrite, {"processes": world, "parallel": mode.kind})
     accelerator.wait_for_everyone()
     check_shared(run_dir, accelerator)  # multi-node: every rank sees what rank 0 writes
     logger = RunLogger(
@@ -406,6 +411,18 @@ def start_session(
         logger.eval_line(0, summary)
         logger.log(0, summary, advance=False)  # the same on every rank: the evaluation gathers its records
     return session
+
+
+def check_kv_cache(capacity: int, sequences: int, max_len: int) -> None:
+    """One line when a step's rollout may not fit vLLM's KV cache at once: vLLM then decodes it in waves
+    (sequences wait for others to finish), and a step takes up to that many times longer."""
+    need = sequences * max_len
+    if need > capacity:
+        print(
+            f"note: vLLM's KV cache holds {capacity:,} tokens; a step's rollout needs up to {need:,} ({sequences} "
+            f"sequences x {max_len} tokens), so long completions are sampled in up to {math.ceil(need / capacity)} "
+            "waves: raise --vllm_gpu_memory_utilization (with --vllm_sleep on one GPU) to sample a step at once"
+        )
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:

@@ -21,8 +21,9 @@ from train_utils import ROOT
 CHAIN_LOGIT = 10.0  # the intended next token gets ~98% of the mass (vocab 512)
 
 
-def build_coin_model(random_dir: Path, out: Path) -> tuple[Path, Path]:
-    """(model directory, dataset .jsonl): prompts "Toss coin i." whose gold answer is 1."""
+def build_coin_model(random_dir: Path, out: Path, digits: tuple[int, ...] = (1, 2)) -> tuple[Path, Path]:
+    """(model directory, dataset .jsonl): prompts "Toss coin i." whose gold answer is 1. The model writes
+    `\\boxed{d}` for a d of `digits`, with about even odds: (1,) makes it always right on this data."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from common.prompts import format_prompt
@@ -30,7 +31,7 @@ def build_coin_model(random_dir: Path, out: Path) -> tuple[Path, Path]:
     tok = AutoTokenizer.from_pretrained(random_dir)
     model = AutoModelForCausalLM.from_pretrained(random_dir)
     model.config.tie_word_embeddings = False
-    seqs = [tok(f"\\boxed{{{d}}}", add_special_tokens=False).input_ids + [tok.eos_token_id] for d in (1, 2)]
+    seqs = [tok(f"\\boxed{{{d}}}", add_special_tokens=False).input_ids + [tok.eos_token_id] for d in digits]
     successors: dict[int, set[int]] = {}  # token -> allowed next tokens
     for seq in seqs:
         for a, b in zip(seq, seq[1:]):
@@ -57,7 +58,7 @@ def build_coin_model(random_dir: Path, out: Path) -> tuple[Path, Path]:
                 head[n, direction[t]] = CHAIN_LOGIT / hidden**0.5
         model.lm_head = torch.nn.Linear(hidden, model.config.vocab_size, bias=False)
         model.lm_head.weight.copy_(head)
-    model_dir = out / "coin-model"
+    model_dir = out / ("coin-model" if len(digits) > 1 else "sure-model")
     model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     for name in ("generation_config.json", "tiny_model.json"):

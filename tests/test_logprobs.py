@@ -130,3 +130,29 @@ def test_nothing_vocabulary_sized_is_kept_for_backward(tiny_random_model):
     assert not [s for s in saved if s and s[-1] == V and len(s) > 1 and s[0] > 1], [s for s in saved if s[-1] == V]
     (logp.sum() + ent.sum()).backward()
     model.zero_grad(set_to_none=True)
+
+
+def test_autocast_casts_the_output_layer_once_not_once_per_chunk(tiny_random_model):
+    """fp32 master weights under bf16 autocast: each chunk's backward recompute used to cast the whole
+    V x D output weight again (autocast's cast cache is gone by then). Counted at the dispatcher."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model, _ = tiny_random_model
+    shape = tuple(model.get_output_embeddings().weight.shape)
+
+    class CountWeightCasts(TorchDispatchMode):
+        casts = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._to_copy.default and tuple(out.shape) == shape and out.dtype == torch.bfloat16:
+                CountWeightCasts.casts += 1
+            return out
+
+    ids = torch.randint(3, model.config.vocab_size, (2, 40))
+    with CountWeightCasts():
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # as accelerate wraps the forward; backward runs outside
+            logp, _ = sequence_logprobs(model, ids, torch.ones_like(ids), 1.0, logits_to_keep=32, chunk_rows=4)
+        logp.sum().backward()  # 16 chunks recomputed
+    model.zero_grad(set_to_none=True)
+    assert CountWeightCasts.casts == 1, f"the output weight was cast to bf16 {CountWeightCasts.casts} times"

@@ -1,0 +1,133 @@
+"""The scripts themselves under the engines a user launches: `accelerate launch --config_file
+configs/accelerate/<config>.yaml` with 2 gloo processes on CPU, the real FSDP2 / DeepSpeed ZeRO-2 / ZeRO-3 /
+DDP code (tests/engines/cpu_entry.py says how accelerate is made to apply them on a CPU-only host).
+
+Each run is built to meet what hung or broke before: ranks with unequal work (a long and a short
+prompt per step, so token-budget micro-batch counts differ; under EDGE-GRPO one rank's completions all
+wrong and the other's all right, so only one rank has reflections to continue), mini-batches after a
+scoring pass, evaluation split over ranks, the weight sync, a checkpoint and the final export; then a
+resume from the sharded state. A hang ends the test after a timeout of minutes, never two hours.
+"""
+
+import json
+
+import pytest
+import torch
+from engines.launch import CONFIGS, launch, variant_config
+from scaling_utils import build_coin_model
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(torch.cuda.is_available(), reason="CPU harness: on GPUs accelerate applies the configs itself"),
+]
+needs_deepspeed = pytest.mark.skipif(__import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed")
+ENGINES = [  # config, processes, the mode the run must report
+    ("single_gpu.yaml", 1, "single"),
+    ("ddp_8gpu.yaml", 2, "ddp"),
+    ("fsdp2.yaml", 2, "fsdp2"),
+    pytest.param("zero2.yaml", 2, "zero2", marks=needs_deepspeed),
+    pytest.param("zero3.yaml", 2, "zero3", marks=needs_deepspeed),
+]
+LONG = " Think about it step by step, and check the result twice before you answer." * 6
+
+
+@pytest.fixture(scope="module")
+def coins(tiny_random_dir, tmp_path_factory):
+    """Two coin models (50/50, and always 1) and a two-problem set: each step one rank gets a short prompt and
+    the other a long one (answer 1), or (EDGE) the problem the sure model gets right and one it gets wrong."""
+    root = tmp_path_factory.mktemp("coins")
+    coin, _ = build_coin_model(tiny_random_dir, root)
+    sure, _ = build_coin_model(tiny_random_dir, root, digits=(1,))
+    lengths = root / "lengths.jsonl"
+    rows = [{"problem": "Toss coin 0.", "answer": "1"}, {"problem": "Toss coin 1." + LONG, "answer": "1"}]
+    lengths.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    right_and_wrong = root / "right_and_wrong.jsonl"
+    rows = [
+        {"problem": "Toss coin 0.", "answer": "1", "solution": "\\boxed{1}"},
+        {"problem": "Toss coin 1." + LONG, "answer": "2", "solution": "\\boxed{2}"},
+    ]
+    right_and_wrong.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bench = root / "coin_bench.jsonl"
+    bench.write_text("".join(json.dumps({"problem": f"Toss coin {i}.", "answer": "1"}) + "\n" for i in range(5)))
+    return {"coin": coin, "sure": sure, "lengths": lengths, "right_and_wrong": right_and_wrong, "bench": bench}
+
+
+COMMON = ["--rollout", "hf", "--prompts_per_step", "2", "--group_size", "4", "--max_completion_len", "8"]
+COMMON += ["--max_tokens_per_micro_batch", "80", "--seed", "3", "--lr", "1e-2"]
+
+
+def flags(coins, script):
+    """Two steps, evaluation before and after (5 problems: 3 on one rank, 2 on the other), mini-batches."""
+    data = ["--model", str(coins["coin"]), "--dataset", str(coins["lengths"]), "--num_minibatches", "2"]
+    if script == "edge_grpo.py":
+        data = ["--model", str(coins["sure"]), "--dataset", str(coins["right_and_wrong"]), "--gec_max_new_tokens", "6"]
+        data += ["--lr", "1e-6"]  # the sure model stays sure: one rank all right, the other all wrong, every step
+    evaluation = ["--eval_steps", "2", "--eval_benchmarks", f"coin={coins['bench']}", "--eval_n", "2"]
+    return [*COMMON, *data, *evaluation]  # the script's own values last: they win
+
+
+def read(run):
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return rows, json.loads((run / "run_config.json").read_text())
+
+
+@pytest.mark.parametrize("script", ["grpo_base.py", "edge_grpo.py"])
+@pytest.mark.parametrize("config, processes, mode", ENGINES)
+def test_two_steps_under_each_engine(config, processes, mode, script, coins, tmp_path):
+    run = tmp_path / "run"
+    rc, out = launch(CONFIGS / config, script, *flags(coins, script), "--steps", "2", "--output_dir", str(run),
+                     num_processes=processes, timeout=300)  # fmt: skip
+    assert rc == 0 and "Traceback" not in out, out[-5000:]
+    rows, config_json = read(run)
+    assert config_json["history"][-1] | {"processes": processes, "parallel": mode} == config_json["history"][-1]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[0]["eval/coin/num_problems"] == 5 == rows[-1]["eval/coin/num_problems"]  # every problem, once
+    assert all(r["train/skipped_steps"] == 0 and r["train/rollout_logp_gap"] < 1e-3 for r in rows[1:])
+    assert (run / "checkpoint-2" / "COMPLETE").exists() and (run / "model" / "MANIFEST.json").exists()
+    if script == "edge_grpo.py":  # the wrong rank's 4 completions were edited, the right rank's none: a mean of 2
+        assert all(r["gec/reflection"] + r["gec/injection"] + r["gec/replacement"] == 4 / processes for r in rows[1:])
+
+
+@pytest.mark.parametrize("config", ["fsdp2.yaml", pytest.param("zero3.yaml", marks=needs_deepspeed)])
+def test_resume_from_the_sharded_state(config, coins, tmp_path):
+    run = tmp_path / "run"
+    first = [*flags(coins, "grpo_base.py"), "--save_steps", "1", "--output_dir", str(run)]
+    rc, out = launch(CONFIGS / config, "grpo_base.py", *first, "--steps", "1", timeout=300)
+    assert rc == 0, out[-4000:]
+    rc, out = launch(CONFIGS / config, "grpo_base.py", *first, "--steps", "2", "--resume", timeout=300)
+    assert rc == 0 and f"resumed from {run / 'checkpoint-1'} (step 1)" in out, out[-4000:]
+    rows, config_json = read(run)
+    assert [r["step"] for r in rows if r["step"] > 0] == [1, 2]
+    assert [h["event"] for h in config_json["history"]] == ["start", "resume"]
+
+
+def test_fsdp2_with_tied_embeddings_and_no_reshard(tiny_random_dir, coins, tmp_path):
+    """accelerate groups a tied embedding with the norm and lm_head in one unit that stays whole after a
+    no-grad forward (and every unit does with reshard_after_forward false): the first parameter is then a
+    plain tensor. Plans were equalised only for 'sharded' models, judged from that parameter: a hang."""
+    config = variant_config(
+        CONFIGS / "fsdp2.yaml", tmp_path / "fsdp2.yaml", fsdp_config={"fsdp_reshard_after_forward": False}
+    )
+    data = ["--model", str(tiny_random_dir), "--dataset", str(coins["lengths"]), "--num_minibatches", "2"]
+    rc, out = launch(
+        config, "grpo_base.py", *data, *COMMON, "--steps", "1", "--output_dir", str(tmp_path / "run"), timeout=300
+    )
+    assert rc == 0 and "Traceback" not in out, out[-4000:]
+    assert read(tmp_path / "run")[1]["history"][-1]["parallel"] == "fsdp2"
+
+
+@needs_deepspeed
+def test_reference_model_is_refused_under_zero3_from_a_json_config(coins, tmp_path):
+    """accelerate sets the ZeRO stage variable only from a YAML `zero_stage`; with a deepspeed_config_file
+    the stage is read from accelerate's state, so --beta > 0 is refused before the model loads."""
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}))
+    config = variant_config(
+        CONFIGS / "zero3.yaml", tmp_path / "zero3_json.yaml", mixed_precision=None,
+        deepspeed_config={"deepspeed_config_file": str(ds), "zero_stage": None, "zero3_init_flag": None,
+                          "zero3_save_16bit_model": None, "offload_optimizer_device": None,
+                          "offload_param_device": None, "gradient_accumulation_steps": None},
+    )  # fmt: skip
+    rc, out = launch(config, "grpo_base.py", "--model", str(coins["coin"]), "--beta", "0.04", "--output_dir",
+                     str(tmp_path / "run"), timeout=200)  # fmt: skip
+    assert rc != 0 and "--beta > 0 under DeepSpeed ZeRO-3" in out, out[-3000:]
