@@ -254,45 +254,47 @@ def main(args: Args, run: RunFlags) -> None:
         lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps, grad_clip=args.grad_clip, reference_model=args.beta > 0,
     )  # fmt: skip
 
-    for step in s.steps():  # ends early, after saving a checkpoint, on SIGTERM / Ctrl-C
-        timer = s.timer()
-        rows = s.sampler.next_batch()
+    with s:  # closed on any exit: the closing line after the last step, the bar's end before an error
+        for step in s.steps():  # ends early, after saving a checkpoint, on SIGTERM / Ctrl-C
+            timer = s.timer()
+            rows = s.sampler.next_batch()
 
-        # 2. Rollout: G completions per prompt from pi_old; one seed per prompt, from its place in the global batch.
-        with timer("rollout"):
-            seeds = prompt_seeds(args.seed, step, args.prompts_per_step, s.rank, len(rows))
-            prompts = [r["prompt_ids"] for r in rows]
-            groups = s.engine.generate(prompts, G, args.max_completion_len, args.temperature, args.top_p, seed=seeds)
-        rollout_rows = [r for r in rows for _ in range(G)]
-        completions = [c for g in groups for c in g]
-        texts = s.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+            # 2. Rollout: G completions per prompt from pi_old; one seed per prompt, from its place in the global batch.
+            with timer("rollout"):
+                seeds = prompt_seeds(args.seed, step, args.prompts_per_step, s.rank, len(rows))
+                prompts = [r["prompt_ids"] for r in rows]
+                groups = s.engine.generate(
+                    prompts, G, args.max_completion_len, args.temperature, args.top_p, seed=seeds
+                )
+            rollout_rows = [r for r in rows for _ in range(G)]
+            completions = [c for g in groups for c in g]
+            texts = s.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
 
-        # 3. Rewards.
-        with timer("scoring"):
-            scores = s.score(texts, rollout_rows)
+            # 3. Rewards.
+            with timer("scoring"):
+                scores = s.score(texts, rollout_rows)
 
-        # 4. pi_old's log-probs (and token entropies) from the trainer, before any update.
-        with timer("old_logp"):
-            s.engine.sleep()
-            batch = pack([r["prompt_ids"] for r in rollout_rows], completions, s.tokenizer.pad_token_id, s.device)
-            old = old_logprobs(s, batch, args)
+            # 4. pi_old's log-probs (and token entropies) from the trainer, before any update.
+            with timer("old_logp"):
+                s.engine.sleep()
+                batch = pack([r["prompt_ids"] for r in rollout_rows], completions, s.tokenizer.pad_token_id, s.device)
+                old = old_logprobs(s, batch, args)
 
-        # 5. Advantages; a group holding an answer the verifier had no time to check gets none.
-        advantages, info = grpo_advantages(scores.reward, old, batch, G, args)
-        advantages = scores.without_unchecked_groups(advantages, G)
+            # 5. Advantages; a group holding an answer the verifier had no time to check gets none.
+            advantages, info = grpo_advantages(scores.reward, old, batch, G, args)
+            advantages = scores.without_unchecked_groups(advantages, G)
 
-        # 6. Clipped-surrogate updates.
-        with timer("update"):
-            sums = update(s, batch, old, advantages, args, step)
+            # 6. Clipped-surrogate updates.
+            with timer("update"):
+                sums = update(s, batch, old, advantages, args, step)
 
-        # 7. Sync: the rollout engine samples from the new policy next step.
-        with timer("sync"):
-            s.sync_weights()
+            # 7. Sync: the rollout engine samples from the new policy next step.
+            with timer("sync"):
+                s.sync_weights()
 
-        # 8. Log (a few completions too), evaluate, save.
-        metrics = step_metrics(s, scores, batch, old, advantages, sums, G, timer) | info
-        s.end_step(step + 1, metrics, timer, samples=(rollout_rows, texts, scores.reward, advantages))
-    s.close()  # the closing line: final figures and where the model is
+            # 8. Log (a few completions too), evaluate, save.
+            metrics = step_metrics(s, scores, batch, old, advantages, sums, G, timer) | info
+            s.end_step(step + 1, metrics, timer, samples=(rollout_rows, texts, scores.reward, advantages))
 
 
 if __name__ == "__main__":

@@ -108,9 +108,9 @@ class _write_errors:
     def __exit__(self, kind, error, tb):
         if error is None or not isinstance(error, (OSError, RuntimeError)):
             return False
+        free = _free_bytes(self.tmp.parent)  # before the partial files go
         shutil.rmtree(self.tmp, ignore_errors=True)
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[0][:200]
-        free = _free_bytes(self.tmp.parent)
         if free is not None and free < 2**20:
             reason = f"No space left on device ({free} bytes free)"
         raise SystemExit(

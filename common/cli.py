@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import difflib
 import inspect
+import os
 import re
 import sys
 import typing
@@ -148,7 +149,7 @@ class _Parser(argparse.ArgumentParser):
                 hint = f"; this project calls it --{TRL_NAMES[name]}"
             elif close := difflib.get_close_matches(name, self.flag_names, n=1, cutoff=0.6):
                 hint = f"; did you mean --{close[0]}?"
-        self.exit(2, f"error: {message}{hint} (see --help)\n")
+        self.exit(2, f"error: {message}{hint} (see --help)\n" if _rank0() else None)
 
 
 def parse_args(*classes, argv: list[str] | None = None, description: str | None = None):
@@ -196,7 +197,7 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
     values.pop("config")
     for _, f in fields:
         if problem := check_range(f, values[f.name]):
-            raise SystemExit(f"error: {problem}")
+            require(False, problem)
     out = tuple(cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)}) for cls in classes)
     return out[0] if len(out) == 1 else out
 
@@ -241,10 +242,16 @@ def flag_record(*configs) -> tuple[dict, set[str]]:
     return values, resumable
 
 
+def _rank0() -> bool:
+    """Rank 0 of a launch, or not launched: the one process that prints a flag error every rank finds."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def require(condition: bool, message: str) -> None:
-    """Stop with a one-line message naming the bad flag (no traceback)."""
+    """Stop with a one-line message naming the bad flag (no traceback). Every rank checks the same flags:
+    only rank 0 prints, the others exit with the same code."""
     if not condition:
-        raise SystemExit(f"error: {message}")
+        raise SystemExit(f"error: {message}" if _rank0() else 1)
 
 
 @contextmanager

@@ -99,6 +99,12 @@ class RunLogger:
                 }
                 f.write(json.dumps({"step": step, **{k: _plain(v) for k, v in sample.items()}}) + "\n")
 
+    def abort(self) -> None:
+        """An error ends the run: finish the progress bar's line, keep the log."""
+        if self.enabled:
+            self.bar.close()
+            self.file.close()
+
     def close(self, last: dict | None = None, stopped: str | None = None) -> None:
         """Close the log; print one closing line: the last step's figures and where the final model is,
         or (`stopped`) what was saved and how to resume."""

@@ -337,6 +337,9 @@ class _RowSampler:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         z = scores.float() / self.temperature
+        if not torch.isfinite(z).all():  # a diverged policy: sample what is finite (uniform if nothing is);
+            z = z.nan_to_num(nan=-math.inf, posinf=torch.finfo(z.dtype).max)  # the trainer's guard stops the run
+            z[(z == -math.inf).all(-1)] = 0.0
         if self.top_p < 1.0:  # keep the smallest set of tokens whose probability reaches top_p
             sorted_z, order = z.sort(-1, descending=True)
             cum = sorted_z.softmax(-1).cumsum(-1)

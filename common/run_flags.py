@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.cli import arg
+from common.cli import arg, require
 
 # Experiment trackers accelerate can log to (`--report_to`), and the package each needs.
 TRACKERS = {
@@ -139,24 +139,24 @@ class RunFlags:
 
     def validate(self) -> None:
         """Cross-flag checks, before anything loads: one line each."""
-        if self.resume and self.overwrite:
-            raise SystemExit(
-                "error: --resume and --overwrite contradict each other: continue the run, or start it over"
-            )
+        require(
+            not (self.resume and self.overwrite),
+            "--resume and --overwrite contradict each other: continue the run, or start it over",
+        )
         for name in filter(None, self.report_to.split(",")) if self.report_to != "none" else []:
-            if name not in TRACKERS:
-                raise SystemExit(
-                    f"error: --report_to: unknown tracker {name!r}; choose from {', '.join(TRACKERS)} (or none)"
-                )
-            if importlib.util.find_spec(TRACKERS[name]) is None:
-                raise SystemExit(
-                    f"error: --report_to {name}: the {TRACKERS[name]} package is not installed (pip install {TRACKERS[name]})"
-                )
-        if "wandb" in self.report_to.split(",") and not wandb_ready():
-            raise SystemExit(
-                "error: --report_to wandb: not logged in to Weights & Biases; run `wandb login`, set WANDB_API_KEY, "
-                "or log offline with WANDB_MODE=offline"
+            require(
+                name in TRACKERS, f"--report_to: unknown tracker {name!r}; choose from {', '.join(TRACKERS)} (or none)"
             )
+            package = TRACKERS[name]
+            require(
+                importlib.util.find_spec(package) is not None,
+                f"--report_to {name}: the {package} package is not installed (pip install {package})",
+            )
+        require(
+            "wandb" not in self.report_to.split(",") or wandb_ready(),
+            "--report_to wandb: not logged in to Weights & Biases; run `wandb login`, set WANDB_API_KEY, "
+            "or log offline with WANDB_MODE=offline",
+        )
 
 
 def wandb_ready() -> bool:

@@ -62,6 +62,22 @@ class Session:
 
     # -- the loop ---------------------------------------------------------------
 
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        """Normal end: `close()`. An error: the progress bar ends its line first (the error's own line
+        must not run on after it), then the engine, the verifier and the lock are let go."""
+        if kind is None:
+            self.close()
+            return
+        self.logger.abort()
+        for release in (self.verifier.close, self.engine.close, self.lock.release):
+            try:
+                release()
+            except Exception:  # noqa: BLE001 - the error being raised is the one to report
+                pass
+
     def steps(self) -> Iterator[int]:
         """The step indices still to run; ends early once a stop signal has been honoured."""
         for step in range(self.start_step, self.total_steps):

@@ -15,6 +15,7 @@ import pytest
 import torch
 from engines.launch import CONFIGS, launch, variant_config
 from scaling_utils import build_coin_model
+from train_utils import ROOT
 
 pytestmark = [
     pytest.mark.slow,
@@ -53,7 +54,7 @@ def coins(tiny_random_dir, tmp_path_factory):
 
 
 COMMON = ["--rollout", "hf", "--prompts_per_step", "2", "--group_size", "4", "--max_completion_len", "8"]
-COMMON += ["--max_tokens_per_micro_batch", "80", "--seed", "3", "--lr", "1e-2"]
+COMMON += ["--max_tokens_per_micro_batch", "100", "--seed", "3", "--lr", "1e-2"]
 
 
 def flags(coins, script):
@@ -131,3 +132,21 @@ def test_reference_model_is_refused_under_zero3_from_a_json_config(coins, tmp_pa
     rc, out = launch(config, "grpo_base.py", "--model", str(coins["coin"]), "--beta", "0.04", "--output_dir",
                      str(tmp_path / "run"), timeout=200)  # fmt: skip
     assert rc != 0 and "--beta > 0 under DeepSpeed ZeRO-3" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("config", ["fsdp2.yaml", pytest.param("zero3.yaml", marks=needs_deepspeed)])
+def test_checks_that_need_the_real_engine(config, tiny_random_dir, tmp_path):
+    """Non-finite weights are seen under ZeRO-3 (partitioned parameters have numel() == 0); FSDP2 keeps
+    gradients sharded between micro-batches; a rank that cannot see the run directory stops the run."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run-node1").mkdir()
+    script = ROOT / "tests" / "engines" / "checks.py"
+    rc, out = launch(CONFIGS / config, script, str(tiny_random_dir), str(tmp_path / "run"), timeout=200)
+    assert rc == 0, out[-4000:]
+    facts = [json.loads(line[len("CHECKS ") :]) for line in out.splitlines() if line.startswith("CHECKS ")]
+    assert len(facts) == 2
+    for f in facts:
+        assert f["finite_before"] is True and f["finite_after_nan"] is False  # every rank knows
+        assert "is not shared by every node" in f["shared"]
+        if f["mode"] == "fsdp2":
+            assert f["sharded_grads"], "FSDP2 gradients must stay sharded between micro-batches"

@@ -1,0 +1,56 @@
+"""Checks of common/ code under a real engine, one JSON line of verdicts per rank (run by tests/test_engine_runs.py).
+
+    accelerate launch --config_file configs/accelerate/zero3.yaml tests/engines/cpu_entry.py tests/engines/checks.py MODEL DIR
+
+- finite: `common.checkpoint.weights_are_finite` before and after a NaN is planted in one parameter
+  (under ZeRO-3 every partitioned parameter has numel() == 0: a check of `p` itself sees nothing).
+- sharded_grads: after a non-last micro-batch's backward inside `common.distributed.micro_batch`, does
+  every gradient exist as a shard (FSDP2 reduce-scatters each micro-batch; no_sync would keep them whole)?
+- shared: `common.run_dir.check_shared` when rank 1 looks at another directory (a node that does not
+  mount the run directory), as the one line it stops with.
+"""
+
+import json
+import sys
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from common.checkpoint import weights_are_finite
+from common.distributed import make_accelerator, micro_batch, parallel_mode
+from common.run_dir import check_shared
+
+model_dir, out_dir = sys.argv[1], sys.argv[2]
+accelerator = make_accelerator("no", grad_clip=1.0, micro_batch_size=2)  # as the scripts build it
+mode = parallel_mode(accelerator)
+model = AutoModelForCausalLM.from_pretrained(model_dir)
+model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+facts = {
+    "rank": accelerator.process_index,
+    "mode": mode.kind,
+    "finite_before": weights_are_finite(accelerator, model, mode),
+}
+
+ids = torch.randint(3, 400, (2, 12), generator=torch.Generator().manual_seed(accelerator.process_index))
+with micro_batch(accelerator, model, mode, last=False):
+    accelerator.backward(model(input_ids=ids, labels=ids).loss)
+grads = [p.grad for p in model.parameters()]
+facts["grads_present"] = all(g is not None for g in grads)
+facts["sharded_grads"] = all(g is not None and type(g).__name__ == "DTensor" for g in grads)
+optimizer.zero_grad()
+
+with torch.no_grad():  # a NaN in rank 0's share of one parameter
+    p = next(model.parameters())
+    held = p.ds_tensor if hasattr(p, "ds_tensor") else p.to_local() if hasattr(p, "to_local") else p
+    if accelerator.process_index == 0:
+        held.view(-1)[0] = float("nan")
+facts["finite_after_nan"] = weights_are_finite(accelerator, model, mode)
+
+try:
+    check_shared(
+        out_dir if accelerator.process_index == 0 else out_dir + f"-node{accelerator.process_index}", accelerator
+    )
+    facts["shared"] = "ok"
+except SystemExit as stop:
+    facts["shared"] = str(stop)
+print("CHECKS " + json.dumps(facts), flush=True)
