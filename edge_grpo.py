@@ -361,8 +361,9 @@ def main(args: Args, run: RunFlags) -> None:
         rewards=args.rewards, reward_fn=args.reward_fn, seed=args.seed, steps=args.steps, epochs=args.epochs,
         prompts_per_step=args.prompts_per_step, group_size=G, max_prompt_len=args.max_prompt_len,
         max_completion_len=args.max_completion_len, top_p=args.top_p,
-        optimizer=partial(torch.optim.AdamW, lr=args.lr, weight_decay=args.weight_decay),
-        lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps, grad_clip=args.grad_clip, reference_model=args.beta > 0,
+        optimizer=partial(torch.optim.AdamW, lr=args.lr, weight_decay=args.weight_decay), grad_clip=args.grad_clip,
+        lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps, optimizer_steps_per_step=args.mu * args.num_minibatches,
+        reference_model=args.beta > 0,
         check_data=partial(check_gec_data, gec=args.gec),
         # GEC continues prompt + completion + REFLECTION (at most one token per character) by --gec_max_new_tokens.
         extra_context=0 if args.gec == "off" else len(REFLECTION) + args.gec_max_new_tokens,

@@ -112,10 +112,10 @@ def load_benchmark(
                 limit=limit,
                 config=spec.config,
             )
-        except RuntimeError as e:
+        except RuntimeError:
             raise RuntimeError(
-                f"benchmark {name!r}: could not load {spec.hub} from the Hugging Face hub ({e.__cause__ or e}).\n"
-                f"Without a network, pass a local copy: --benchmarks {name}=path/to/{name}.jsonl, or "
+                f"benchmark {name!r}: could not load {spec.hub} from the Hugging Face hub; "
+                f"without a network, pass a local copy: --benchmarks {name}=path/to/{name}.jsonl, or "
                 f"--data_dir DIR holding {name}.jsonl (`python -m tools.evaluate --export_data DIR "
                 f"--benchmarks {name}` writes one on a machine that reaches the hub)."
             ) from None

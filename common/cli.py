@@ -127,7 +127,7 @@ def _sections(cls) -> dict[str, str]:
         return {}
     out, title = {}, cls.__name__
     for line in source.splitlines():
-        if m := re.match(r"\s+# ([^.]+)\.", line):
+        if m := re.match(r"\s+# ([^.:]+)[.:]", line):
             title = m.group(1).strip()
         elif m := re.match(r"\s+(\w+): ", line):
             out[m.group(1)] = title
@@ -160,7 +160,15 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
     names = [f.name for _, f in fields]
     if len(set(names)) < len(names):
         raise ValueError(f"flag names repeat across {[c.__name__ for c in classes]}")
-    parser = _Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter, flag_names=names)
+    positionals = [
+        f.name + (" ..." if typing.get_origin(f.type) is list else "")
+        for _, f in fields
+        if f.metadata.get("positional")
+    ]
+    usage = " ".join(["%(prog)s", *positionals, "[--config RECIPE.yaml] [--flag value ...]"])  # the flags: below
+    parser = _Parser(
+        description=description, usage=usage, formatter_class=argparse.RawDescriptionHelpFormatter, flag_names=names
+    )
     parser.add_argument("--config", default=None, help="YAML file of flags (recipes/); command-line flags override it")
     groups, converters = {}, {}
     for cls in classes:

@@ -177,10 +177,9 @@ def _raw_rows(source: str, split: str, config: str | None) -> Iterator[dict]:
         ds = datasets.load_dataset(source, config, split=split)
     except Exception as e:  # offline, unknown name, bad split: all surface here
         raise RuntimeError(
-            f"could not load {source!r} (config={config}, split={split}) from the Hugging Face hub: "
-            f"{type(e).__name__}: {e}\nThe hub may be unreachable (no network here) or the name is "
-            f"wrong. Download the dataset elsewhere and pass a local .jsonl/.json/.parquet file (or "
-            f"a directory holding one) as the source instead."
+            f"could not load {source!r} (config={config}, split={split}) from the Hugging Face hub "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); without a network, download it "
+            "elsewhere and pass a local .jsonl/.json/.parquet file (or a directory holding one)"
         ) from e
     yield from ds
 

@@ -8,6 +8,7 @@ hub name when the hub cannot be reached (detected in about a second, not after a
 
 import os
 import socket
+import sys
 import threading
 from pathlib import Path
 from urllib.parse import urlparse
@@ -45,6 +46,11 @@ def offline_unless_hub_reachable() -> bool:
     if hub_reachable():
         return True
     os.environ["HF_HUB_OFFLINE"] = "1"
+    # Libraries imported already (accelerate imports huggingface_hub) read the variable once, at import.
+    if (hub := sys.modules.get("huggingface_hub.constants")) is not None:
+        hub.HF_HUB_OFFLINE = True
+    if (datasets_config := sys.modules.get("datasets.config")) is not None:
+        datasets_config.HF_HUB_OFFLINE = datasets_config.HF_DATASETS_OFFLINE = True
     return False
 
 

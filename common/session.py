@@ -251,6 +251,7 @@ def start_session(
     optimizer: Callable,
     lr_schedule: str,
     warmup_steps: int,
+    optimizer_steps_per_step: int,
     grad_clip: float,
     reference_model: bool,
     top_p: float = 1.0,
@@ -260,7 +261,8 @@ def start_session(
 ) -> Session:
     """Set up a run (module docstring). `script`: the script's name (the default --output_dir is
     runs/<script>); `flags`: `common.cli.flag_record(args, run)`, recorded in run_config.json;
-    `optimizer`: params -> torch optimizer; `extra_context`: tokens a sequence may grow beyond
+    `optimizer`: params -> torch optimizer; `optimizer_steps_per_step`: how many the update takes (the
+    learning-rate schedule's length is counted in them); `extra_context`: tokens a sequence may grow beyond
     prompt + completion (EDGE-GRPO's reflections), named by `extra_context_flags` in errors;
     `check_data`: called with the dataset's rows before any model loads (one-line errors)."""
     import torch
@@ -362,7 +364,10 @@ def start_session(
         ref_model = load_reference_model(model_path, torch.bfloat16 if gpu else torch.float32, accelerator.device)
     opt = optimizer(policy.parameters())
     total_steps = math.ceil(epochs * len(rows) / prompts_per_step) if epochs else steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(lr_schedule, warmup_steps, total_steps))
+    # The schedule counts optimiser steps (--mu x --num_minibatches a step), as the scheduler is stepped.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        opt, lr_lambda(lr_schedule, warmup_steps, total_steps * optimizer_steps_per_step)
+    )
     policy, opt = accelerator.prepare(policy, opt)
     accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
     sampler = PromptSampler(rows, prompts_per_step, seed=seed, rank=rank, world_size=world)

@@ -72,6 +72,7 @@ if __name__ == "__main__":  # --help and a bad flag's one-line error, before tor
     KS = validate(ARGS)
 
 import json  # noqa: E402
+import os  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -110,7 +111,9 @@ def main(args: Args, ks: list[int] | None) -> None:
     from common.benchmarks import load_benchmarks
     from common.cli import clear_errors
     from common.jsonl import write_jsonl
+    from common.models import offline_unless_hub_reachable
 
+    offline_unless_hub_reachable()  # no minute of retries before a one-line error
     with clear_errors("--benchmarks"):
         benchmarks = load_benchmarks(args.benchmarks, args.data_dir, args.limit)
     if args.export_data:
@@ -120,16 +123,20 @@ def main(args: Args, ks: list[int] | None) -> None:
 
     from common.console import quiet_libraries
     from common.evaluation import evaluate, format_table, write_results
-    from common.models import context_length, load_tokenizer, model_to_load, offline_unless_hub_reachable
+    from common.models import context_length, hub_error, load_tokenizer, model_to_load
     from common.prompts import format_prompt
     from common.rollout import make_engine
 
     quiet_libraries()
-    offline_unless_hub_reachable()
     model_path, run = model_to_load(args.model)
     print(f"evaluating {model_path}")  # which checkpoint of a run, for the record
     with clear_errors("--model"):
-        tokenizer = load_tokenizer(model_path)
+        try:
+            tokenizer = load_tokenizer(model_path)
+        except OSError:
+            if os.environ.get("HF_HUB_OFFLINE") == "1" and not Path(model_path).exists():
+                raise hub_error("--model", model_path) from None
+            raise
     longest = max(
         len(tokenizer(format_prompt(r["problem"], args.template, tokenizer), add_special_tokens=False).input_ids)
         for rows in benchmarks.values()

@@ -1,0 +1,120 @@
+"""A newcomer's first contact: --help without the heavy libraries, an unreachable hub said in one line, a run
+folder that failed to start is not stuck, schedules, your own reward, console lines at an interval."""
+
+import json
+import math
+import re
+
+import pytest
+from train_utils import SCRIPTS, run_cli, user_env
+
+from common.session import lr_lambda
+
+CLIS = [*SCRIPTS, "tools/evaluate.py", "tools/plot.py", "data/prepare.py", "data/hard_subset.py"]
+SMALL = ["--rollout", "hf", "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "8"]
+
+
+@pytest.mark.parametrize("cli", CLIS)
+def test_help_and_flag_errors_load_no_heavy_library(cli):
+    """--help used to take 6-8 s: torch, transformers and vLLM loaded before the flags were read.
+    Now the flags are parsed first (benchmarks/cli.py times it)."""
+    for argv in (["--help"], ["--no_such_flag", "1"]):
+        proc = run_cli(cli, *argv, timeout=60, env=user_env(PYTHONPROFILEIMPORTTIME="1"))
+        imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+        heavy = {m for m in imported if m.split(".")[0] in ("torch", "transformers", "vllm", "accelerate", "datasets")}
+        assert not heavy, f"{cli} {argv[0]} imported {sorted(heavy)[:5]}"
+    proc = run_cli(cli, "--help", timeout=60)
+    assert proc.returncode == 0 and "usage:" in proc.stdout and "(default: None) (default: None)" not in proc.stdout
+
+
+def test_help_is_grouped_as_the_flags_are():
+    out = run_cli("grpo_base.py", "--help", timeout=60).stdout
+    titles = re.findall(r"^(\S[^\n:]*):$", out, re.M)
+    for group in ("What to train", "Optimiser", "The method", "Run directory and checkpoints", "Systems"):
+        assert group in titles, titles
+    flag_at = {m.group(1): m.start() for m in re.finditer(r"^  --(\w+)", out, re.M)}
+    assert flag_at["group_size"] > out.index("\nThe method:") > flag_at["lr"]  # each flag in its own group
+
+
+def test_an_unreachable_hub_is_one_line(tmp_path):
+    env = user_env(HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens there: refused at once, network or not
+    for flags, message in (
+        (
+            ["--model", "Qwen/Qwen2.5-Math-1.5B"],
+            "--model: Qwen/Qwen2.5-Math-1.5B is a hub name, but the Hugging Face hub cannot be reached",
+        ),
+        (
+            ["--dataset", "agentica-org/DeepScaleR-Preview-Dataset"],
+            "--dataset: could not load 'agentica-org/DeepScaleR-Preview-Dataset'",
+        ),
+    ):
+        proc = run_cli(
+            "grpo_base.py", "--output_dir", str(tmp_path / "run"), "--rollout", "hf", *flags, env=env, timeout=120
+        )
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode != 0 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+    proc = run_cli("tools/evaluate.py", "--model", "Qwen/Qwen2.5-Math-7B", "--output_dir", str(tmp_path / "e"), env=env)
+    assert proc.returncode != 0 and "cannot be reached" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_folder_whose_run_saved_nothing_starts_over(tiny_random_dir, tmp_path):
+    """Before: a plain rerun said "already holds a run; pass --resume", and --resume said "no usable
+    checkpoint; run without --resume": the folder was stuck after any failed start."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run_config.json").write_text(json.dumps({"flags": {}, "history": [{"event": "start"}]}))
+    (run / "metrics.jsonl").write_text('{"step": 1, "train/reward": 0.5}\n')
+    flags = ["--model", str(tiny_random_dir), *SMALL, "--steps", "1"]
+    proc = run_cli("grpo_base.py", "--output_dir", str(run), *flags)
+    assert proc.returncode == 0 and "held a run with no usable checkpoint: starting over" in proc.stdout, proc.stderr[
+        -2000:
+    ]
+    assert [json.loads(r)["step"] for r in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "metrics.jsonl").write_text('{"step": 1}\n')
+    proc = run_cli("grpo_base.py", "--output_dir", str(other), *flags, "--resume")
+    assert proc.returncode == 0 and "no usable checkpoint" in proc.stdout and "starting from step 0" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "schedule, expected",
+    [  # 2 warm-up steps, 10 in all: the multiplier of the learning rate at optimiser steps 0..10
+        ("constant", [0.5, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]),
+        ("linear", [0.5, 1, 1, 7 / 8, 6 / 8, 5 / 8, 4 / 8, 3 / 8, 2 / 8, 1 / 8, 0]),
+        ("cosine", [0.5, 1] + [0.5 * (1 + math.cos(math.pi * k / 8)) for k in range(9)]),
+    ],
+)
+def test_learning_rate_schedules(schedule, expected):
+    factor = lr_lambda(schedule, warmup_steps=2, total_steps=10)
+    assert [factor(s) for s in range(11)] == pytest.approx(expected)
+
+
+def test_your_own_reward_and_console_lines_at_an_interval(tiny_random_dir, tmp_path):
+    """examples/length_penalty.py, as the README shows it; --log_every 1 prints each step's figures."""
+    flags = ["--model", str(tiny_random_dir), *SMALL, "--steps", "2", "--log_every", "1"]
+    proc = run_cli(
+        "grpo_base.py",
+        "--output_dir",
+        str(tmp_path),
+        *flags,
+        "--reward_fn",
+        "examples/length_penalty.py:length_penalty",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    texts = [json.loads(r)["completion"] for r in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert all(r["train/accuracy"] == 0 and r["train/reward"] < 0 for r in rows)  # a random model: wrong, and penalised
+    assert rows[0]["train/reward"] == pytest.approx(-0.001 * sum(map(len, texts[:4])) / 4, abs=0.02)
+    console = proc.stdout + proc.stderr
+    assert re.search(r"step 1: reward -?[\d.e-]+, acc 0", console) and "step 2: reward" in console
+
+
+def test_the_first_demo_build_says_so(tmp_path):
+    from common.tiny_model import ensure_tiny_model
+
+    said = []
+    path = ensure_tiny_model(tmp_path / "tiny", say=said.append, sft_steps=0)
+    assert len(said) == 1 and "building the CPU demo model once" in said[0] and (path / "tiny_model.json").exists()
+    ensure_tiny_model(path, say=said.append)
+    assert len(said) == 1  # reused: nothing to say
