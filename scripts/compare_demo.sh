@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The comparison recipe on the CPU demo: all five algorithms on the same data
 # and seed, evaluated every 10 steps, then one figure and one results table.
-# Regenerates docs/compare_demo.png and docs/results_demo.md (~6 minutes on 2 cores).
+# Regenerates docs/compare_demo.png, docs/results_demo.md and the README's demo table (~8 minutes on 2 cores).
 #   bash scripts/compare_demo.sh [RUNS_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,3 +12,4 @@ for script in grpo_base edge_grpo egpo cw_grpo pro_grpo; do
     runs+=("$out/$script")
 done
 python -m tools.plot "${runs[@]}" --output docs/compare_demo.png --table docs/results_demo.md
+python scripts/readme_demo_table.py "$out/grpo_base"  # grpo_base's run is the README's demo command

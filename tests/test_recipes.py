@@ -11,8 +11,8 @@ from common.prompts import TEMPLATE_CHOICES
 from common.run_flags import RunFlags
 
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
-README_COMMANDS = re.findall(
-    r"accelerate launch [^\n]*? (\w+)\.py \\\n\s+--config (recipes/\S+\.yaml)", (ROOT / "README.md").read_text()
+README_COMMANDS = re.findall(  # on one line, or continued with a backslash
+    r"accelerate launch [^`\n]*? (\w+)\.py(?: \\\n\s+| )--config (recipes/\S+\.yaml)", (ROOT / "README.md").read_text()
 )
 
 
