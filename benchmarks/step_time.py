@@ -89,6 +89,7 @@ def update_overhead(repeats: int = 5) -> None:
     sys.path.insert(0, str(ROOT))
     from common.batching import micro_batches, pack, select
     from common.logprobs import sequence_logprobs
+    from common.rollout import Completion
     from common.tiny_model import ensure_tiny_model
     from grpo_base import Args, policy_loss
 
@@ -98,7 +99,7 @@ def update_overhead(repeats: int = 5) -> None:
     V = model.config.vocab_size
     prompts = [[rng.randrange(3, V) for _ in range(rng.randint(20, 40))] for _ in range(128)]  # the demo's shapes
     completions = [[rng.randrange(3, V) for _ in range(rng.randint(4, 48))] for _ in range(128)]
-    batch = pack(prompts, completions, 0)
+    batch = pack(prompts, [Completion(c, [0.0] * len(c), True) for c in completions], 0)
     lens = batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist()
     plan = micro_batches(*lens, list(range(128)), 32, max_tokens=2048)
     args, adv, n_tok = Args(), torch.randn(128), batch["completion_mask"].sum().item()
