@@ -3,7 +3,6 @@
 import os
 import subprocess
 import sys
-import types
 
 import pytest
 import torch
@@ -148,48 +147,6 @@ def test_sync_of_a_plain_model_is_the_checkpoint_without_copies(tiny_random_dir)
     for k, v in on_disk.items():
         assert torch.equal(synced[k], v)
     assert synced["model.norm.weight"].data_ptr() == model.model.norm.weight.data_ptr()  # views: no extra memory
-
-
-def test_zero3_gathers_one_parameter_at_a_time(tiny_random_dir, monkeypatch):
-    """The ZeRO-3 branch against DeepSpeed's documented contract, with a stand-in for
-    `deepspeed.zero.GatheredParameters` (DeepSpeed is not installed on CPU machines):
-    a partitioned parameter has `ds_id` and empty data until gathered."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir)
-    expected = {k: v.clone() for k, v in model.state_dict().items()}
-    for p in model.parameters():
-        p.ds_id, p.ds_full = id(p), p.data
-        p.data = torch.empty(0)
-    live = {"now": 0, "peak": 0}
-
-    class GatheredParameters:
-        def __init__(self, params, modifier_rank=None):
-            assert modifier_rank is None, "the sync only reads: no rank may modify"
-            self.params = list(params)
-
-        def __enter__(self):
-            for p in self.params:
-                p.data = p.ds_full.clone()  # the all-gather writes into a fresh buffer
-            live["now"] += len(self.params)
-            live["peak"] = max(live["peak"], live["now"])
-
-        def __exit__(self, *exc):
-            for p in self.params:
-                p.data.fill_(float("nan"))  # the buffer is reused: later reads of it see garbage
-                p.data = torch.empty(0)
-            live["now"] -= len(self.params)
-
-    fake = types.ModuleType("deepspeed")
-    fake.zero = types.SimpleNamespace(GatheredParameters=GatheredParameters)
-    monkeypatch.setitem(sys.modules, "deepspeed", fake)
-
-    synced = {}
-    for name, full in state_dict_for_sync(_Unwrap(), model):
-        assert live["now"] == 0, "a parameter is still gathered while the consumer runs"
-        synced[name] = full
-    assert live["peak"] == 1
-    assert set(synced) == set(expected)
-    for k, v in expected.items():  # still valid after their gather was released
-        assert torch.equal(synced[k], v), k
 
 
 def test_fsdp2_sync_on_two_cpu_processes(tiny_random_dir):

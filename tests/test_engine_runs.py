@@ -148,5 +148,6 @@ def test_checks_that_need_the_real_engine(config, tiny_random_dir, tmp_path):
     for f in facts:
         assert f["finite_before"] is True and f["finite_after_nan"] is False  # every rank knows
         assert "is not shared by every node" in f["shared"]
+        assert f.get("sync_matches", True) and (f["rank"] != 0 or f["sync_matches"])  # the weight sync's gather
         if f["mode"] == "fsdp2":
             assert f["sharded_grads"], "FSDP2 gradients must stay sharded between micro-batches"

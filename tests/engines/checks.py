@@ -6,6 +6,8 @@
   (under ZeRO-3 every partitioned parameter has numel() == 0: a check of `p` itself sees nothing).
 - sharded_grads: after a non-last micro-batch's backward inside `common.distributed.micro_batch`, does
   every gradient exist as a shard (FSDP2 reduce-scatters each micro-batch; no_sync would keep them whole)?
+- sync: `common.distributed.state_dict_for_sync` (each parameter gathered alone) against accelerate's
+  gathered state dict: every tensor, full and equal, under its HF name.
 - shared: `common.run_dir.check_shared` when rank 1 looks at another directory (a node that does not
   mount the run directory), as the one line it stops with.
 """
@@ -17,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from common.checkpoint import weights_are_finite
-from common.distributed import make_accelerator, micro_batch, parallel_mode
+from common.distributed import make_accelerator, micro_batch, parallel_mode, state_dict_for_sync
 from common.run_dir import check_shared
 
 model_dir, out_dir = sys.argv[1], sys.argv[2]
@@ -38,6 +40,11 @@ grads = [p.grad for p in model.parameters()]
 facts["grads_present"] = all(g is not None for g in grads)
 facts["sharded_grads"] = all(g is not None and type(g).__name__ == "DTensor" for g in grads)
 optimizer.zero_grad()
+
+synced = {name: t.clone() for name, t in state_dict_for_sync(accelerator, model)}  # every rank takes part
+full = accelerator.get_state_dict(model)  # gathered on rank 0
+if accelerator.is_main_process:
+    facts["sync_matches"] = set(full) <= set(synced) and all(torch.equal(synced[k], v) for k, v in full.items())
 
 with torch.no_grad():  # a NaN in rank 0's share of one parameter
     p = next(model.parameters())
