@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -137,10 +138,10 @@ def compute_rewards(
         total = [t + s for t, s in zip(total, scores)]
     for fn in custom:
         scores = list(fn(completions, answers, verifier))
-        if len(scores) != len(completions) or not all(isinstance(s, (int, float)) and s == s for s in scores):
+        if len(scores) != len(completions) or not all(isinstance(s, (int, float)) and math.isfinite(s) for s in scores):
             raise ValueError(
-                f"reward function {getattr(fn, '__name__', fn)} must return one number per completion "
-                f"({len(completions)}), got {len(scores)} values"
+                f"reward function {getattr(fn, '__name__', fn)} must return one finite number per completion "
+                f"({len(completions)}), got {scores[:8]!r}{' ...' if len(scores) > 8 else ''} ({len(scores)} values)"
             )
         total = [t + float(s) for t, s in zip(total, scores)]
     return Rewards(total, accuracy, [v is not None for v in verdicts])

@@ -125,7 +125,7 @@ class RunFlags:
     )
     verifier_memory_mb: int = arg(2048, "address-space limit of each math-verify child in MB (0: none)", at_least=0)
     reward_time_budget_s: float = arg(
-        120.0,
+        60.0,
         "seconds per step for symbolic answer checks; a group with an answer left unchecked trains on nothing (0: no limit)",
         at_least=0,
     )

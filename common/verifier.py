@@ -1,12 +1,17 @@
 """Symbolic answer checking with math-verify in child processes, bounded in time and memory.
 
-    with MathVerifier(workers=2) as verifier:
+    with MathVerifier(workers=8) as verifier:
         verifier.verify_batch(["\\frac{1}{2}", "0.6"], ["0.5", "0.5"])   # [True, False]
 
 An answer that the exact-match fast path (`common.answers.normalize`) cannot settle
 goes to HuggingFace's math-verify (sympy) in a child process that is killed when it
 takes too long: sympy can hang on model-written expressions (10^{10^{10^{10}}}) in C
 code that no signal interrupts, so only a process boundary bounds it.
+
+The children are forked from one 'spawn'ed process that has math-verify imported and
+warmed up (a "zygote"): a fresh interpreter, so safe to start after torch / vLLM threads
+exist, and a child killed for a hard answer is replaced in milliseconds, with its memory
+shared copy-on-write, instead of by a new interpreter importing sympy (~1 s of CPU each).
 """
 
 from __future__ import annotations
@@ -16,14 +21,17 @@ import contextlib
 import math
 import multiprocessing as mp
 import os
+import socket
 import sys
 import threading
 import time
 import types
 import weakref
+from collections import deque
 from multiprocessing import connection as mp_connection
+from multiprocessing import reduction
 
-from common.answers import balanced, canonical_unicode, normalize
+from common.answers import balanced, canonical_answer, explicit_set, normalize
 
 # Answers longer than this never reach sympy (a prediction scores False, a gold answer
 # only by exact match). A real final answer is short; a long "answer" is a rambling or
@@ -32,14 +40,67 @@ from common.answers import balanced, canonical_unicode, normalize
 # timeout plus a child restart per completion.
 MAX_PRED_CHARS = 1000
 MAX_GOLD_CHARS = 1000
+# A check takes milliseconds of CPU; one that has used this much CPU is almost always going to time
+# out (sympy grinding on a tower of powers). Its child drops to the lowest CPU priority, so that it
+# takes only what the quick checks leave of the cores, and is replaced once it answers. CPU time,
+# not wall time: on a loaded machine a quick check can wait longer than this for a core, and
+# lowering its priority then would starve it into a timeout. Looked at every NICE_POLL_S.
+NICE_AFTER_S = 0.5
+NICE_POLL_S = 0.25
+# Answer forms whose first check imports or builds something (factorisation for roots, sets,
+# intervals, relations, matrices): the zygote checks them once, so that no child pays for it
+# against its timeout.
+_WARM_UP = [
+    ("\\frac{1}{2}", "0.5"),
+    ("\\sqrt{95823}", "39\\sqrt{63}"),
+    ("\\{1,2\\}", "(1,2)"),
+    ("2,1", "1,2"),
+    ("[1, 3)", "[1,3)"),
+    ("(2,1)", "(1,2)"),
+    ("x=2", "2"),
+    ("1<x<2", "(1,2)"),
+    ("50\\%", "0.5"),
+    ("\\pi/3", "\\frac{\\pi}{3}"),
+    ("3.0", "3"),
+    ("x^2+2x+1", "(x+1)^2"),
+    ("60^\\circ", "60"),
+    ("\\text{east}", "east"),
+    ("1\\times10^{3}", "1000"),
+    ("2+3i", "3i+2"),
+    ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}"),
+    ("\\log_2 8", "3"),
+    ("\\sin(\\pi/6)", "1/2"),
+]
 
 
 def default_workers() -> int:
-    """Verifier children per trainer process: a quarter of the cores this process may use,
-    shared by the ranks of a node (accelerate's LOCAL_WORLD_SIZE), between 1 and 4."""
+    """Verifier children per trainer process: two per core this process may use, shared by the ranks
+    of a node (accelerate's LOCAL_WORLD_SIZE), between 8 and 16.
+
+    More children than cores on purpose: a child held by a sympy-hard answer waits out its timeout at
+    the lowest CPU priority (`NICE_AFTER_S`), so the pool's size is how many hard answers can wait at
+    once while the quick checks keep the cores. A forked child costs milliseconds and, sharing the
+    zygote's memory, ~15 MB of its own. Hard answers are checked in waves of `workers` timeouts:
+    with 8 children and a 5 s timeout a step absorbs 1.6 a second (benchmarks/rewards.py: 2,000
+    answers, 17 of them hard, all checked in 16-21 s on 2 cores).
+    """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return max(1, min(4, cores // (4 * local_ranks)))
+    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(8, min(16, 2 * cores // local_ranks))
+
+
+def _cpu_seconds(pid: int | None = None) -> float | None:
+    """CPU time (user + system) a process has used: this one (pid None), or another from /proc
+    (None where there is no /proc, or the process is gone)."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def _mv_parse(s: str, parse) -> list:
@@ -55,10 +116,27 @@ def _mv_parse(s: str, parse) -> list:
     return wrapped or parse(s, parsing_timeout=None)
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Make this child exit when the trainer does, however it ends (kill -9 included):
-    the kernel's parent-death signal on Linux, and a watchdog thread on the parent's pid
-    (for the case the signal cannot cover: the parent gone before it was set)."""
+def _set_against_ordered(gold: str, gold_parsed: list, pred: str, pred_parsed: list) -> bool:
+    """Is one answer a set written in set braces and the other an interval or a tuple? Never equal:
+    math-verify pairs the two ends of an open interval with a two-element set ("(1,2)" = {1,2}) and
+    sorts a tuple's elements against a set's, so that "(2,1)" = {1,2}."""
+    from sympy import FiniteSet, Interval, Tuple
+
+    def shape(text: str, parsed: list) -> str | None:
+        first = parsed[0] if parsed else None
+        if isinstance(first, (Interval, Tuple)):
+            return "ordered"
+        if isinstance(first, FiniteSet) and explicit_set(text):
+            return "set"
+        return None
+
+    return {shape(gold, gold_parsed), shape(pred, pred_parsed)} == {"set", "ordered"}
+
+
+def _die_with_parent(parent_pid: int, watchdog: bool) -> None:
+    """Make this process exit when its parent does, however it ends (kill -9 included): the kernel's
+    parent-death signal on Linux, and (`watchdog`) a thread polling the parent's pid for the case
+    the signal cannot cover (the parent gone before it was set, or not Linux)."""
     import signal
 
     if sys.platform.startswith("linux"):
@@ -67,41 +145,120 @@ def _die_with_parent(parent_pid: int) -> None:
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
-    def watch():
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(0)
-
     if os.getppid() != parent_pid:
         os._exit(0)
-    threading.Thread(target=watch, daemon=True).start()
+    if watchdog:
+
+        def watch():
+            while os.getppid() == parent_pid:
+                time.sleep(0.5)
+            os._exit(0)
+
+        threading.Thread(target=watch, daemon=True).start()
 
 
-def _worker(conn, parent_pid: int, memory_mb: int) -> None:
-    """Child process loop: receive (pred, gold), reply with a bool; None stops it."""
+def _quiet_math_verify() -> None:
+    """math-verify warns once that its timeouts are off, and logs every parse failure."""
     import logging
-    import resource
-    import signal
 
-    _die_with_parent(parent_pid)
-    # Ctrl-C reaches the whole process group; the parent decides when we stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # math-verify warns once that its timeouts are off, and logs every parse failure.
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)
+
+
+def _zygote(conn, parent_pid: int) -> None:
+    """The process the checking children are forked from. It imports math-verify and warms it up
+    once, then serves the parent's requests on `conn`, in order:
+
+        ("fork", memory_mb): fork a child; reply its pid, then pass the parent its end of the child's
+                             socket (SCM_RIGHTS)
+        ("nice", pid):       lower the child's CPU priority to the lowest
+        ("kill", pid):       kill the child and reap it
+        None (or EOF):       kill every child and exit
+
+    Only this process kills and reaps its children, so a pid it is asked about is never another
+    process's: a child that has exited stays a zombie (its pid reserved) until the parent says kill.
+    It runs no thread, so forking it is safe.
+    """
+    import signal
+
+    _die_with_parent(parent_pid, watchdog=False)  # elsewhere the EOF on `conn` tells it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent decides
+    _quiet_math_verify()
     try:
         from math_verify import parse, verify
 
-        # Warm up (grammar building, lazy imports) so the first real check is not
-        # charged for it against the parent's timeout.
-        verify(_mv_parse("\\frac{1}{2}", parse), _mv_parse("0.5", parse), timeout_seconds=None)
+        # Grammar building and lazy imports happen here once, not in every child against its timeout.
+        for pred, gold in _WARM_UP:
+            _check(pred, gold, {}, parse, verify)
+    except Exception as e:  # noqa: BLE001 - report any startup failure to the parent
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ready", None))
+
+    children: set[int] = set()
+    dying: set[int] = set()  # killed, not reaped yet
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            msg = None
+        if msg is None:
+            break
+        op, arg = msg
+        if op == "fork":
+            ours, theirs = socket.socketpair()
+            zygote_pid = os.getpid()
+            pid = os.fork()
+            if pid == 0:  # the child: never returns into this loop
+                try:
+                    conn.close()
+                    ours.close()
+                    _die_with_parent(zygote_pid, watchdog=True)
+                    _worker(mp_connection.Connection(theirs.detach()), arg, parse, verify)
+                finally:
+                    os._exit(0)
+            theirs.close()
+            children.add(pid)
+            conn.send(pid)
+            reduction.send_handle(conn, ours.fileno(), parent_pid)
+            ours.close()
+        elif op == "nice" and arg in children:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, arg, 19)
+        elif op == "kill" and arg in children:
+            children.discard(arg)
+            with contextlib.suppress(OSError):
+                os.kill(arg, signal.SIGKILL)
+            dying.add(arg)
+        for pid in list(dying):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue
+            dying.discard(pid)
+    for pid in children:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in children | dying:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    os._exit(0)  # no interpreter teardown (sympy's objects: ~0.5 s); nothing is left to flush
+
+
+def _worker(conn, memory_mb: int, parse, verify) -> None:
+    """A checking child (forked from the zygote): receive (pred, gold), reply with a bool; None or EOF
+    stops it."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
         if memory_mb > 0:  # a check that needs more address space fails (MemoryError: False)
             resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, resource.RLIM_INFINITY))
             b"x" * 2**20  # noqa: B018 - there is headroom left to work in
     except Exception as e:  # noqa: BLE001 - report any startup failure to the parent
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
-    conn.send(("ready", None))
+    conn.send(("ready", _cpu_seconds()))
 
     golds: dict[str, list] = {}  # each gold answer parsed once
     while True:
@@ -111,19 +268,26 @@ def _worker(conn, parent_pid: int, memory_mb: int) -> None:
             return
         if msg is None:
             return
-        pred, gold = msg
-        try:
-            if gold not in golds:
-                if len(golds) >= 4096:
-                    golds.clear()
-                golds[gold] = _mv_parse(gold, parse)
-            # math-verify's own timeouts use signal.alarm: whole seconds only, one
-            # alarm per parse/comparison (so no bound on the sum), and unable to stop
-            # C-level big-integer work. The parent's kill is the real bound.
-            ok = bool(verify(golds[gold], _mv_parse(pred, parse), timeout_seconds=None))
-        except BaseException:  # noqa: BLE001 - RecursionError, MemoryError, sympy internals
-            ok = False
-        conn.send(ok)
+        ok = _check(*msg, golds, parse, verify)
+        conn.send((ok, _cpu_seconds()))  # the CPU time so far: the parent's baseline for the next check
+
+
+def _check(pred: str, gold: str, golds: dict[str, list], parse, verify) -> bool:
+    """math-verify's verdict on one pair (`golds`: parsed gold answers, filled here)."""
+    try:
+        if gold not in golds:
+            if len(golds) >= 4096:
+                golds.clear()
+            golds[gold] = _mv_parse(gold, parse)
+        parsed = _mv_parse(pred, parse)
+        # math-verify's own timeouts use signal.alarm: whole seconds only, one
+        # alarm per parse/comparison (so no bound on the sum), and unable to stop
+        # C-level big-integer work. The parent's kill is the real bound.
+        if _set_against_ordered(gold, golds[gold], pred, parsed):
+            return False
+        return bool(verify(golds[gold], parsed, timeout_seconds=None))
+    except BaseException:  # noqa: BLE001 - RecursionError, MemoryError, sympy internals
+        return False
 
 
 @contextlib.contextmanager
@@ -132,7 +296,7 @@ def _main_module_hidden():
 
     spawn re-imports the parent's main script in the child (as __mp_main__), i.e.
     a training script's top-level imports (torch, vLLM: seconds, hundreds of MB)
-    at every (re)start. The child needs nothing from it: `_worker` lives here.
+    at every (re)start. The child needs nothing from it: `_zygote` lives here.
     """
     main = sys.modules["__main__"]
     sys.modules["__main__"] = types.ModuleType("__main__")
@@ -142,27 +306,65 @@ def _main_module_hidden():
         sys.modules["__main__"] = main
 
 
-class _Child:
-    """One verifier process and the pipe to it."""
+class _Zygote:
+    """The parent's handle on the zygote process and its request pipe."""
 
-    def __init__(self, memory_mb: int, startup_timeout_s: float):
+    def __init__(self, startup_timeout_s: float):
         ctx = mp.get_context("spawn")
-        self.start_deadline = time.monotonic() + startup_timeout_s
-        self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(
-            target=_worker, args=(child_conn, os.getpid(), memory_mb), daemon=True, name="MathVerifier"
-        )
+        self.conn, child_conn = ctx.Pipe()  # a socket pair: file descriptors can pass through it
+        self.proc = ctx.Process(target=_zygote, args=(child_conn, os.getpid()), daemon=True, name="MathVerifier")
         with _main_module_hidden():
             self.proc.start()
-        child_conn.close()  # so the parent sees EOF if the child dies
+        child_conn.close()  # so the parent sees EOF if it dies
+        if not self.conn.poll(startup_timeout_s):
+            self.kill()
+            raise RuntimeError(f"MathVerifier failed to start: math-verify not ready in {startup_timeout_s:g} s")
+        try:
+            status, detail = self.conn.recv()
+        except (EOFError, OSError):
+            status, detail = None, "its process exited during start-up"
+        if status != "ready":
+            self.kill()
+            raise RuntimeError(f"MathVerifier failed to start: {detail}")
+
+    def fork(self, memory_mb: int, timeout_s: float) -> _Child:
+        """A new child (not ready until it says so). OSError/EOFError if the zygote is gone."""
+        self.conn.send(("fork", memory_mb))
+        if not self.conn.poll(timeout_s):
+            raise OSError("the verifier's zygote did not answer")
+        pid = self.conn.recv()
+        fd = reduction.recv_handle(self.conn)
+        return _Child(pid, mp_connection.Connection(fd), time.monotonic() + timeout_s)
+
+    def tell(self, op: str, pid: int) -> None:
+        with contextlib.suppress(OSError, ValueError):  # gone: its children went with it
+            self.conn.send((op, pid))
+
+    def kill(self) -> None:
+        """Stop it; it kills and reaps its children first (they would die with it anyway)."""
+        with contextlib.suppress(OSError, ValueError):
+            self.conn.send(None)
+        self.proc.join(timeout=5)
+        self.conn.close()
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5)
+
+
+class _Child:
+    """One checking process (a child of the zygote) and the socket to it."""
+
+    def __init__(self, pid: int, conn, start_deadline: float):
+        self.pid = pid
+        self.conn = conn
+        self.start_deadline = start_deadline
         self.ready = False
         self.task: int | None = None  # index of the pair it is checking
+        self.started = math.inf  # when that check was sent
         self.deadline = math.inf
-
-    def wait_ready(self, timeout_s: float) -> None:
-        """Block until the child has said it is ready (RuntimeError if it cannot start)."""
-        if not self.ready:
-            self.take_ready(self.conn.poll(timeout_s))
+        self.cpu_base = 0.0  # its CPU time when that check was sent (as it last reported)
+        self.next_look = math.inf  # when to look at that check's CPU time next
+        self.niced = False
 
     def take_ready(self, readable: bool) -> None:
         """Read the child's start-up message if it has come (`readable`); RuntimeError if it
@@ -176,14 +378,14 @@ class _Child:
         except (EOFError, OSError):
             detail = "child exited during start-up"
         if status != "ready":
-            self.kill()
             raise RuntimeError(f"MathVerifier child failed to start: {detail}")
-        self.ready = True
+        self.ready, self.cpu_base = True, detail
 
-    def kill(self) -> None:
-        self.conn.close()
-        self.proc.kill()  # the child holds no state worth a polite shutdown
-        self.proc.join(timeout=5)
+    def grinding(self, now: float) -> bool:
+        """Has its check used NICE_AFTER_S of CPU (of wall time where there is no /proc)?"""
+        self.next_look = now + NICE_POLL_S
+        cpu = _cpu_seconds(self.pid)
+        return (now - self.started if cpu is None else cpu - self.cpu_base) >= NICE_AFTER_S
 
 
 _LIVE_VERIFIERS: weakref.WeakSet[MathVerifier] = weakref.WeakSet()
@@ -198,22 +400,26 @@ def _close_all_verifiers() -> None:
 class MathVerifier:
     """Symbolic answer checking with math-verify, bounded in time and memory.
 
-    math_verify.parse/verify run in `workers` persistent child processes started
-    with the 'spawn' context (fresh interpreters, so safe to use after torch / vLLM
-    threads exist; fork would copy their locks mid-state), a batch spread over them.
-    Each check waits at most `timeout_s` seconds and may use `memory_mb` MB of
-    address space (0: no limit); on timeout or child death the child is killed and
-    restarted and that check scores False. `verify_batch(..., budget_s=...)` also
-    bounds a whole batch: what is unchecked when the budget runs out scores False.
-    Both count in `timeouts` (the `reward/timeouts` metric). The children start
-    lazily, die with the trainer (even kill -9), and are killed by `close()`, the
-    context manager, garbage collection or interpreter exit. Nothing a model can
+    math_verify.parse/verify run in up to `workers` child processes, forked from one process
+    started with the 'spawn' context (a fresh interpreter, so safe to use after torch / vLLM threads
+    exist; forking the trainer would copy their locks mid-state), a batch spread over them in order
+    (so what a budget leaves unchecked is the batch's tail: as few groups of completions as can be).
+    Each check waits at most `timeout_s` seconds and may use `memory_mb` MB of address space (0: no
+    limit); a check that runs out of time (or whose child dies) scores False, like math-verify's own
+    timeouts, and counts in `take_timeouts()` (the `reward/timeouts` metric); its child is killed and
+    replaced at once. A check that has used `NICE_AFTER_S` of CPU gets the lowest CPU priority, so
+    hard answers waiting out their timeouts do not slow the others down.
+
+    `verify_batch(..., budget_s=...)` bounds a whole batch (default: the verifier's own `budget_s`;
+    None or math.inf: no limit): a pair still unchecked when it runs out gets None, neither right nor
+    wrong. The children start lazily, die with the trainer (even kill -9), and are killed by
+    `close()`, the context manager, garbage collection or interpreter exit. Nothing a model can
     output may crash or hang the trainer.
 
-    Not for concurrent use from several threads at once (calls are serialised by
-    a lock). Start-up (~1 s a child, in parallel) is bounded by `startup_timeout_s`,
-    and failing to start (e.g. math-verify not installed, `memory_mb` too small)
-    raises RuntimeError: that is a setup error, not a wrong answer.
+    Not for concurrent use from several threads at once (calls are serialised by a lock). Start-up
+    (~2 s, once: math-verify imported and warmed up) is bounded by `startup_timeout_s`, and failing
+    to start (e.g. math-verify not installed, `memory_mb` too small) raises RuntimeError: that is a
+    setup error, not a wrong answer.
     """
 
     def __init__(
@@ -227,119 +433,184 @@ class MathVerifier:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.timeout_s = timeout_s
-        self.budget_s = budget_s  # default time budget of a verify_batch call
+        self.budget_s = budget_s  # default time budget of a verify_batch call (None: no limit)
         self.workers = workers
         self.memory_mb = memory_mb
         self.startup_timeout_s = startup_timeout_s
+        self._zygote: _Zygote | None = None
         self._children: list[_Child] = []
         self._lock = threading.Lock()
-        self.timeouts = 0  # checks scored False for lack of time, since the last take_timeouts()
+        self.timeouts = 0  # checks scored False for running out of time, since the last take_timeouts()
         _LIVE_VERIFIERS.add(self)
 
     # -- children -----------------------------------------------------------
 
-    def _ensure_children(self) -> None:
-        for c in [c for c in self._children if not c.proc.is_alive()]:  # died between checks
-            c.kill()
-            self._children.remove(c)
-        while len(self._children) < self.workers:
-            self._children.append(_Child(self.memory_mb, self.startup_timeout_s))
-        for c in self._children:  # started together, so their start-ups overlap
+    def _fork(self) -> _Child:
+        """A new child from the zygote, (re)starting the zygote if there is none or it has died."""
+        for attempt in range(2):
+            if self._zygote is None or not self._zygote.proc.is_alive():
+                self._kill_all()  # its children died with it (Linux); never touch their pids again
+                self._zygote = _Zygote(self.startup_timeout_s)
+            try:
+                child = self._zygote.fork(self.memory_mb, self.startup_timeout_s)
+            except (OSError, EOFError):
+                if attempt:
+                    raise RuntimeError("MathVerifier cannot start a child: its zygote keeps failing") from None
+                self._zygote.proc.kill()  # unresponsive or gone: start a new one
+                self._zygote.proc.join(timeout=5)
+                continue
+            self._children.append(child)
+            return child
+        raise AssertionError("unreachable")
+
+    def _retire(self, child: _Child) -> None:
+        """Kill a child (stuck, dead, niced or no longer wanted); the pool forks its successor when
+        there is work for it."""
+        self._children.remove(child)
+        child.conn.close()
+        self._zygote.tell("kill", child.pid)
+
+    def _ensure_children(self, n: int | None = None) -> None:
+        """At least `n` (default: `workers`) live children, ready; those that died between batches
+        are replaced."""
+        n = self.workers if n is None else min(n, self.workers)
+        if self._zygote is not None and not self._zygote.proc.is_alive():
+            self._kill_all()
+        for c in [c for c in self._children if c.ready and c.conn.poll()]:  # EOF: died between checks
+            self._retire(c)
+        for c in self._children[self.workers :]:  # `workers` was lowered
+            self._retire(c)
+        while len(self._children) < n:
+            self._fork()
+        deadline = time.monotonic() + self.startup_timeout_s
+        for c in self._children:  # forked together, so their start-ups overlap
             if not c.ready:
-                c.wait_ready(self.startup_timeout_s)
+                self._take_ready(c, c.conn.poll(max(0.0, deadline - time.monotonic())))
 
-    def _replace(self, child: _Child) -> None:
-        """Kill a stuck or dead child and start its successor now, so that its start-up
-        overlaps with whatever comes next."""
-        child.kill()
-        self._children[self._children.index(child)] = _Child(self.memory_mb, self.startup_timeout_s)
+    def _take_ready(self, child: _Child, readable: bool) -> None:
+        try:
+            child.take_ready(readable)
+        except RuntimeError:
+            self._retire(child)
+            raise
 
-    def _check_in_children(self, pairs: list[tuple[str, str]], budget_s: float | None) -> list[bool]:
-        """Check (pred, gold) pairs on the children; False for each one that times out or is left
-        when the budget runs out (counted in `timeouts`)."""
-        self._ensure_children()
-        results = [False] * len(pairs)
-        todo = list(range(len(pairs)))[::-1]  # popped from the end: in order
-        end = time.monotonic() + budget_s if budget_s is not None else math.inf
+    def _check_in_children(self, pairs: list[tuple[str, str]], budget_s: float) -> list[bool | None]:
+        """Check (pred, gold) pairs on the children, in order: False for each one that times out (counted
+        in `timeouts`), None for each one still unchecked when `budget_s` seconds have passed."""
+        self._ensure_children(len(pairs))
+        results: list[bool | None] = [None] * len(pairs)
+        todo = deque(range(len(pairs)))
+        end = time.monotonic() + budget_s
         while todo or any(c.task is not None for c in self._children):
             now = time.monotonic()
-            if now >= end:  # out of budget: everything unchecked scores 0
-                busy = [c for c in self._children if c.task is not None]
-                self.timeouts += len(todo) + len(busy)
-                for c in busy:
-                    self._replace(c)
+            if now >= end:
                 break
+            while todo and len(self._children) < min(self.workers, len(pairs)):
+                self._fork()  # the successor of a retired child, ready within milliseconds
             for c in self._children:
                 if c.ready and c.task is None and todo:
-                    c.task, c.deadline = todo.pop(), now + self.timeout_s
+                    c.task, c.started, c.deadline = todo.popleft(), now, now + self.timeout_s
+                    c.next_look = now + NICE_AFTER_S
                     try:
                         c.conn.send(pairs[c.task])
                     except (OSError, ValueError):  # died: the wait below sees EOF
                         pass
             # Busy children, and successors still starting up (they take work once ready).
             waiting = [c for c in self._children if c.task is not None or not c.ready]
-            wake = min([end, *(c.deadline if c.ready else c.start_deadline for c in waiting)])
-            readable = set(mp_connection.wait([c.conn for c in waiting], timeout=max(0.0, wake - now)))
+            wakes = [end]
             for c in waiting:
                 if not c.ready:
-                    c.take_ready(c.conn in readable)
+                    wakes.append(c.start_deadline)
+                else:
+                    wakes.append(c.deadline if c.niced else min(c.deadline, c.next_look))
+            readable = set(mp_connection.wait([c.conn for c in waiting], timeout=max(0.0, min(wakes) - now)))
+            now = time.monotonic()
+            for c in waiting:
+                if not c.ready:
+                    self._take_ready(c, c.conn in readable)
                     continue
                 if c.conn in readable:
                     try:
-                        results[c.task] = bool(c.conn.recv())
-                        c.task = None
+                        ok, c.cpu_base = c.conn.recv()
+                        results[c.task], c.task = bool(ok), None
+                        if c.niced:  # cannot be given its priority back: a fresh one replaces it
+                            self._retire(c)
                         continue
                     except (EOFError, OSError):  # died mid-check (segfault, OOM kill)
                         pass
-                elif time.monotonic() < c.deadline:
+                elif now < c.deadline:
+                    if not c.niced and now >= c.next_look and c.grinding(now):
+                        self._zygote.tell("nice", c.pid)
+                        c.niced = True
                     continue
-                self.timeouts += 1  # timed out or died: this check scores False
-                self._replace(c)
+                results[c.task] = False  # timed out or died: scores False, like math-verify's own timeout
+                self.timeouts += 1
+                self._retire(c)
+        for c in [c for c in self._children if c.task is not None]:  # out of budget: left unchecked (None)
+            self._retire(c)
         return results
 
     # -- public API -----------------------------------------------------------
 
-    def _fast(self, pred, gold) -> bool | None:
-        """The verdict without a child, or None if it needs math-verify."""
+    def _triage(self, pred, gold) -> tuple[bool | None, str, str]:
+        """(the verdict without a child, or None if it needs math-verify; both answers canonical)."""
         if not isinstance(pred, str) or not isinstance(gold, str):
-            return False
-        pred, gold = canonical_unicode(pred), canonical_unicode(gold)
+            return False, "", ""
+        pred, gold = canonical_answer(pred), canonical_answer(gold)
         p, g = normalize(pred), normalize(gold)
         if not p or not g:
-            return False
+            return False, pred, gold
         if p == g:
-            return True
+            return True, pred, gold
         if len(pred) > MAX_PRED_CHARS or len(gold) > MAX_GOLD_CHARS or not balanced(pred):
-            return False  # too long to be an answer, or not one group (`12} {13`)
-        return None
+            return False, pred, gold  # too long to be an answer, or not one group (`12} {13`)
+        return None, pred, gold
+
+    def _fast(self, pred, gold) -> bool | None:
+        """The verdict without a child, or None if it needs math-verify."""
+        return self._triage(pred, gold)[0]
+
+    def _slow(self, pred: str, gold: str) -> bool:
+        """math-verify's verdict on the canonical answers, skipping the fast path (for tests)."""
+        _, pred, gold = self._triage(pred, gold)
+        with self._lock:
+            return self._check_in_children([(pred, gold)], math.inf)[0]
 
     def verify(self, pred: str, gold: str) -> bool:
-        """True if the predicted answer is mathematically equivalent to the gold answer.
+        """True if the predicted answer is mathematically equivalent to the gold answer (no time budget).
 
         Decided behaviours (from math-verify): "x=2" matches "2" (an assignment
         counts as its right-hand side), "1,2" matches "2,1" (comma lists are
-        sets), a number matches its percentage form ("50\\%" vs "50").
+        sets), a number matches its percentage form ("50\\%" vs "50"). An explicit set
+        ("\\{1,2\\}") never matches an interval or a tuple ("(1,2)").
         """
-        return self.verify_batch([pred], [gold])[0]
+        return bool(self.verify_batch([pred], [gold], budget_s=math.inf)[0])
 
-    def verify_batch(self, preds: list[str | None], golds: list[str], budget_s: float | None = None) -> list[bool]:
-        """`verify` over pairs, spread over the children; a None prediction (nothing extracted) is
-        False without IPC. Pairs still unchecked after `budget_s` seconds (default: the verifier's
-        own; None: no limit) score False."""
+    def verify_batch(
+        self, preds: list[str | None], golds: list[str], budget_s: float | None = None
+    ) -> list[bool | None]:
+        """`verify` over pairs, spread over the children in order; a None prediction (nothing extracted)
+        is False without IPC. A pair still unchecked after `budget_s` seconds gets None, neither right
+        nor wrong (default: the verifier's own `budget_s`; None there, or math.inf: no limit)."""
         if len(preds) != len(golds):
             raise ValueError(f"got {len(preds)} predictions for {len(golds)} gold answers")
-        verdicts = [None if p is None else self._fast(p, g) for p, g in zip(preds, golds)]
-        slow = [i for i, v in enumerate(verdicts) if v is None and preds[i] is not None]
+        triaged = [(False, "", "") if p is None else self._triage(p, g) for p, g in zip(preds, golds)]
+        verdicts: list[bool | None] = [v for v, _, _ in triaged]
+        slow = [i for i, v in enumerate(verdicts) if v is None]
+        budget = self.budget_s if budget_s is None else budget_s
+        if slow and budget is not None and budget <= 0:
+            return verdicts  # no time at all: the slow ones stay None
         if slow:
             with self._lock:
-                pairs = [(canonical_unicode(preds[i]), canonical_unicode(golds[i])) for i in slow]
-                budget_s = self.budget_s if budget_s is None else budget_s
-                for i, ok in zip(slow, self._check_in_children(pairs, budget_s)):
-                    verdicts[i] = ok
-        return [bool(v) for v in verdicts]
+                pairs = [triaged[i][1:] for i in slow]
+                checked = self._check_in_children(pairs, math.inf if budget is None else budget)
+            for i, ok in zip(slow, checked):
+                verdicts[i] = ok
+        return verdicts
 
     def take_timeouts(self) -> int:
-        """Checks scored False for running out of time since the last call (the `reward/timeouts` metric)."""
+        """Checks scored False for running out of time (or their child dying) since the last call
+        (the `reward/timeouts` metric). Pairs the batch budget left unchecked (None) are not counted."""
         n, self.timeouts = self.timeouts, 0
         return n
 
@@ -351,7 +622,10 @@ class MathVerifier:
     def _kill_all(self) -> None:
         children, self._children = self._children, []
         for c in children:
-            c.kill()
+            c.conn.close()
+        zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            zygote.kill()  # it kills and reaps the children
 
     def __enter__(self) -> MathVerifier:
         return self
