@@ -1,0 +1,61 @@
+"""Exit 0 if this interpreter already has everything a requirements file asks for.
+
+    python scripts/check_installed.py requirements-cpu.txt [IGNORED_NAME ...]
+
+Walks the requirements and, recursively, the dependencies of what is installed (markers
+and extras evaluated for this interpreter), and checks every version against its
+specifier. IGNORED_NAMEs (and their dependencies) are skipped. Anything it cannot read or
+check counts as missing, so the answer "installed" is never a guess. setup_cpu.sh uses it
+to make a second run a no-op.
+"""
+
+import sys
+from importlib import metadata
+
+
+def main(path, ignored):
+    try:
+        from packaging.requirements import Requirement
+        from packaging.utils import canonicalize_name
+    except ImportError:
+        return "packaging is not installed"
+    ignored = {canonicalize_name(n) for n in ignored}
+    todo = []
+    with open(path) as f:
+        for line in f:
+            line = line.split(" #")[0].strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("-"):
+                return f"option line not handled: {line}"
+            todo.append((Requirement(line), ""))
+    seen = set()
+    while todo:
+        req, extra = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+            continue
+        name = canonicalize_name(req.name)
+        if name in ignored:
+            continue
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            return f"{req.name} is not installed"
+        if req.url or not req.specifier.contains(dist.version, prereleases=True):
+            return f"{req.name} {dist.version} does not satisfy {req}"
+        for ex in sorted(req.extras) or [""]:
+            if (name, ex) in seen:
+                continue
+            seen.add((name, ex))
+            todo.extend((Requirement(r), ex) for r in dist.requires or [])
+    return None
+
+
+if __name__ == "__main__":
+    try:
+        missing = main(sys.argv[1], sys.argv[2:])
+    except Exception as e:  # an unreadable file or metadata: not known to be installed
+        missing = f"{type(e).__name__}: {e}"
+    if missing:
+        print(f"check_installed: {missing}: installing", file=sys.stderr)
+    sys.exit(1 if missing else 0)
