@@ -67,7 +67,7 @@ class RunFlags:
     )
     keep_last: int = arg(
         2,
-        "complete checkpoints kept on disk (0: all); the last one from before a skipped update is kept too",
+        "complete checkpoints kept on disk (0: all); none is written on schedule while updates are skipped",
         at_least=0,
     )
     # Logging.

@@ -1,12 +1,12 @@
 """A training session: everything around the algorithm, set up in one call and driven by a few.
 
     s = start_session("grpo_base", run, flag_record(args, run), model=..., dataset=..., ...)
-    for step in s.steps():                  # stops early, after saving, on SIGTERM / Ctrl-C
-        ...                                 # the algorithm: rollout, rewards, pi_old, advantages
-        s.optimizer_step(step + 1, loss)    # inside the update: clip, skip a bad update, step
-        s.sync_weights()                    # the rollout engine gets the new weights
-        s.end_step(step + 1, metrics, timer)  # evaluate, log, save
-    s.close()
+    with s:                                     # closes on any exit: the final line, or the error's
+        for step in s.steps():                  # stops early, after saving, on SIGTERM / Ctrl-C
+            ...                                 # the algorithm: rollout, rewards, pi_old, advantages
+            s.optimizer_step(step + 1, loss)    # inside the update: clip, skip a bad update, step
+            s.sync_weights()                    # the rollout engine gets the new weights
+            s.end_step(step + 1, metrics, timer)  # evaluate, log, save
 
 `start_session` checks everything that can be checked before a model loads (the run directory
 and its lock, the model path, the context length, the data), then builds the accelerator, the

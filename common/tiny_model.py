@@ -13,9 +13,11 @@ the boxed answer: the RLVR effect in miniature (sharpening what the policy
 can already produce, as in the first steps of real runs), not new arithmetic.
 """
 
+import fcntl
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 
 import torch
@@ -139,7 +141,12 @@ def ensure_tiny_model(path: str | Path = DEFAULT_DIR, say=None, **kwargs) -> Pat
     path = Path(path)
     if (path / "tiny_model.json").exists():
         return path
-    if say is not None:
-        say(f"building the CPU demo model once (about a minute): {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    return build_tiny_model(path, **kwargs)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:  # two first runs at once: one builds, one waits
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (path / "tiny_model.json").exists():
+            return path
+        if say is not None:
+            say(f"building the CPU demo model once (about a minute): {path}")
+        shutil.rmtree(path.with_name(path.name + ".tmp"), ignore_errors=True)  # a build that was killed
+        return build_tiny_model(path, **kwargs)
