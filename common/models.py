@@ -56,10 +56,12 @@ def offline_unless_hub_reachable() -> bool:
 
 def hub_error(flag: str, name: str, what: str = "model") -> SystemExit:
     """The one line for a hub name that cannot be loaded here."""
+    folder = Path(name).parent  # runs/typo: no such local directory, read as org/name
+    typo = f" (or, if you meant a local path: there is no {name} in {folder}/)" if folder.is_dir() else ""
     return SystemExit(
         f"error: {flag}: {name} is a hub name, but the Hugging Face hub cannot be reached from this machine and "
         f"the {what} is not in the local cache; download it where there is a network "
-        f"(`huggingface-cli download {name} --local-dir DIR`) and pass the local path"
+        f"(`huggingface-cli download {name} --local-dir DIR`) and pass the local path{typo}"
     )
 
 
@@ -67,8 +69,8 @@ def model_to_load(model: str) -> tuple[str, Path | None]:
     """What `--model` names, as (a path or hub name to load, the training run it comes from or None).
 
     "tiny" is the CPU demo model (built once, with a line saying so); a training run directory
-    (run_config.json or metrics.jsonl, and checkpoint-N/) means its exported model/ if that is
-    whole, else its newest good checkpoint; a checkpoint-N directory its model/ folder. A model
+    (run_config.json or metrics.jsonl, and checkpoint-N/) means its exported model/ (refused if
+    damaged), or its newest good checkpoint while it has none; a checkpoint-N directory its model/ folder. A model
     directory with a MANIFEST.json (checkpoints, a run's model/) must match it.
     """
     if model == "tiny":
@@ -85,7 +87,14 @@ def model_to_load(model: str) -> tuple[str, Path | None]:
     run = None
     if (path / "run_config.json").is_file() or (path / "metrics.jsonl").is_file():  # a training run
         run = path
-        if (path / "model" / "config.json").is_file() and manifest_problem(path / "model") is None:
+        if (path / "model" / "config.json").is_file():
+            if problem := manifest_problem(path / "model"):  # never an older checkpoint in its place, silently
+                good = [c.name for c in list_checkpoints(path) if checkpoint_problem(c) is None]
+                instead = f"pass its newest good checkpoint {path / good[0]}, or " if good else ""
+                raise SystemExit(
+                    f"error: --model: {path / 'model'} is damaged: {problem}; {instead}delete that model/ and "
+                    "run the same command with --resume to export it again"
+                )
             path = path / "model"
         else:
             good = [c for c in list_checkpoints(path) if checkpoint_problem(c) is None]

@@ -57,6 +57,17 @@ def test_an_unreachable_hub_is_one_line(tmp_path):
     assert proc.returncode != 0 and "cannot be reached" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_typo_in_a_local_path_is_named_as_one(tmp_path, monkeypatch):
+    """`runs/typo` reads as a hub name org/name; when runs/ is a local folder the line says what is missing there."""
+    from common.models import hub_error, model_to_load
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert model_to_load("runs/typo") == ("runs/typo", None)  # a hub name may share a local folder's name
+    assert "if you meant a local path: there is no runs/typo in runs/" in str(hub_error("--model", "runs/typo"))
+    assert "local path" not in str(hub_error("--model", "Qwen/Qwen2.5-Math-7B")).split("pass the local path")[1]
+
+
 def test_a_folder_whose_run_saved_nothing_starts_over(tiny_random_dir, tmp_path):
     """Before: a plain rerun said "already holds a run; pass --resume", and --resume said "no usable
     checkpoint; run without --resume": the folder was stuck after any failed start."""
