@@ -174,14 +174,3 @@ def baseline_run(tmp_path_factory, random_dir: Path) -> Path:
 def coin_flags(root: Path) -> tuple[str, ...]:
     """RUN_FLAGS plus the coin model and data built under `root`."""
     return ("--model", str(root / "coin-model"), "--dataset", str(root / "coin.jsonl"), *RUN_FLAGS)
-
-
-def torchrun_workers(worker: str, *args: str, nproc: int = 2, timeout: int = 300) -> str:
-    """Run tests/<worker> on `nproc` CPU processes (gloo) with torchrun; its output, after asserting success."""
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
-    cmd += ["--master_port", str(_free_port()), str(ROOT / "tests" / worker), *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    return out

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from scaling_utils import ROOT, _free_port, baseline_run, checkpoint_weights, coin_flags, launch, torchrun_workers
+from scaling_utils import ROOT, _free_port, baseline_run, checkpoint_weights, coin_flags, launch
 from train_utils import max_logp_error
 from transformers import AutoModelForCausalLM
 
@@ -147,19 +147,6 @@ def test_sync_of_a_plain_model_is_the_checkpoint_without_copies(tiny_random_dir)
     for k, v in on_disk.items():
         assert torch.equal(synced[k], v)
     assert synced["model.norm.weight"].data_ptr() == model.model.norm.weight.data_ptr()  # views: no extra memory
-
-
-def test_fsdp2_sync_on_two_cpu_processes(tiny_random_dir):
-    """FSDP2 (DTensor parameters, gloo): full tensors per parameter, HF names, same on every rank."""
-    out = torchrun_workers("fsdp2_sync_worker.py", str(tiny_random_dir))
-    assert "rank 0: FSDP2 sync ok" in out and "rank 1: FSDP2 sync ok" in out
-
-
-def test_hf_engine_on_a_sharded_model_keeps_ranks_in_step(tiny_random_dir):
-    """2 gloo processes, FSDP2: one rank has three prompts to generate, the other none (GEC on an
-    all-correct batch). The idle rank must step with the busy one, or every forward hangs."""
-    out = torchrun_workers("hf_sharded_generate_worker.py", str(tiny_random_dir))
-    assert "rank 0: 3 prompts generated" in out and "rank 1: 0 prompts generated" in out
 
 
 def test_reference_model_has_real_weights_on_every_rank(tiny_random_dir):

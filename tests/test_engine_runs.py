@@ -10,6 +10,7 @@ resume from the sharded state. A hang ends the test after a timeout of minutes, 
 """
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -18,14 +19,15 @@ from scaling_utils import build_coin_model
 from train_utils import ROOT
 
 pytestmark = [
+    pytest.mark.xdist_group("engines"),  # shared runs: one worker
     pytest.mark.slow,
     pytest.mark.skipif(torch.cuda.is_available(), reason="CPU harness: on GPUs accelerate applies the configs itself"),
 ]
 needs_deepspeed = pytest.mark.skipif(__import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed")
 ENGINES = [  # config, processes, the mode the run must report
-    ("single_gpu.yaml", 1, "single"),
-    ("ddp_8gpu.yaml", 2, "ddp"),
-    ("fsdp2.yaml", 2, "fsdp2"),
+    pytest.param("single_gpu.yaml", 1, "single"),
+    pytest.param("ddp_8gpu.yaml", 2, "ddp"),
+    pytest.param("fsdp2.yaml", 2, "fsdp2"),
     pytest.param("zero2.yaml", 2, "zero2", marks=needs_deepspeed),
     pytest.param("zero3.yaml", 2, "zero3", marks=needs_deepspeed),
 ]
@@ -72,12 +74,31 @@ def read(run):
     return rows, json.loads((run / "run_config.json").read_text())
 
 
-@pytest.mark.parametrize("script", ["grpo_base.py", "edge_grpo.py"])
-@pytest.mark.parametrize("config, processes, mode", ENGINES)
-def test_two_steps_under_each_engine(config, processes, mode, script, coins, tmp_path):
-    run = tmp_path / "run"
-    rc, out = launch(CONFIGS / config, script, *flags(coins, script), "--steps", "2", "--output_dir", str(run),
-                     num_processes=processes, timeout=300)  # fmt: skip
+@pytest.fixture(scope="module")
+def two_steps(coins, tmp_path_factory):
+    """(return code, output, run directory) of a script's two steps under a config, run once per module."""
+    done = {}
+
+    def run(config, processes, script):
+        if (config, script) not in done:
+            out_dir = tmp_path_factory.mktemp("engine") / "run"
+            rc, out = launch(CONFIGS / config, script, *flags(coins, script), "--steps", "2", "--output_dir",
+                             str(out_dir), num_processes=processes, timeout=300)  # fmt: skip
+            done[config, script] = rc, out, out_dir
+        return done[config, script]
+
+    return run
+
+
+# EDGE-GRPO where GEC's generation is collective (sharded parameters), so ranks with unequal reflections
+# could hang: FSDP2 and ZeRO-3.
+RUNS = [pytest.param(*e.values, "grpo_base.py", marks=e.marks) for e in ENGINES]
+RUNS += [pytest.param(*e.values, "edge_grpo.py", marks=e.marks) for e in ENGINES if e.values[2] in ("fsdp2", "zero3")]
+
+
+@pytest.mark.parametrize("config, processes, mode, script", RUNS)
+def test_two_steps_under_each_engine(config, processes, mode, script, two_steps):
+    rc, out, run = two_steps(config, processes, script)
     assert rc == 0 and "Traceback" not in out, out[-5000:]
     rows, config_json = read(run)
     assert config_json["history"][-1] | {"processes": processes, "parallel": mode} == config_json["history"][-1]
@@ -90,15 +111,16 @@ def test_two_steps_under_each_engine(config, processes, mode, script, coins, tmp
 
 
 @pytest.mark.parametrize("config", ["fsdp2.yaml", pytest.param("zero3.yaml", marks=needs_deepspeed)])
-def test_resume_from_the_sharded_state(config, coins, tmp_path):
-    run = tmp_path / "run"
-    first = [*flags(coins, "grpo_base.py"), "--save_steps", "1", "--output_dir", str(run)]
-    rc, out = launch(CONFIGS / config, "grpo_base.py", *first, "--steps", "1", timeout=300)
+def test_resume_from_the_sharded_state(config, coins, two_steps, tmp_path):
+    rc, out, done = two_steps(config, 2, "grpo_base.py")
     assert rc == 0, out[-4000:]
-    rc, out = launch(CONFIGS / config, "grpo_base.py", *first, "--steps", "2", "--resume", timeout=300)
-    assert rc == 0 and f"resumed from {run / 'checkpoint-1'} (step 1)" in out, out[-4000:]
+    run = tmp_path / "run"
+    shutil.copytree(done, run)
+    more = [*flags(coins, "grpo_base.py"), "--output_dir", str(run), "--steps", "3", "--resume"]
+    rc, out = launch(CONFIGS / config, "grpo_base.py", *more, timeout=300)
+    assert rc == 0 and f"resumed from {run / 'checkpoint-2'} (step 2)" in out, out[-4000:]
     rows, config_json = read(run)
-    assert [r["step"] for r in rows if r["step"] > 0] == [1, 2]
+    assert [r["step"] for r in rows if r["step"] > 0] == [1, 2, 3]
     assert [h["event"] for h in config_json["history"]] == ["start", "resume"]
 
 

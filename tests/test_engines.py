@@ -15,6 +15,7 @@ from engines.launch import CONFIGS, PROBE, TIMEOUT_RC, facts, launch, variant_co
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="pip install deepspeed")
 pytestmark = [
+    pytest.mark.xdist_group("engines"),  # shared runs: one worker
     pytest.mark.slow,
     pytest.mark.skipif(torch.cuda.is_available(), reason="CPU harness: on GPUs accelerate applies the configs itself"),
 ]

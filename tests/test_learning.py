@@ -14,7 +14,7 @@ from train_utils import ROOT, SCRIPTS, run_script
 from common.run_flags import vllm_available
 
 ROLLOUT = "vllm" if vllm_available() else "hf"
-STEPS = 10
+STEPS = 6
 MARGIN = 0.1
 README_TOLERANCE = 0.05  # another 2-core machine may round a kernel differently, and the run's samples follow
 
@@ -27,13 +27,15 @@ def demo_model_dir():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", [s for s in SCRIPTS if s != "grpo_base.py"])
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if s != "grpo_base.py"])  # grpo_base: the README test below
 def test_accuracy_rises_on_the_synthetic_task(script, demo_model_dir, tmp_path):
-    flags = ["--model", str(demo_model_dir), "--rollout", ROLLOUT, "--steps", str(STEPS), "--eval_steps", str(STEPS)]
-    rows = run_script(script, tmp_path, *flags, timeout=600)
-    before, after = rows[0]["eval/synthetic/pass@1"], rows[-1]["eval/synthetic/pass@1"]
-    assert rows[0]["step"] == 0 and rows[-1]["step"] == STEPS
-    assert after > before + MARGIN, f"{script}: eval pass@1 {before:.3f} -> {after:.3f}"
+    """The policy's own accuracy on its rollout (128 samples at T = 1 a step): the mean of the last two of 6 steps
+    against the first step's, sampled before any update. EDGE-GRPO's train/accuracy counts GEC's injected answers."""
+    rows = run_script(script, tmp_path, "--model", str(demo_model_dir), "--rollout", ROLLOUT, "--steps", str(STEPS))
+    key = "gec/rollout_accuracy" if script == "edge_grpo.py" else "train/accuracy"
+    accuracy = [r[key] for r in rows]
+    before, after = accuracy[0], sum(accuracy[-2:]) / 2
+    assert after > before + MARGIN, f"{script}: training accuracy {before:.3f} -> {after:.3f} over {STEPS} steps"
 
 
 def readme_demo_table() -> dict[str, list[float | None]]:

@@ -144,7 +144,7 @@ def test_sleep_mode_wakes_weights_for_the_sync_and_the_kv_cache_for_sampling():
     calls = [c for c in engine.llm.calls if c[0] != "rpc"]
     assert calls == [
         ("reset_prefix_cache",),
-        ("sleep", 1),
+        ("sleep", 2),
         ("wake_up", ("weights",)),
         ("reset_prefix_cache",),
         ("wake_up", ("kv_cache",)),

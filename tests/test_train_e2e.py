@@ -17,10 +17,10 @@ REQUIRED_METRICS = {
     "reward/timeouts",
     "reward/unchecked",
 }
-ENGINES = [
-    "hf",
-    pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="no vllm")]),
-]
+VLLM = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="no vllm")]
+# Every script with the HF engine; with vLLM, grpo_base and edge_grpo (GEC samples through the engine too):
+# the other three run the same rollout lines as grpo_base (tests/test_skeleton.py holds them to it).
+RUNS = [(s, "hf") for s in SCRIPTS] + [pytest.param(s, "vllm", marks=VLLM) for s in ("grpo_base.py", "edge_grpo.py")]
 
 
 def check_edge(rows, out):
@@ -74,10 +74,9 @@ CHECKS = {
 EXTRA_FLAGS = {"edge_grpo.py": ("--gec_max_new_tokens", "8")}
 
 
-@pytest.mark.parametrize("rollout", ENGINES)
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script, rollout", RUNS)
 def test_two_steps(script, rollout, tiny_random_dir, tmp_path):
-    """Every script, both engines: the metrics, a complete checkpoint, the exported model, samples."""
+    """Two steps as a user runs them: the metrics, a complete checkpoint, the exported model, samples."""
     flags = ("--model", str(tiny_random_dir), "--rollout", rollout, *TWO_STEPS, *EXTRA_FLAGS.get(script, ()))
     rows = run_script(script, tmp_path, *flags)
     assert [r["step"] for r in rows] == [1, 2]

@@ -402,7 +402,7 @@ def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/status") as f:
             return "\nState:\tZ" not in f.read()  # a zombie has exited
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped before or while /proc was read
         return False
 
 
