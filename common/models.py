@@ -84,7 +84,7 @@ def model_to_load(model: str) -> tuple[str, Path | None]:
                 f"error: --model: {model} does not exist (a local path; hub names look like org/name, 'tiny' is the demo model)"
             )
         return model, None  # a hub name
-    run = None
+    run = hashed = None
     if (path / "run_config.json").is_file() or (path / "metrics.jsonl").is_file():  # a training run
         run = path
         if (path / "model" / "config.json").is_file():
@@ -95,7 +95,7 @@ def model_to_load(model: str) -> tuple[str, Path | None]:
                     f"error: --model: {path / 'model'} is damaged: {problem}; {instead}delete that model/ and "
                     "run the same command with --resume to export it again"
                 )
-            path = path / "model"
+            path = hashed = path / "model"
         else:
             good = [c for c in list_checkpoints(path) if checkpoint_problem(c) is None]
             if not good:
@@ -108,7 +108,7 @@ def model_to_load(model: str) -> tuple[str, Path | None]:
             raise SystemExit(f"error: --model: checkpoint {path} is damaged: {problem}; use an earlier checkpoint")
         run = run or (path.parent if (path.parent / "metrics.jsonl").is_file() else None)
         path = path / "model"
-    elif (path / "MANIFEST.json").is_file() and (problem := manifest_problem(path)):
+    elif path != hashed and (path / "MANIFEST.json").is_file() and (problem := manifest_problem(path)):
         raise SystemExit(f"error: --model: {path} is damaged: {problem}; use a checkpoint-N of its run instead")
     if not (path / "config.json").is_file():
         raise SystemExit(f"error: --model: {path} has no config.json: not a model, a checkpoint-N or a run directory")
