@@ -83,16 +83,22 @@ class RunLogger:
         if self.enabled:
             self.bar.write(line)
 
-    def log_samples(self, step: int, columns) -> None:
-        """The first --log_samples completions of the step in samples.jsonl; `columns`: the completions'
-        (dataset rows, texts, rewards, advantages), in order."""
+    def log_samples(self, step: int, columns, decode) -> None:
+        """--log_samples completions of the step in samples.jsonl, spread over its groups: the first completion
+        of each group, then the second of each, and so on. `columns`: the completions' (dataset rows, texts,
+        rewards, advantages) in order, the G completions of a group sharing one row object; `decode`: token
+        ids -> text, for the prompt as the policy saw it (template included)."""
         if not self.enabled or not self.log_samples_n or not columns:
             return
         rows, texts, rewards, advantages = columns
+        place = [0] * len(texts)  # each completion's place in its group
+        for i in range(1, len(texts)):
+            place[i] = place[i - 1] + 1 if rows[i] is rows[i - 1] else 0
+        picked = sorted(sorted(range(len(texts)), key=place.__getitem__)[: self.log_samples_n])
         with open(self.run_dir / "samples.jsonl", "a") as f:
-            for i in range(min(self.log_samples_n, len(texts))):
+            for i in picked:
                 sample = {
-                    "problem": rows[i]["problem"],
+                    "prompt": decode(rows[i]["prompt_ids"]),
                     "completion": texts[i],
                     "reward": rewards[i],
                     "advantage": advantages[i].mean(),

@@ -76,7 +76,9 @@ class RunFlags:
     run_name: str | None = arg(None, "tracker run name (default: the name of --output_dir)")
     log_every: int = arg(0, "print a line of the step's figures every N steps (0: the progress bar only)", at_least=0)
     log_samples: int = arg(
-        4, "completions of each step written to samples.jsonl (prompt, completion, reward, advantage)", at_least=0
+        4,
+        "completions of each step written to samples.jsonl, one per group in turn (prompt, completion, reward, advantage)",
+        at_least=0,
     )
     # Health: a run that diverges or cannot learn says so.
     max_nonfinite_steps: int = arg(

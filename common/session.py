@@ -184,7 +184,7 @@ class Session:
             )
         self.unchecked = 0
         self.logger.log(step, metrics)
-        self.logger.log_samples(step, samples)
+        self.logger.log_samples(step, samples, self.tokenizer.decode)
         self.watch.update(step, metrics["train/zero_adv_group_frac"], metrics["train/truncated_frac"])
         self.stop.agree(self.accelerator)  # every rank stops after the same step
         self._save_if_due(step)

@@ -93,7 +93,8 @@ def test_two_steps(script, rollout, tiny_random_dir, tmp_path):
     AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [1] * 4 + [2] * 4
-    assert {"problem", "completion", "reward", "advantage"} <= set(samples[0])
+    assert set(samples[0]) == {"step", "prompt", "completion", "reward", "advantage"}  # what --log_samples says
+    assert len({s["prompt"] for s in samples if s["step"] == 1}) == 4  # one from each of the step's 4 groups
     assert json.loads((tmp_path / "run_config.json").read_text())["flags"]["rollout"] == rollout
     if CHECKS[script]:
         CHECKS[script](rows, tmp_path)
