@@ -161,6 +161,18 @@ def load_policy(model_path: str, dtype, gradient_checkpointing: bool = False):
     return model
 
 
+def precision_note(precision: str, gpu: bool) -> str | None:
+    """The start-up line of `--precision bf16` on CPU, where it trains without a net: the weights are bf16
+    with no fp32 copy and no autocast, and vLLM keeps sampling in fp32 (on GPU it follows the trainer)."""
+    if precision != "bf16" or gpu:
+        return None
+    return (
+        "note: --precision bf16 on CPU: the policy's weights are bf16 with no fp32 copy, so an update smaller "
+        "than ~1/256 of a weight rounds away (most of them at a small --lr), and vLLM still samples in fp32; "
+        "--precision auto trains in fp32 on CPU and keeps every update"
+    )
+
+
 def load_reference_model(model_path: str, dtype, device):
     """The frozen reference model of the KL term (`--beta > 0`), with real weights on every rank.
 

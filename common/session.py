@@ -281,6 +281,7 @@ def start_session(
         load_tokenizer,
         model_to_load,
         offline_unless_hub_reachable,
+        precision_note,
     )
     from common.rewards import REWARD_FUNCS, load_reward_fn
     from common.rollout import make_engine
@@ -340,6 +341,8 @@ def start_session(
 
     # The accelerator, the policy and its optimiser.
     gpu = torch.cuda.is_available()
+    if is_main and (note := precision_note(run.precision, gpu)):
+        print(note)
     accelerator = make_accelerator(
         "bf16" if gpu and run.precision != "fp32" else "no",
         grad_clip,

@@ -129,3 +129,15 @@ def test_the_first_demo_build_says_so(tmp_path):
     assert len(said) == 1 and "building the CPU demo model once" in said[0] and (path / "tiny_model.json").exists()
     ensure_tiny_model(path, say=said.append)
     assert len(said) == 1  # reused: nothing to say
+
+
+def test_bf16_on_cpu_says_at_start_that_updates_round_away():
+    """--precision bf16 on CPU keeps no fp32 weights (small AdamW steps round away; one step at lr 2e-5 changed 18%
+    of the demo model's weights, all of them in fp32) and vLLM stays fp32: the start line says so, with the fix."""
+    from common.models import precision_note
+
+    line = precision_note("bf16", gpu=False)
+    assert line.startswith("note: --precision bf16 on CPU:") and "\n" not in line
+    assert "rounds away" in line and "vLLM still samples in fp32" in line and "--precision auto" in line
+    assert precision_note("bf16", gpu=True) is None  # vLLM follows the trainer; the flag's help says the rest
+    assert precision_note("auto", gpu=False) is None and precision_note("fp32", gpu=False) is None
