@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from common.cli import require
 from common.console import quiet_libraries
 
 
@@ -165,6 +166,49 @@ def prompt_seeds(seed: int, step: int, prompts_per_step: int, rank: int, num_loc
     ]  # prime stride: runs with nearby seeds do not share seeds
 
 
+def cpu_kv_cache_gib(value: str, default: str = "2") -> str:
+    """VLLM_CPU_KVCACHE_SPACE checked (`default` when unset or empty). vLLM 0.32 reads it with int() deep
+    inside its config (a pydantic traceback for "0.5") and 0 leaves no room for the cache: one line instead."""
+    value = value.strip() or default
+    require(
+        value.isascii() and value.isdigit() and int(value) > 0,
+        f"VLLM_CPU_KVCACHE_SPACE={value}: vLLM's CPU KV cache is sized in whole GiB; set a whole number >= 1 "
+        f"(e.g. VLLM_CPU_KVCACHE_SPACE={default})",
+    )
+    return value
+
+
+def kv_cache_note(
+    capacity: int,
+    prompt_lens: list[int],
+    prompts: int,
+    group_size: int,
+    added_len: int,
+    max_num_seqs: int,
+    cpu_gib: float | None,
+) -> str | None:
+    """One line when a step's rollout may not fit vLLM's KV cache (`capacity` tokens) at once, else None.
+    vLLM then decodes it in waves (sequences wait for others to finish), and a step takes up to that many
+    times longer. The need is the largest any step can have: its `prompts` prompts the longest of
+    `prompt_lens` (the data as loaded), each with `group_size` sequences of up to `added_len` more tokens,
+    at most `max_num_seqs` decoded at once. `cpu_gib`: the CPU KV cache's size (VLLM_CPU_KVCACHE_SPACE,
+    the knob there); None on GPU, where the cache is a share of the GPU's memory."""
+    longest = sorted(prompt_lens, reverse=True)[:prompts]
+    lens = [n + added_len for n in longest for _ in range(group_size)][:max_num_seqs]
+    need = sum(lens)
+    if need <= capacity:
+        return None
+    line = (
+        f"note: vLLM's KV cache holds {capacity:,} tokens; a step's rollout needs up to {need:,} ({len(lens)} "
+        f"sequences of up to {lens[0]:,} tokens: the longest prompts loaded + completions), so long completions "
+        f"are sampled in up to {math.ceil(need / capacity)} waves: "
+    )
+    if cpu_gib is None:
+        return line + "raise --vllm_gpu_memory_utilization (with --vllm_sleep on one GPU) to sample a step at once"
+    gib = math.ceil(cpu_gib * need / capacity)
+    return line + f"set VLLM_CPU_KVCACHE_SPACE={gib} (GiB; now {cpu_gib:g}) to sample a step at once"
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -190,7 +234,7 @@ class VLLMEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM's CPU KV cache (GiB): its default takes far more RAM than small runs need.
         if not torch.cuda.is_available():
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = cpu_kv_cache_gib(os.environ.get("VLLM_CPU_KVCACHE_SPACE", ""))
         quiet_libraries()  # before vLLM is imported: its log lines go through our filter
         from vllm import LLM
 
@@ -311,6 +355,15 @@ class VLLMEngine:
         """Tokens vLLM's KV cache holds at once (all sequences together)."""
         cache = self.llm.llm_engine.vllm_config.cache_config
         return cache.num_gpu_blocks * cache.block_size
+
+    def kv_cache_note(self, prompt_lens: list[int], prompts: int, group_size: int, added_len: int) -> str | None:
+        """`kv_cache_note` for this engine: its capacity, its concurrent sequences, its CPU KV cache size."""
+        config = self.llm.llm_engine.vllm_config
+        cpu_bytes = None if torch.cuda.is_available() else config.cache_config.kv_cache_memory_bytes
+        return kv_cache_note(
+            self.kv_cache_tokens, prompt_lens, prompts, group_size, added_len, config.scheduler_config.max_num_seqs,
+            None if cpu_bytes is None else cpu_bytes / 2**30,
+        )  # fmt: skip
 
     def _wake(self, *tags: str) -> None:
         """Wake only what is asleep: vLLM warns (and reallocates nothing) on an awake engine."""
@@ -460,3 +513,6 @@ class HFEngine:
         pass
 
     kv_cache_tokens = None  # generate's own cache, sized per call
+
+    def kv_cache_note(self, *_) -> None:
+        return None  # no cache to outgrow

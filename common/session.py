@@ -385,8 +385,10 @@ def start_session(
         max_num_batched_tokens=run.vllm_max_num_batched_tokens, synced=mode.sharded,
     )  # fmt: skip
 
-    if engine.kv_cache_tokens and is_main:
-        check_kv_cache(engine.kv_cache_tokens, rows_per_rank, max_prompt_len + max_completion_len + extra_context)
+    kv_note = engine.kv_cache_note([len(r["prompt_ids"]) for r in rows], prompts_per_step // world, group_size,
+                                   max_completion_len + extra_context)  # fmt: skip
+    if kv_note and is_main:
+        print(kv_note)
 
     # Resume: weights, optimiser, schedule (at this run's learning rate), RNG, data order; then vLLM's copy.
     start_step, base_lrs = 0, list(scheduler.base_lrs)
@@ -435,18 +437,6 @@ def start_session(
         logger.eval_line(0, summary)
         logger.log(0, summary, advance=False)  # the same on every rank: the evaluation gathers its records
     return session
-
-
-def check_kv_cache(capacity: int, sequences: int, max_len: int) -> None:
-    """One line when a step's rollout may not fit vLLM's KV cache at once: vLLM then decodes it in waves
-    (sequences wait for others to finish), and a step takes up to that many times longer."""
-    need = sequences * max_len
-    if need > capacity:
-        print(
-            f"note: vLLM's KV cache holds {capacity:,} tokens; a step's rollout needs up to {need:,} ({sequences} "
-            f"sequences x {max_len} tokens), so long completions are sampled in up to {math.ceil(need / capacity)} "
-            "waves: raise --vllm_gpu_memory_utilization (with --vllm_sleep on one GPU) to sample a step at once"
-        )
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:

