@@ -20,6 +20,7 @@ from edge_grpo import (
     REFLECTION,
     Args,
     check_gec_data,
+    edge_advantages,
     entropy_driven_advantages,
     group_advantages,
     guided_error_correction,
@@ -68,6 +69,22 @@ def test_eda_zero_entropy_is_finite_and_floored():
     torch.testing.assert_close(out, torch.tensor([A / 1e-6, -A, -A, A / 2]))
     # A group whose entropies are all zero (mean 0 as well) keeps its advantages.
     torch.testing.assert_close(eda([1.0, 0, 0, 1], [0.0] * 4), torch.tensor([A, -A, -A, A]))
+
+
+def test_eda_scales_an_injected_solution_as_eq_7_says_and_the_metrics_show_it():
+    """A reference solution GEC put in (its tokens never sampled: NaN rollout log-probs) is text the policy
+    finds predictable: P_i near 0. Eqs. 6-7, like the authors' code, give it A * mean_group(P) / P_i, unbounded;
+    edge/entropy_P_injected and edge/adv_abs_max show it (docs/algorithms/edge_grpo.md)."""
+    entropy = torch.tensor([[0.05] * 3, [1.0] * 3, [1.0] * 3, [1.0] * 3])  # P = [0.05, 1, 1, 1], group mean 0.7625
+    batch = {"completion_mask": torch.ones(4, 3), "rollout_logp": torch.zeros(4, 3)}
+    batch["rollout_logp"][0] = math.nan  # completion 0: the reference solution
+    batch["rollout_logp"][1, 1] = math.nan  # completion 1: a reflection, continued by the policy (not counted)
+    adv, info = edge_advantages(torch.tensor([1.0, 0, 0, 1]), {"entropy": entropy}, batch, 4, SimpleNamespace(eda=True))
+    torch.testing.assert_close(adv, torch.tensor([15.25 * A, -0.7625 * A, -0.7625 * A, 0.7625 * A]))
+    assert info["edge/adv_abs_max"].item() == pytest.approx(15.25 * A)  # 13.2, where |A| <= (G - 1) / sqrt(G)
+    assert info["edge/entropy_P_injected"].item() == pytest.approx(0.05) and info["edge/entropy_P"] == pytest.approx(
+        0.7625
+    )
 
 
 def test_eda_entropy_grad_flows_through_one_over_P_only():
