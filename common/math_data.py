@@ -187,10 +187,12 @@ def iter_math_dataset(
     preset: str | None = None,
     config: str | None = None,
     strict: bool = False,
+    keep: tuple[str, ...] = (),
 ) -> Iterator[dict]:
     """Stream `{"problem", "answer", "solution"}` rows; see `load_math_dataset`. `strict`: an answer
     that is not a string or a number (missing, empty, a bool, a dict, a list of several) becomes
-    None instead of its text, for the caller to count and refuse or drop."""
+    None instead of its text, for the caller to count and refuse or drop. `keep`: source columns
+    passed through as they are (None where a row lacks one)."""
     if source == SYNTHETIC_NAME:
         if split == "train":
             rows = synthetic_arithmetic(
@@ -244,7 +246,8 @@ def iter_math_dataset(
             problem = fmap.problem_transform(problem)
         solution = _as_text(row["solution"]) or None
         answer = _as_text(row["answer"]) if not strict or _is_answer(row["answer"]) else None
-        yield {"problem": problem, "answer": answer or (None if strict else ""), "solution": solution}
+        kept = {k: raw.get(k) for k in keep}
+        yield {"problem": problem, "answer": answer or (None if strict else ""), "solution": solution, **kept}
         count += 1
 
 

@@ -1,7 +1,7 @@
 """Build each paper's training set as JSONL rows {"problem", "answer", "solution"}.
 
     python -m data.prepare edge      --output data/deepscaler_random_1k.jsonl
-    python -m data.prepare egpo      --tokenizer Qwen/Qwen2.5-Math-1.5B --subsets default,extended --output data/openr1_egpo.jsonl
+    python -m data.prepare egpo      --tokenizer Qwen/Qwen2.5-Math-1.5B --output data/openr1_egpo.jsonl
     python -m data.prepare cw        --output data/open_rs.jsonl
     python -m data.prepare pro       --output data/dapo_math_17k.jsonl
     python -m data.prepare synthetic --output data/synthetic_arith_train.jsonl
@@ -15,12 +15,13 @@ field mapping is applied to it (override with --problem_field etc.).
   The paper's second set, DeepScaleR-Hard-1K (the 1K questions Qwen2.5-Math-7B
   answers least often in 8 samples), needs a model to build and is made by a
   separate command, not by this data-only script.
-- egpo (EGPO, arXiv 2602.22751): OpenR1-Math-220k rows with a single-value, non-empty
-  answer (`is_single_value_answer`), exact duplicates removed, and prompts of at
-  most 1024 tokens once rendered with the training template. The paper's
-  MinHash near-duplicate removal, test-set decontamination, boxed-match check
-  and difficulty-bucket sampling to a 10K pool are not reproduced; `--n 10000`
-  draws a uniform seeded 10K.
+- egpo (EGPO, arXiv 2602.22751, App. A.2): OpenR1-Math-Stable-10K as far as the dataset's
+  columns allow. From both subsets: single-value, non-empty answers (`is_single_value_answer`),
+  the boxed-match filter, exact duplicates removed, prompts of at most 1024 tokens once
+  rendered with the training template; then a seeded 10,000-row pool, default 0.85 / extended
+  0.15 and within each mixed 0.60 / entirely-correct 0.40 (by the dataset's verdicts on its own
+  R1 generations), of which 128 rows are written apart for validation. MinHash near-duplicate
+  removal and test-set decontamination are not reproduced (data/README.md).
 - cw (CW-GRPO, arXiv 2605.11538): Open-RS as is (7,000 rows), minus rows without answer.
 - pro (Pro-GRPO, arXiv 2602.05281): DAPO-Math-17k with the "Answer:"-format
   instruction wrapper stripped from the prompt and the ~100x repeated problems
@@ -170,25 +171,123 @@ def prompt_token_lengths(problems: list[str], tokenizer, template: str, batch_si
     return lengths
 
 
+# OpenR1-Math-Stable-10K (EGPO's App. A.2): the pool's mix of subsets and of buckets, the latter
+# from the dataset's own verdicts on its R1 generations; 128 rows of the pool held out.
+EGPO_SUBSET_RATIOS = {"default": 0.85, "extended": 0.15}
+EGPO_BUCKET_RATIOS = {"mixed": 0.60, "entirely_correct": 0.40}
+EGPO_POOL, EGPO_VAL = 10_000, 128
+OPENR1_SUBSET_DIRS = {"default": "data", "extended": "extended"}  # each config's folder in the hub repository
+OPENR1_COLUMNS = ("generations", "correctness_math_verify", "correctness_llama")
+
+
+def _same_answer(a: str | None, b: str) -> bool:
+    """The boxed-match test: equal once whitespace and `$` are removed."""
+    return a is not None and "".join(a.replace("$", "").split()) == "".join(b.replace("$", "").split())
+
+
+def openr1_summary(row: dict, subset: str) -> dict:
+    """An OpenR1-Math row reduced to what the mix needs (its long generations are dropped):
+    `bucket` from the per-generation verdicts (a generation is correct when math-verify or, where
+    it ran, the Llama judge says so): "entirely_correct", "mixed", "entirely_incorrect", or None
+    without any verdict; `boxed_match`: the last \\boxed{} of the solution or of any generation
+    equals the answer (`_same_answer`)."""
+    from common.answers import extract_boxed
+
+    math_verify = list(row.get("correctness_math_verify") or [])
+    llama = list(row.get("correctness_llama") or [])
+    verdicts = [bool(m) or (i < len(llama) and llama[i] is True) for i, m in enumerate(math_verify)]
+    bucket = None
+    if verdicts:
+        bucket = "entirely_correct" if all(verdicts) else "mixed" if any(verdicts) else "entirely_incorrect"
+    texts = [row["solution"] or "", *(row.get("generations") or [])]
+    boxed_match = any(_same_answer(extract_boxed(t), row["answer"]) for t in texts if t)
+    return {"problem": row["problem"], "answer": row["answer"], "solution": row["solution"],
+            "subset": subset, "bucket": bucket, "boxed_match": boxed_match}  # fmt: skip
+
+
+def egpo_mix(rows: list[dict], n: int, seed: int, subsets: list[str]) -> list[dict]:
+    """A seeded pool of `n` rows in the paper's proportions: subsets by EGPO_SUBSET_RATIOS
+    (renormalised over `subsets`), and within each subset buckets by EGPO_BUCKET_RATIOS. A cell
+    short of rows gives all it has and the rest of its subset (entirely-incorrect rows included,
+    which the paper "retains") fills it; the pool comes back shuffled."""
+    rng = random.Random(seed)
+    total = sum(EGPO_SUBSET_RATIOS[s] for s in subsets)
+    pool = []
+    for subset in subsets:
+        want = round(n * EGPO_SUBSET_RATIOS[subset] / total)
+        rest = [r for r in rows if r["subset"] == subset]
+        rng.shuffle(rest)
+        taken = []
+        for bucket, ratio in EGPO_BUCKET_RATIOS.items():
+            cell = [r for r in rest if r["bucket"] == bucket]
+            quota = round(want * ratio)
+            if len(cell) < quota:
+                print(
+                    f"  warning: {subset}/{bucket} has {len(cell)} rows, fewer than its {quota}; filling from the rest"
+                )
+            taken += cell[:quota]
+        chosen = {id(r) for r in taken}
+        fill = [r for r in rest if id(r) not in chosen][: want - len(taken)]
+        if len(taken) + len(fill) < want:
+            print(f"  warning: subset {subset} has {len(rest)} rows, fewer than its {want}; keeping them all")
+        pool += taken + fill
+        counts = {b: sum(r["bucket"] == b for r in taken + fill) for b in (*EGPO_BUCKET_RATIOS, "entirely_incorrect")}
+        print(f"  {subset}: {len(taken) + len(fill)} rows ({', '.join(f'{b} {c}' for b, c in counts.items())})")
+    rng.shuffle(pool)
+    return pool
+
+
 def prepare_egpo(
     rows: list[dict],
     tokenizer: Any,
     template: str = "qwen_math",
     max_prompt_tokens: int = 1024,
-    n: int | None = None,
+    n: int = EGPO_POOL,
     seed: int = 42,
-) -> list[dict]:
-    """Single-value answers, exact dedup, rendered prompt <= `max_prompt_tokens`, optional seeded `n`."""
+    val_size: int = EGPO_VAL,
+) -> tuple[list[dict], list[dict]]:
+    """OpenR1-Math-Stable-10K as far as the dataset's columns allow: single-value non-empty
+    answers, the boxed-match filter, exact dedup, rendered prompt <= `max_prompt_tokens`, then the
+    `egpo_mix` pool of `n`, of which the first `val_size` rows are the validation set.
+
+    rows: `openr1_summary` rows (subset, bucket, boxed_match). Returns (train, validation)."""
     tokenizer = load_tokenizer(tokenizer)  # fail before the slow steps
     print(f"egpo: {len(rows)} rows loaded")
     rows = _complete(rows)
     kept = [r for r in rows if is_single_value_answer(r["answer"])]
     _report("single-value answer", len(rows), len(kept))
+    rows = [r for r in kept if r["bucket"] is not None]
+    _report("at least one judged generation", len(kept), len(rows))
+    kept = [r for r in rows if r["boxed_match"]]
+    _report("boxed match (solution or a generation)", len(rows), len(kept))
     rows = _dedup(kept)
     lengths = prompt_token_lengths([r["problem"] for r in rows], tokenizer, template)
     kept = [r for r, length in zip(rows, lengths) if length <= max_prompt_tokens]
     _report(f"prompt <= {max_prompt_tokens} tokens ({template} template)", len(rows), len(kept))
-    return _seeded_subset(kept, n, seed)
+    pool = egpo_mix(kept, n, seed, sorted({r["subset"] for r in kept}, key=list(EGPO_SUBSET_RATIOS).index))
+    pool = [{k: r[k] for k in ("problem", "answer", "solution", "subset", "bucket")} for r in pool]
+    if len(pool) <= val_size:
+        raise ValueError(f"only {len(pool)} rows left: not enough for a {val_size}-row validation set and training")
+    print(f"  pool {len(pool)} -> {len(pool) - val_size} training + {val_size} validation rows")
+    return pool[val_size:], pool[:val_size]
+
+
+def openr1_source(source: str, subset: str, subsets: list[str]) -> str:
+    """Where a subset's rows are: a hub name as it is; a local copy of the hub repository holds
+    each subset in its folder (OPENR1_SUBSET_DIRS); any other local file or folder is one subset."""
+    path = Path(source).expanduser()
+    if not path.exists():
+        return source
+    folder = path / OPENR1_SUBSET_DIRS[subset]
+    if path.is_dir() and folder.is_dir():
+        return str(folder)
+    if len(subsets) > 1:
+        raise ValueError(
+            f"--source {source} is not a copy of the hub dataset with the folders "
+            f"{', '.join(f'{d}/ ({s})' for s, d in OPENR1_SUBSET_DIRS.items())}: the paper's subset mix needs to "
+            "know each row's subset; pass such a copy, or one subset: --subsets default"
+        )
+    return source
 
 
 # ---------------------------------------------------------------------------
@@ -247,17 +346,24 @@ class Args:
     source: str | None = arg(None, "local file/directory or hub name (default: the paper's)")
     split: str = arg("train", "split of the source")
     subsets: str | None = arg(
-        None, "hub config(s), comma-separated (egpo: 'default', or 'default,extended' as in the paper)"
+        None, "hub config(s), comma-separated (egpo: 'default,extended' by default, as in the paper)"
     )
     problem_field: str | None = arg(None, "column holding the problem (default: the paper's dataset mapping)")
     answer_field: str | None = arg(None, "column holding the gold answer")
     solution_field: str | None = arg(None, "column holding a reference solution")
     seed: int = arg(42, "seed of the sampling at the end")
-    n: int | None = arg(None, "rows to sample at the end (edge: 1000, synthetic: 5000, others: keep all)", at_least=1)
-    # EGPO's prompt-length filter.
+    n: int | None = arg(
+        None,
+        "rows to sample at the end (edge: 1000, egpo: the 10000-row pool, validation included, synthetic: 5000, "
+        "others: keep all)",
+        at_least=1,
+    )
+    # EGPO's filters and validation set.
     tokenizer: str | None = arg(None, "egpo: tokenizer that counts prompt tokens")
     template: str = arg("qwen_math", "egpo: prompt template", TEMPLATE_CHOICES)
     max_prompt_tokens: int = arg(1024, "egpo: prompt length limit", at_least=1)
+    val_size: int = arg(EGPO_VAL, "egpo: rows of the pool held out for validation", at_least=1)
+    val_output: str | None = arg(None, "egpo: the validation JSONL (default: --output with _val before .jsonl)")
     # The synthetic task.
     max_operand: int = arg(99, "synthetic: operands in [0, max_operand]", at_least=1)
     ops: str = arg("+", "synthetic: operators among + - *, e.g. '+-'")
@@ -270,6 +376,13 @@ def main(args: Args) -> None:
         preset = DEFAULT_SOURCES[args.dataset]
         source = args.source or preset
         configs = args.subsets.split(",") if args.subsets else [None]
+        if args.dataset == "egpo":
+            configs = args.subsets.split(",") if args.subsets else list(EGPO_SUBSET_RATIOS)
+            unknown = sorted(set(configs) - set(EGPO_SUBSET_RATIOS))
+            if unknown:
+                raise ValueError(
+                    f"--subsets: unknown OpenR1-Math subset(s) {unknown}; choose from {list(EGPO_SUBSET_RATIOS)}"
+                )
 
         def stream():
             for config in configs:
@@ -287,7 +400,24 @@ def main(args: Args) -> None:
             rows = prepare_edge(list(stream()), n=args.n or 1000, seed=args.seed)
         elif args.dataset == "egpo":
             tokenizer = load_tokenizer(args.tokenizer)  # before loading 220K rows
-            rows = prepare_egpo(list(stream()), tokenizer, args.template, args.max_prompt_tokens, args.n, args.seed)
+            summaries = []
+            for config in configs:
+                source_rows = iter_math_dataset(
+                    openr1_source(source, config, configs), args.split, args.problem_field, args.answer_field,
+                    args.solution_field, preset=preset, config=config, keep=OPENR1_COLUMNS,
+                )  # fmt: skip
+                summaries += [openr1_summary(r, config) for r in source_rows]
+            rows, val = prepare_egpo(
+                summaries,
+                tokenizer,
+                args.template,
+                args.max_prompt_tokens,
+                args.n or EGPO_POOL,
+                args.seed,
+                args.val_size,
+            )
+            val_output = args.val_output or str(Path(args.output).with_name(Path(args.output).stem + "_val.jsonl"))
+            print(f"wrote {write_jsonl(val, val_output)} validation rows to {val_output}")
         elif args.dataset == "cw":
             rows = prepare_cw(list(stream()))
         else:
