@@ -16,12 +16,15 @@ field mapping is applied to it (override with --problem_field etc.).
   answers least often in 8 samples), needs a model to build and is made by a
   separate command, not by this data-only script.
 - egpo (EGPO, arXiv 2602.22751, App. A.2): OpenR1-Math-Stable-10K as far as the dataset's
-  columns allow. From both subsets: single-value, non-empty answers (`is_single_value_answer`),
-  the boxed-match filter, exact duplicates removed, prompts of at most 1024 tokens once
-  rendered with the training template; then a seeded 10,000-row pool, default 0.85 / extended
-  0.15 and within each mixed 0.60 / entirely-correct 0.40 (by the dataset's verdicts on its own
-  R1 generations), of which 128 rows are written apart for validation. MinHash near-duplicate
-  removal and test-set decontamination are not reproduced (data/README.md).
+  columns allow, with the values the paper lost taken from the authors' data script. From both
+  subsets: single-value, non-empty answers (`is_single_value_answer`), at least two generations,
+  the boxed-match filter (the solution's or a generation's last \\boxed{} is the answer) with
+  that response at most 4096 tokens, exact duplicates removed, prompts of at most 1024 tokens
+  once rendered with the training template; then a seeded 10,000-row pool, default 0.85 /
+  extended 0.15 and within each mixed 0.60 / entirely-correct 0.40 (by the dataset's count of
+  correct R1 generations), of which 128 rows are written apart for validation. MinHash
+  near-duplicate removal, test-set decontamination and the per-source caps are not reproduced
+  (data/README.md).
 - cw (CW-GRPO, arXiv 2605.11538): Open-RS as is (7,000 rows), minus rows without answer.
 - pro (Pro-GRPO, arXiv 2602.05281): DAPO-Math-17k with the "Answer:"-format
   instruction wrapper stripped from the prompt and the ~100x repeated problems
@@ -117,35 +120,21 @@ def prepare_edge(rows: list[dict], n: int | None = 1000, seed: int = 42) -> list
 
 # OpenR1-Math marks problems without a checkable answer with these.
 _PLACEHOLDER_ANSWERS = {"proof", "notfound", "none", "null", "n/a", "-"}
-_THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?")
-_CONJUNCTION = re.compile(r"\b(or|and)\b", re.IGNORECASE)
+_THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}\b)")
+_CONJUNCTION = re.compile(r"\b(or|and)\b|以及", re.IGNORECASE)
 
 
 def is_single_value_answer(answer: str) -> bool:
-    """Whether a gold answer is one value (EGPO's "single-value GT enforced").
-
-    Rejected: empty or placeholder answers ("proof", "notfound", ...), more than
-    one \\boxed, the words "or" / "and" (e.g. "x=1 \\text{ or } x=2"), and a
-    comma or semicolon outside brackets ("2, 3"; "x=1; y=2"). Kept: separators
-    inside brackets, since a tuple, interval or set is one object ("(1, 2)",
-    "[0, 1)", "\\{1,2\\}"), and thousands separators ("1,000").
+    """Whether a gold answer is one value (EGPO's "single-value GT enforced"), by the rule of the
+    authors' data script: no separator ("," "，" ";" "；" outside thousands separators such as
+    1,000), no "and" / "or", at most one "=". So tuples, intervals and sets ("(1, 2)", "[0, 1)")
+    are rejected too: the binary reward checks one value. Also rejected: empty or placeholder
+    answers ("proof", "notfound", ...) and more than one \\boxed.
     """
-    a = answer.strip()
-    if not a or a.lower() in _PLACEHOLDER_ANSWERS:
+    a = _THOUSANDS_COMMA.sub("", answer.strip())
+    if not a or a.lower() in _PLACEHOLDER_ANSWERS or a.count("\\boxed") > 1:
         return False
-    if a.count("\\boxed") > 1 or _CONJUNCTION.search(a):
-        return False
-    if _THOUSANDS.fullmatch(a):
-        return True
-    depth = 0
-    for ch in a:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth = max(depth - 1, 0)  # half-open intervals "[0, 1)" close with the other kind
-        elif ch in ",;" and depth == 0:
-            return False
-    return True
+    return not (any(sep in a for sep in ",，;；") or _CONJUNCTION.search(a) or a.count("=") >= 2)
 
 
 def load_tokenizer(tokenizer: Any):
@@ -162,47 +151,61 @@ def load_tokenizer(tokenizer: Any):
     return tokenizer
 
 
-def prompt_token_lengths(problems: list[str], tokenizer, template: str, batch_size: int = 1000) -> list[int]:
-    """Token count of each problem's rendered prompt (chat markup included, no extra BOS/EOS)."""
+def token_lengths(texts: list[str], tokenizer, batch_size: int = 1000) -> list[int]:
+    """Token count of each text (no extra BOS/EOS)."""
     lengths = []
-    for i in range(0, len(problems), batch_size):
-        texts = [format_prompt(p, template, tokenizer) for p in problems[i : i + batch_size]]
-        lengths += [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    for i in range(0, len(texts), batch_size):
+        lengths += [len(ids) for ids in tokenizer(texts[i : i + batch_size], add_special_tokens=False)["input_ids"]]
     return lengths
 
 
-# OpenR1-Math-Stable-10K (EGPO's App. A.2): the pool's mix of subsets and of buckets, the latter
-# from the dataset's own verdicts on its R1 generations; 128 rows of the pool held out.
+def prompt_token_lengths(problems: list[str], tokenizer, template: str) -> list[int]:
+    """Token count of each problem's rendered prompt (chat markup included, no extra BOS/EOS)."""
+    return token_lengths([format_prompt(p, template, tokenizer) for p in problems], tokenizer)
+
+
+# OpenR1-Math-Stable-10K (EGPO's App. A.2; the values the paper lost from the authors' data script):
+# the pool's mix of subsets and of buckets, 128 rows of it held out for validation.
 EGPO_SUBSET_RATIOS = {"default": 0.85, "extended": 0.15}
 EGPO_BUCKET_RATIOS = {"mixed": 0.60, "entirely_correct": 0.40}
 EGPO_POOL, EGPO_VAL = 10_000, 128
+EGPO_MIN_GENERATIONS, EGPO_MAX_RESPONSE_TOKENS = 2, 4096
 OPENR1_SUBSET_DIRS = {"default": "data", "extended": "extended"}  # each config's folder in the hub repository
-OPENR1_COLUMNS = ("generations", "correctness_math_verify", "correctness_llama")
+OPENR1_COLUMNS = ("generations", "correctness_count")
 
 
-def _same_answer(a: str | None, b: str) -> bool:
-    """The boxed-match test: equal once whitespace and `$` are removed."""
-    return a is not None and "".join(a.replace("$", "").split()) == "".join(b.replace("$", "").split())
+def _light_norm(s: str) -> str:
+    """The boxed-match comparison's normalisation: outer $...$, thousands commas, whitespace, the
+    spacing macros \\, \\! \\; and outer braces removed."""
+    s = s.strip()
+    if len(s) >= 2 and s[0] == s[-1] == "$":
+        s = s[1:-1]
+    s = "".join(_THOUSANDS_COMMA.sub("", s).split())
+    for macro in ("\\,", "\\!", "\\;"):
+        s = s.replace(macro, "")
+    return s.strip("{}")
 
 
 def openr1_summary(row: dict, subset: str) -> dict:
-    """An OpenR1-Math row reduced to what the mix needs (its long generations are dropped):
-    `bucket` from the per-generation verdicts (a generation is correct when math-verify or, where
-    it ran, the Llama judge says so): "entirely_correct", "mixed", "entirely_incorrect", or None
-    without any verdict; `boxed_match`: the last \\boxed{} of the solution or of any generation
-    equals the answer (`_same_answer`)."""
+    """An OpenR1-Math row reduced to what EGPO's filters and mix need (the long generations dropped).
+
+    `bucket`: from `correctness_count` (the dataset's count of its R1 generations judged correct)
+    against their number N: "entirely_correct" (N of N), "entirely_incorrect" (0), else "mixed";
+    None when fewer than EGPO_MIN_GENERATIONS generations or an inconsistent count. `response`: the
+    solution if its last \\boxed{} matches the answer (`_light_norm`), else the first generation
+    whose last box does; None when none does (the boxed-match filter)."""
     from common.answers import extract_boxed
 
-    math_verify = list(row.get("correctness_math_verify") or [])
-    llama = list(row.get("correctness_llama") or [])
-    verdicts = [bool(m) or (i < len(llama) and llama[i] is True) for i, m in enumerate(math_verify)]
+    generations = [g for g in row.get("generations") or [] if isinstance(g, str)]
+    count, n = row.get("correctness_count"), len(generations)
     bucket = None
-    if verdicts:
-        bucket = "entirely_correct" if all(verdicts) else "mixed" if any(verdicts) else "entirely_incorrect"
-    texts = [row["solution"] or "", *(row.get("generations") or [])]
-    boxed_match = any(_same_answer(extract_boxed(t), row["answer"]) for t in texts if t)
+    if n >= EGPO_MIN_GENERATIONS and isinstance(count, int) and 0 <= count <= n:
+        bucket = "entirely_correct" if count == n else "entirely_incorrect" if count == 0 else "mixed"
+    gold = _light_norm(row["answer"])
+    candidates = [row["solution"] or "", *generations]
+    response = next((t for t in candidates if t and _light_norm(extract_boxed(t) or "\0") == gold), None)
     return {"problem": row["problem"], "answer": row["answer"], "solution": row["solution"],
-            "subset": subset, "bucket": bucket, "boxed_match": boxed_match}  # fmt: skip
+            "subset": subset, "bucket": bucket, "response": response}  # fmt: skip
 
 
 def egpo_mix(rows: list[dict], n: int, seed: int, subsets: list[str]) -> list[dict]:
@@ -245,22 +248,27 @@ def prepare_egpo(
     n: int = EGPO_POOL,
     seed: int = 42,
     val_size: int = EGPO_VAL,
+    max_response_tokens: int = EGPO_MAX_RESPONSE_TOKENS,
 ) -> tuple[list[dict], list[dict]]:
     """OpenR1-Math-Stable-10K as far as the dataset's columns allow: single-value non-empty
-    answers, the boxed-match filter, exact dedup, rendered prompt <= `max_prompt_tokens`, then the
+    answers, at least two judged generations, the boxed-match filter, its response at most
+    `max_response_tokens`, exact dedup, rendered prompt <= `max_prompt_tokens`, then the
     `egpo_mix` pool of `n`, of which the first `val_size` rows are the validation set.
 
-    rows: `openr1_summary` rows (subset, bucket, boxed_match). Returns (train, validation)."""
+    rows: `openr1_summary` rows (subset, bucket, response). Returns (train, validation)."""
     tokenizer = load_tokenizer(tokenizer)  # fail before the slow steps
     print(f"egpo: {len(rows)} rows loaded")
     rows = _complete(rows)
     kept = [r for r in rows if is_single_value_answer(r["answer"])]
     _report("single-value answer", len(rows), len(kept))
     rows = [r for r in kept if r["bucket"] is not None]
-    _report("at least one judged generation", len(kept), len(rows))
-    kept = [r for r in rows if r["boxed_match"]]
+    _report(f"at least {EGPO_MIN_GENERATIONS} judged generations", len(kept), len(rows))
+    kept = [r for r in rows if r["response"] is not None]
     _report("boxed match (solution or a generation)", len(rows), len(kept))
-    rows = _dedup(kept)
+    lengths = token_lengths([r["response"] for r in kept], tokenizer)
+    rows = [r for r, length in zip(kept, lengths) if length <= max_response_tokens]
+    _report(f"response (that solution or generation) <= {max_response_tokens} tokens", len(kept), len(rows))
+    rows = _dedup(rows)
     lengths = prompt_token_lengths([r["problem"] for r in rows], tokenizer, template)
     kept = [r for r, length in zip(rows, lengths) if length <= max_prompt_tokens]
     _report(f"prompt <= {max_prompt_tokens} tokens ({template} template)", len(rows), len(kept))
@@ -362,6 +370,9 @@ class Args:
     tokenizer: str | None = arg(None, "egpo: tokenizer that counts prompt tokens")
     template: str = arg("qwen_math", "egpo: prompt template", TEMPLATE_CHOICES)
     max_prompt_tokens: int = arg(1024, "egpo: prompt length limit", at_least=1)
+    max_response_tokens: int = arg(
+        EGPO_MAX_RESPONSE_TOKENS, "egpo: length limit of the matching solution or generation", at_least=1
+    )
     val_size: int = arg(EGPO_VAL, "egpo: rows of the pool held out for validation", at_least=1)
     val_output: str | None = arg(None, "egpo: the validation JSONL (default: --output with _val before .jsonl)")
     # The synthetic task.

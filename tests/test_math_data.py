@@ -77,9 +77,9 @@ def dapo_rows():
     return rows
 
 
-def openr1_row(problem, answer, verdicts=(True,), solution=None, llama=None):
+def openr1_row(problem, answer, verdicts=(True, True), solution=None, llama=None):
     """A row of OpenR1-Math-220k in its own columns: R1 generations with math-verify's (and, for some
-    rows, a Llama judge's) verdict on each; a generation judged right boxes the answer."""
+    rows, a Llama judge's) verdict on each, and their count; a generation judged right boxes the answer."""
     return {
         "problem": problem,
         "solution": f"Hence $\\boxed{{{answer}}}$." if solution is None else solution,
@@ -93,7 +93,7 @@ def openr1_row(problem, answer, verdicts=(True,), solution=None, llama=None):
         "correctness_math_verify": list(verdicts),
         "correctness_llama": llama,
         "finish_reasons": ["stop"] * len(verdicts),
-        "correctness_count": sum(verdicts),
+        "correctness_count": sum(map(bool, verdicts)) if llama is None else sum(map(bool, llama)),
         "messages": [{"role": "user", "content": problem}, {"role": "assistant", "content": "y"}],
     }
 
@@ -312,8 +312,10 @@ def test_prepare_edge(tmp_path, fmt, capsys):
 
 
 def test_single_value_answer():
-    ok = ["5", "(1, 2)", "1,000", "[0, 1)", "\\frac{1}{2}", "\\{1,2\\}", "\\boxed{3}", "x^2+1"]
+    """The authors' data script's rule: one value, so no separator outside thousands separators."""
+    ok = ["5", "1,000", "12,345.5", "\\frac{1}{2}", "\\boxed{3}", "x^2+1", "x=5", "brand"]
     bad = ["", " ", "2, 3", "x=1 \\text{ or } x=2", "3 and 4", "\\boxed{1}\\boxed{2}", "proof", "a=1; b=2"]
+    bad += ["(1, 2)", "[0, 1)", "\\{1,2\\}", "x=y=2", "1，2", "1,00"]  # tuples, intervals and sets too
     assert all(prepare.is_single_value_answer(a) for a in ok)
     assert not any(prepare.is_single_value_answer(a) for a in bad)
 
@@ -349,13 +351,16 @@ def test_prepare_egpo_filters(tmp_path, fmt, tiny_tokenizer_path):
     assert long > short + 30
     train, val = prepare.prepare_egpo(rows, tiny_tokenizer_path, max_prompt_tokens=short + 5, n=100, val_size=2)
     assert len(val) == 2 and not {r["problem"] for r in val} & {r["problem"] for r in train}
-    assert sorted(r["answer"] for r in train + val) == sorted(["5", "(1, 2)", "1,000", "[0, 1)", "\\frac{1}{2}"])
+    assert sorted(r["answer"] for r in train + val) == sorted(["5", "1,000", "\\frac{1}{2}"])
     # The long prompt survives a larger budget.
-    assert sum(map(len, prepare.prepare_egpo(rows, tok, max_prompt_tokens=long, n=100, val_size=2))) == 6
+    assert sum(map(len, prepare.prepare_egpo(rows, tok, max_prompt_tokens=long, n=100, val_size=2))) == 4
+    # The response limit (the matching solution's tokens) applies.
+    with pytest.raises(ValueError, match="only 0 rows left"):
+        prepare.prepare_egpo(rows, tok, max_prompt_tokens=long, n=100, val_size=2, max_response_tokens=1)
     with pytest.raises(ValueError, match="--tokenizer"):
         prepare.prepare_egpo(rows, None)
     with pytest.raises(ValueError, match="validation"):
-        prepare.prepare_egpo(rows, tok, max_prompt_tokens=long, val_size=6)
+        prepare.prepare_egpo(rows, tok, max_prompt_tokens=long, val_size=4)
 
 
 def test_openr1_summary_buckets_and_boxed_match():
@@ -363,14 +368,18 @@ def test_openr1_summary_buckets_and_boxed_match():
         return prepare.openr1_summary(openr1_row("P", "4", **kw), "extended")
 
     assert summary(verdicts=[True, True])["bucket"] == "entirely_correct"
-    assert summary(verdicts=[True, False])["bucket"] == "mixed"
+    assert summary(verdicts=[True, False, True])["bucket"] == "mixed"
     assert summary(verdicts=[False, False])["bucket"] == "entirely_incorrect"
-    assert summary(verdicts=[False, False], llama=[None, True])["bucket"] == "mixed"  # the judge's verdict counts
-    assert summary(verdicts=[])["bucket"] is None
-    assert summary(verdicts=[False], solution="so 4")["boxed_match"] is False  # no box anywhere matches
-    assert summary(verdicts=[True], solution="so 4")["boxed_match"] is True  # a generation's box does
-    assert summary(verdicts=[False], solution="$\\boxed{ 4 }$")["boxed_match"] is True
-    assert summary(verdicts=[False], solution="\\boxed{4}, then \\boxed{5}")["boxed_match"] is False  # the last box
+    assert summary(verdicts=[True])["bucket"] is None  # fewer than two generations
+    row = openr1_row("P", "4", verdicts=[False, False]) | {"correctness_count": 1}  # a Llama-judged one
+    assert prepare.openr1_summary(row, "default")["bucket"] == "mixed"  # the dataset's count decides
+    assert prepare.openr1_summary(row | {"correctness_count": 3}, "default")["bucket"] is None  # inconsistent
+    assert summary(solution="$\\boxed{ 4 }$")["response"] == "$\\boxed{ 4 }$"  # the solution first
+    assert summary(verdicts=[False, True], solution="so 4")["response"].endswith("\\boxed{4}")  # else a generation
+    assert summary(verdicts=[False, False], solution="so 4")["response"] is None  # no box matches
+    assert summary(verdicts=[False, False], solution="\\boxed{4}, then \\boxed{5}")["response"] is None  # the last box
+    row = openr1_row("P", "1,000", verdicts=[False, False], solution="$\\boxed{{1000}}$")
+    assert prepare.openr1_summary(row, "default")["response"] is not None  # light normalisation
     assert summary()["subset"] == "extended"
 
 
@@ -381,7 +390,7 @@ def openr1_snapshot(tmp_path, fmt, cells):
     rows = {"default": [], "extended": []}
     for (subset, bucket), count in cells.items():
         rows[subset] += [openr1_row(f"{subset} {bucket} {i}?", str(i), verdicts[bucket]) for i in range(count)]
-    rows["default"] += [openr1_row(f"unmatched {i}?", "9", [False], solution="no box") for i in range(5)]
+    rows["default"] += [openr1_row(f"unmatched {i}?", "9", [False, False], solution="no box") for i in range(5)]
     for subset, folder in prepare.OPENR1_SUBSET_DIRS.items():
         (tmp_path / folder).mkdir()
         save(rows[subset], tmp_path / folder, fmt, name="train-00000-of-00001")
