@@ -1,7 +1,7 @@
 """Build each paper's training set as JSONL rows {"problem", "answer", "solution"}.
 
     python -m data.prepare edge      --output data/deepscaler_random_1k.jsonl
-    python -m data.prepare egpo      --tokenizer Qwen/Qwen2.5-Math-1.5B --output data/openr1_egpo.jsonl
+    python -m data.prepare egpo      --tokenizer Qwen/Qwen2.5-Math-1.5B --decontaminate math500,aime24,aime25,olympiadbench --output data/openr1_egpo.jsonl
     python -m data.prepare cw        --output data/open_rs.jsonl
     python -m data.prepare pro       --output data/dapo_math_17k.jsonl
     python -m data.prepare synthetic --output data/synthetic_arith_train.jsonl
@@ -19,12 +19,12 @@ field mapping is applied to it (override with --problem_field etc.).
   columns allow, with the values the paper lost taken from the authors' data script. From both
   subsets: single-value, non-empty answers (`is_single_value_answer`), at least two generations,
   the boxed-match filter (the solution's or a generation's last \\boxed{} is the answer) with
-  that response at most 4096 tokens, exact duplicates removed, prompts of at most 1024 tokens
+  that response at most 4096 tokens, exact and near duplicates removed, prompts of at most 1024 tokens
   once rendered with the training template; then a seeded 10,000-row pool, default 0.85 /
   extended 0.15 and within each mixed 0.60 / entirely-correct 0.40 (by the dataset's count of
-  correct R1 generations), of which 128 rows are written apart for validation. MinHash
-  near-duplicate removal, test-set decontamination and the per-source caps are not reproduced
-  (data/README.md).
+  correct R1 generations), of which 128 rows are written apart for validation. Near-duplicates
+  (MinHash-LSH) of each other and of `--decontaminate` benchmarks are dropped; the per-source caps
+  are not reproduced (data/README.md).
 - cw (CW-GRPO, arXiv 2605.11538): Open-RS as is (7,000 rows), minus rows without answer.
 - pro (Pro-GRPO, arXiv 2602.05281): DAPO-Math-17k with the "Answer:"-format
   instruction wrapper stripped from the prompt and the ~100x repeated problems
@@ -37,8 +37,10 @@ Every step prints its row counts before and after.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,6 +210,85 @@ def openr1_summary(row: dict, subset: str) -> dict:
             "subset": subset, "bucket": bucket, "response": response}  # fmt: skip
 
 
+# MinHash-LSH near-duplicates (EGPO's App. A.2: num_perm 128, threshold 0.8), on a problem's set of
+# lower-cased words, as the authors' script shingles it. Each of the num_perm hashes is a random
+# universal hash (a * x + b) mod p of the words' CRC-32, minimised over the words; LSH then calls two
+# texts duplicates when all `rows` values of any one of `bands` bands agree.
+_WORDS = re.compile(r"\w+")
+_P = (1 << 31) - 1  # a Mersenne prime; a * x + b stays below 2^63
+
+
+def minhash(text: str, num_perm: int = 128, seed: int = 1):
+    """The MinHash signature (num_perm int64) of the text's set of lower-cased words."""
+    import numpy as np
+
+    a, b = np.random.default_rng(seed).integers(1, _P, size=(2, num_perm), dtype=np.int64)
+    words = {zlib.crc32(w.encode()) % _P for w in _WORDS.findall(text.lower())} or {0}
+    x = np.fromiter(words, dtype=np.int64)[:, None]
+    return ((x * a + b) % _P).min(axis=0)
+
+
+@functools.cache
+def lsh_bands(threshold: float, num_perm: int) -> tuple[int, int]:
+    """(bands, rows) with bands * rows <= num_perm whose S-curve 1 - (1 - J^rows)^bands best separates
+    Jaccard similarities J below and above `threshold` (least false-positive + false-negative area)."""
+    import numpy as np
+
+    j = np.linspace(0.0, 1.0, 1001)
+    below, above = j <= threshold, j >= threshold
+    best = None
+    for rows in range(1, num_perm + 1):
+        for bands in range(1, num_perm // rows + 1):
+            hit = 1 - (1 - j**rows) ** bands
+            error = np.trapezoid(hit[below], j[below]) + np.trapezoid(1 - hit[above], j[above])
+            if best is None or error < best[0]:
+                best = (error, bands, rows)
+    return best[1], best[2]
+
+
+class NearDuplicates:
+    """An LSH index of MinHash signatures: `seen(text)` after `add(text)` of a near-duplicate is True."""
+
+    def __init__(self, threshold: float = 0.8, num_perm: int = 128):
+        self.num_perm = num_perm
+        self.bands, self.rows = lsh_bands(threshold, num_perm)
+        self.buckets: set[tuple[int, bytes]] = set()
+
+    def _keys(self, text: str) -> list[tuple[int, bytes]]:
+        sig = minhash(text, self.num_perm)
+        return [(i, sig[i * self.rows : (i + 1) * self.rows].tobytes()) for i in range(self.bands)]
+
+    def add(self, text: str) -> None:
+        self.buckets.update(self._keys(text))
+
+    def seen(self, text: str) -> bool:
+        return any(key in self.buckets for key in self._keys(text))
+
+
+def drop_near_duplicates(rows: list[dict], threshold: float, test_problems: list[str] = ()) -> list[dict]:
+    """Rows whose problem is a near-duplicate of a test problem dropped (decontamination), then of an
+    earlier row of the same subset (the authors' script deduplicates within each subset)."""
+    test = NearDuplicates(threshold)
+    for problem in test_problems:
+        test.add(problem)
+    kept = [r for r in rows if not (test_problems and test.seen(r["problem"]))]
+    if test_problems:
+        _report(
+            f"decontaminated against {len(test_problems)} test problems (MinHash-LSH, {threshold})",
+            len(rows),
+            len(kept),
+        )
+    seen: dict[str, NearDuplicates] = {}
+    out = []
+    for r in kept:
+        index = seen.setdefault(r["subset"], NearDuplicates(threshold))
+        if not index.seen(r["problem"]):
+            index.add(r["problem"])
+            out.append(r)
+    _report(f"near-duplicates within each subset removed (MinHash-LSH, {threshold})", len(kept), len(out))
+    return out
+
+
 def egpo_mix(rows: list[dict], n: int, seed: int, subsets: list[str]) -> list[dict]:
     """A seeded pool of `n` rows in the paper's proportions: subsets by EGPO_SUBSET_RATIOS
     (renormalised over `subsets`), and within each subset buckets by EGPO_BUCKET_RATIOS. A cell
@@ -249,11 +330,14 @@ def prepare_egpo(
     seed: int = 42,
     val_size: int = EGPO_VAL,
     max_response_tokens: int = EGPO_MAX_RESPONSE_TOKENS,
+    near_dup_threshold: float = 0.8,
+    test_problems: list[str] = (),
 ) -> tuple[list[dict], list[dict]]:
-    """OpenR1-Math-Stable-10K as far as the dataset's columns allow: single-value non-empty
-    answers, at least two judged generations, the boxed-match filter, its response at most
-    `max_response_tokens`, exact dedup, rendered prompt <= `max_prompt_tokens`, then the
-    `egpo_mix` pool of `n`, of which the first `val_size` rows are the validation set.
+    """OpenR1-Math-Stable-10K: single-value non-empty answers, at least two judged generations, the
+    boxed-match filter, its response at most `max_response_tokens`, exact dedup, decontamination
+    against `test_problems` and near-duplicate removal (`drop_near_duplicates`; threshold 1: off),
+    rendered prompt <= `max_prompt_tokens`, then the `egpo_mix` pool of `n`, of which the first
+    `val_size` rows are the validation set.
 
     rows: `openr1_summary` rows (subset, bucket, response). Returns (train, validation)."""
     tokenizer = load_tokenizer(tokenizer)  # fail before the slow steps
@@ -269,6 +353,8 @@ def prepare_egpo(
     rows = [r for r, length in zip(kept, lengths) if length <= max_response_tokens]
     _report(f"response (that solution or generation) <= {max_response_tokens} tokens", len(kept), len(rows))
     rows = _dedup(rows)
+    if near_dup_threshold < 1:
+        rows = drop_near_duplicates(rows, near_dup_threshold, test_problems)
     lengths = prompt_token_lengths([r["problem"] for r in rows], tokenizer, template)
     kept = [r for r, length in zip(rows, lengths) if length <= max_prompt_tokens]
     _report(f"prompt <= {max_prompt_tokens} tokens ({template} template)", len(rows), len(kept))
@@ -373,6 +459,17 @@ class Args:
     max_response_tokens: int = arg(
         EGPO_MAX_RESPONSE_TOKENS, "egpo: length limit of the matching solution or generation", at_least=1
     )
+    near_dup_threshold: float = arg(
+        0.8,
+        "egpo: MinHash-LSH Jaccard threshold of near-duplicate problems (1: exact duplicates only)",
+        above=0,
+        at_most=1,
+    )
+    decontaminate: str = arg(
+        "",
+        "egpo: benchmarks whose near-duplicates are dropped, comma-separated names (python -m tools.evaluate) or name=FILE",
+    )
+    data_dir: str | None = arg(None, "egpo: directory holding <benchmark>.jsonl copies for --decontaminate")
     val_size: int = arg(EGPO_VAL, "egpo: rows of the pool held out for validation", at_least=1)
     val_output: str | None = arg(None, "egpo: the validation JSONL (default: --output with _val before .jsonl)")
     # The synthetic task.
@@ -418,15 +515,17 @@ def main(args: Args) -> None:
                     args.solution_field, preset=preset, config=config, keep=OPENR1_COLUMNS,
                 )  # fmt: skip
                 summaries += [openr1_summary(r, config) for r in source_rows]
+            test_problems = []
+            if args.decontaminate:
+                from common.benchmarks import load_benchmarks
+
+                benchmarks = load_benchmarks(args.decontaminate, args.data_dir)
+                test_problems = [r["problem"] for rows in benchmarks.values() for r in rows]
             rows, val = prepare_egpo(
-                summaries,
-                tokenizer,
-                args.template,
-                args.max_prompt_tokens,
-                args.n or EGPO_POOL,
-                args.seed,
-                args.val_size,
-            )
+                summaries, tokenizer, args.template, args.max_prompt_tokens, args.n or EGPO_POOL, args.seed,
+                val_size=args.val_size, max_response_tokens=args.max_response_tokens,
+                near_dup_threshold=args.near_dup_threshold, test_problems=test_problems,
+            )  # fmt: skip
             val_output = args.val_output or str(Path(args.output).with_name(Path(args.output).stem + "_val.jsonl"))
             print(f"wrote {write_jsonl(val, val_output)} validation rows to {val_output}")
         elif args.dataset == "cw":

@@ -1,6 +1,7 @@
 """common/math_data.py, common/prompts.py, common/synthetic.py, and data/prepare.py on local stand-ins of each paper's dataset."""
 
 import json
+import random
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -98,6 +99,12 @@ def openr1_row(problem, answer, verdicts=(True, True), solution=None, llama=None
     }
 
 
+def distinct_problem(i, words=8):
+    """Problem i: a sentence that shares few words with any other (no near-duplicates)."""
+    rng = random.Random(i)
+    return f"Problem {i}: " + " ".join(f"w{rng.randrange(10_000)}" for _ in range(words)) + " solve it."
+
+
 def openr1_rows():
     answers = [
         "5",
@@ -112,9 +119,9 @@ def openr1_rows():
         "a=1; b=2",
         "\\frac{1}{2}",
     ]
-    rows = [openr1_row(f"Problem {i}: solve it.", a) for i, a in enumerate(answers)]
-    rows.append(openr1_row("Problem 0:  solve it.", "5", solution="dup"))  # duplicate
-    rows.append(openr1_row("long " * 40 + "problem", "7"))
+    rows = [openr1_row(distinct_problem(i), a) for i, a in enumerate(answers)]
+    rows.append(openr1_row(rows[0]["problem"].replace(" ", "  "), "5", solution="dup"))  # duplicate
+    rows.append(openr1_row("long " * 80 + "problem", "7"))
     return rows
 
 
@@ -203,7 +210,7 @@ def test_hub_name_mapping_used_for_hub(monkeypatch):
     assert calls == {"name": "BytedTsinghua-SIA/DAPO-Math-17k", "config": None, "split": "train"}
     rows = load_math_dataset("open-r1/OpenR1-Math-220k")
     assert calls == {"name": "open-r1/OpenR1-Math-220k", "config": "default", "split": "train"}
-    assert rows[0] == {"problem": "Problem 0: solve it.", "answer": "5", "solution": "Hence $\\boxed{5}$."}
+    assert rows[0] == {"problem": distinct_problem(0), "answer": "5", "solution": "Hence $\\boxed{5}$."}
 
 
 def test_hub_unreachable_is_clear(monkeypatch):
@@ -346,7 +353,7 @@ def test_prepare_egpo_filters(tmp_path, fmt, tiny_tokenizer_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_tokenizer_path)
-    short = len(tok(format_prompt("Problem 0: solve it.", "qwen_math"), add_special_tokens=False)["input_ids"])
+    short = len(tok(format_prompt(rows[0]["problem"], "qwen_math"), add_special_tokens=False)["input_ids"])
     long = len(tok(format_prompt(rows[-1]["problem"], "qwen_math"), add_special_tokens=False)["input_ids"])
     assert long > short + 30
     train, val = prepare.prepare_egpo(rows, tiny_tokenizer_path, max_prompt_tokens=short + 5, n=100, val_size=2)
@@ -389,7 +396,8 @@ def openr1_snapshot(tmp_path, fmt, cells):
     verdicts = {"mixed": [True, False], "entirely_correct": [True, True], "entirely_incorrect": [False, False]}
     rows = {"default": [], "extended": []}
     for (subset, bucket), count in cells.items():
-        rows[subset] += [openr1_row(f"{subset} {bucket} {i}?", str(i), verdicts[bucket]) for i in range(count)]
+        start = sum(len(r) for r in rows.values())
+        rows[subset] += [openr1_row(distinct_problem(start + i), str(i), verdicts[bucket]) for i in range(count)]
     rows["default"] += [openr1_row(f"unmatched {i}?", "9", [False, False], solution="no box") for i in range(5)]
     for subset, folder in prepare.OPENR1_SUBSET_DIRS.items():
         (tmp_path / folder).mkdir()
@@ -552,3 +560,39 @@ def test_user_templates_wrap_the_problem_in_one_user_message(tiny_random_model):
     )
     with pytest.raises(ValueError, match="has none; use a template without '_native'"):
         format_prompt(problem, "dapo_native", tiny_random_model[1])
+
+
+def test_egpo_near_duplicates_and_decontamination(tmp_path, tiny_tokenizer_path):
+    """MinHash-LSH at the paper's 128 permutations / Jaccard 0.8: a problem with one word of 30 changed
+    is a near-duplicate (dropped within its subset, kept in the other); a benchmark problem's
+    near-duplicate is dropped with --decontaminate; distinct problems all stay."""
+    assert prepare.lsh_bands(0.8, 128) == (9, 13)
+    base = distinct_problem(1, words=30)
+    near = base.replace(base.split()[5], "changed")
+    leaked = distinct_problem(2, words=30)
+    rows = [prepare.openr1_summary(openr1_row(p, "3"), subset) for p, subset in
+            [(base, "default"), (near, "default"), (near, "extended"), (leaked + " Then", "default")]
+            + [(distinct_problem(10 + i, words=30), "default") for i in range(20)]]  # fmt: skip
+    kept = prepare.drop_near_duplicates(rows, 0.8)
+    assert [(r["problem"], r["subset"]) for r in kept[:3]] == [
+        (base, "default"),
+        (near, "extended"),
+        (leaked + " Then", "default"),
+    ]
+    assert len(kept) == len(rows) - 1
+    kept = prepare.drop_near_duplicates(rows, 0.8, test_problems=[leaked])
+    assert len(kept) == len(rows) - 2 and all(not r["problem"].startswith(leaked) for r in kept)
+    # Through the CLI: a local copy of a benchmark.
+    src, bench, out = tmp_path / "openr1.jsonl", tmp_path / "math500.jsonl", tmp_path / "egpo.jsonl"
+    write_jsonl([openr1_row(r["problem"], "3") for r in rows], src)
+    write_jsonl([{"problem": leaked, "answer": "1"}], bench)
+    argv = ["egpo", "--source", str(src), "--subsets", "default", "--output", str(out), "--tokenizer", tiny_tokenizer_path,
+            "--val_size", "2"]  # fmt: skip
+    run_prepare([*argv, "--decontaminate", f"math500={bench}"])
+    problems = {r["problem"] for r in [*iter_jsonl(out), *iter_jsonl(tmp_path / "egpo_val.jsonl")]}
+    assert base in problems and near not in problems and not any(p.startswith(leaked) for p in problems)
+    with pytest.raises(ValueError, match="only 0 rows left"):  # every solution is longer than 1 token
+        run_prepare([*argv, "--max_response_tokens", "1"])
+    run_prepare([*argv, "--near_dup_threshold", "1"])  # exact duplicates only
+    problems = {r["problem"] for r in [*iter_jsonl(out), *iter_jsonl(tmp_path / "egpo_val.jsonl")]}
+    assert {base, near, leaked + " Then"} <= problems
