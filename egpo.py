@@ -12,7 +12,7 @@ signal instead of none (`diff grpo_base.py egpo.py`).
     A_hat_i = w_i * A_i                                        (replaces A_i in the clipped surrogate, eq. 12)
 
 Entirely-correct groups keep A = 0. --variant c1..c6 gives the ablation rows of Table 2;
---entropy_span answer takes H over the tokens after `</think>`, as the authors' code does.
+--entropy_span answer takes H over the tokens after the first `</think>`, as the authors' code does.
 Every decision, and how this differs from the authors' code: docs/algorithms/egpo.md.
 
     python egpo.py                            # CPU demo: a tiny model learns to box its sums
@@ -39,7 +39,9 @@ class Args:
     template: str = arg(
         "qwen_math", "prompt template; *_native: rendered by the model's own chat template", TEMPLATE_CHOICES
     )
-    rewards: str = arg("accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format")
+    rewards: str = arg(
+        "accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format, think_answer_format, dapo"
+    )
     reward_fn: str | None = arg(
         None, "your own reward terms, comma-separated module:function or file.py:function (README)"
     )
@@ -53,7 +55,7 @@ class Args:
     lr: float = arg(2e-4, "AdamW learning rate (the papers use 1e-6 on 1.5B-7B models)", above=0, resumable=True)
     lr_schedule: str = arg("constant", "after the warm-up", ["constant", "cosine", "linear"], resumable=True)
     warmup_steps: int = arg(0, "linear learning-rate warm-up (optimiser steps)", at_least=0, resumable=True)
-    weight_decay: float = arg(0.0, "AdamW weight decay", at_least=0)
+    weight_decay: float = arg(0.01, "AdamW weight decay (verl's default)", at_least=0)
     grad_clip: float = arg(1.0, "max global gradient norm", above=0, resumable=True)
     # The method. Defaults: docs/algorithms/egpo.md (the paper, the authors' code).
     group_size: int = arg(8, "G: completions per prompt", at_least=2)
@@ -118,14 +120,14 @@ def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.
 
 
 def span_after(input_ids: torch.Tensor, completion_mask: torch.Tensor, marker: list[int]) -> torch.Tensor:
-    """The completion tokens after the last `marker` (the ids of `</think>`) in each row; the whole
-    completion where it does not occur (--entropy_span answer). input_ids: [N, P + C] as `pack` lays
-    them out; completion_mask: [N, C]. Returns a mask like completion_mask."""
+    """The completion tokens after the first `marker` (the ids of `</think>`) in each row, as the
+    authors' code takes them; the whole completion where it does not occur (--entropy_span answer).
+    input_ids: [N, P + C] as `pack` lays them out; completion_mask: [N, C]. Returns a mask like it."""
     C, k = completion_mask.shape[1], len(marker)
     span = completion_mask.clone()
     for i, row in enumerate(input_ids[:, -C:].tolist()):
         ends = [j + k for j in range(int(completion_mask[i].sum()) - k + 1) if row[j : j + k] == marker]
-        span[i, : ends[-1] if ends else 0] = 0
+        span[i, : ends[0] if ends else 0] = 0
     return span
 
 

@@ -35,7 +35,9 @@ class Args:
     template: str = arg(
         "qwen_math", "prompt template; *_native: rendered by the model's own chat template", TEMPLATE_CHOICES
     )
-    rewards: str = arg("accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format")
+    rewards: str = arg(
+        "accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format, think_answer_format, dapo"
+    )
     reward_fn: str | None = arg(
         None, "your own reward terms, comma-separated module:function or file.py:function (README)"
     )

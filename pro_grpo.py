@@ -39,7 +39,9 @@ class Args:
     template: str = arg(
         "qwen_math", "prompt template; *_native: rendered by the model's own chat template", TEMPLATE_CHOICES
     )
-    rewards: str = arg("accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format")
+    rewards: str = arg(
+        "accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format, think_answer_format, dapo"
+    )
     reward_fn: str | None = arg(
         None, "your own reward terms, comma-separated module:function or file.py:function (README)"
     )
@@ -53,7 +55,7 @@ class Args:
     lr: float = arg(2e-4, "AdamW learning rate (the papers use 1e-6 on 1.5B-7B models)", above=0, resumable=True)
     lr_schedule: str = arg("constant", "after the warm-up", ["constant", "cosine", "linear"], resumable=True)
     warmup_steps: int = arg(0, "linear learning-rate warm-up (optimiser steps)", at_least=0, resumable=True)
-    weight_decay: float = arg(0.0, "AdamW weight decay", at_least=0)
+    weight_decay: float = arg(0.01, "AdamW weight decay (verl's default)", at_least=0)
     grad_clip: float = arg(1.0, "max global gradient norm", above=0, resumable=True)
     # The method. Defaults: docs/algorithms/pro_grpo.md (the paper's Table 1).
     group_size: int = arg(8, "G: completions per prompt", at_least=2)

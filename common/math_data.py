@@ -19,7 +19,7 @@ from typing import Any
 
 from common.cli import clear_errors, require
 from common.jsonl import iter_jsonl
-from common.prompts import format_prompt, prompt_opens_think
+from common.prompts import DAPO_PREFIX, DAPO_SUFFIX, format_prompt, prompt_opens_think
 from common.synthetic import (
     SYNTHETIC_MAX_OPERAND,
     SYNTHETIC_NAME,
@@ -32,19 +32,12 @@ from common.synthetic import (
 # File types a dataset, benchmark or evaluation copy may come in.
 DATA_FILE_EXTS = (".jsonl", ".json", ".parquet")
 
-DAPO_PREFIX = (
-    "Solve the following math problem step by step. The last line of your response "
-    "should be of the form Answer: $Answer (without quotes) where $Answer is the "
-    "answer to the problem."
-)
-DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
-
 
 def strip_dapo_instruction(text: str) -> str:
     """Remove DAPO-Math-17k's "Answer:"-format wrapper, leaving the bare problem.
 
-    The wrapper asks for an "Answer: ..." last line, which contradicts our
-    \\boxed{} templates, so it must not reach the policy.
+    The wrapper asks for an "Answer: ..." last line, which contradicts the \\boxed{}
+    templates; the `dapo_native` template puts it back for DAPO's own reward.
     """
     text = text.strip()
     if text.startswith(DAPO_PREFIX):
@@ -194,10 +187,12 @@ def iter_math_dataset(
     preset: str | None = None,
     config: str | None = None,
     strict: bool = False,
+    keep: tuple[str, ...] = (),
 ) -> Iterator[dict]:
     """Stream `{"problem", "answer", "solution"}` rows; see `load_math_dataset`. `strict`: an answer
     that is not a string or a number (missing, empty, a bool, a dict, a list of several) becomes
-    None instead of its text, for the caller to count and refuse or drop."""
+    None instead of its text, for the caller to count and refuse or drop. `keep`: source columns
+    passed through as they are (None where a row lacks one)."""
     if source == SYNTHETIC_NAME:
         if split == "train":
             rows = synthetic_arithmetic(
@@ -251,7 +246,8 @@ def iter_math_dataset(
             problem = fmap.problem_transform(problem)
         solution = _as_text(row["solution"]) or None
         answer = _as_text(row["answer"]) if not strict or _is_answer(row["answer"]) else None
-        yield {"problem": problem, "answer": answer or (None if strict else ""), "solution": solution}
+        kept = {k: raw.get(k) for k in keep}
+        yield {"problem": problem, "answer": answer or (None if strict else ""), "solution": solution, **kept}
         count += 1
 
 

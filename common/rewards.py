@@ -43,14 +43,17 @@ def boxed_format_reward(completions: list[str], answers=None, verifier=None) -> 
     return [float(bool((extract_boxed(c) or "").strip())) for c in completions]
 
 
-_THINK_FORMAT_RE = re.compile(r"^<think>\n?.*?\n?</think>\s*<answer>\n?.*?\n?</answer>$", re.DOTALL)
-_THINK_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+def _opened(c: str, prompt_ends_with_think: bool) -> str:
+    """The completion as if it began with the "<think>" a chat template put at the end of the prompt."""
+    return "<think>" + c if prompt_ends_with_think and not c.startswith("<think>") else c
 
 
 def think_format_reward(
     completions: list[str], answers=None, verifier=None, *, prompt_ends_with_think: bool = False
 ) -> list[float]:
-    """R1 format: 1.0 for `<think>...</think> <answer>...</answer>`, exactly one of each tag, else 0.0.
+    """CW-GRPO's format term (arXiv 2605.11538, App. C): 1.0 when the `<think>` tags are properly
+    matched, i.e. exactly one `<think>` and one `</think>` after it, else 0.0. What follows (the
+    answer) is not checked.
 
     With `prompt_ends_with_think=True` (chat templates that end the prompt with "<think>"), the
     completion is judged as if that "<think>" were its start, so it may begin with the reasoning
@@ -58,11 +61,76 @@ def think_format_reward(
     """
     scores = []
     for c in completions:
-        if prompt_ends_with_think and not c.startswith("<think>"):
-            c = "<think>" + c
-        # Count first: it rules out nested/repeated tags the lazy regex would accept.
-        ok = all(c.count(tag) == 1 for tag in _THINK_TAGS) and _THINK_FORMAT_RE.match(c) is not None
+        c = _opened(c, prompt_ends_with_think)
+        ok = c.count("<think>") == 1 and c.count("</think>") == 1 and c.index("<think>") < c.index("</think>")
         scores.append(float(ok))
+    return scores
+
+
+_THINK_ANSWER_RE = re.compile(r"^<think>\n?.*?\n?</think>\s*<answer>\n?.*?\n?</answer>$", re.DOTALL)
+_THINK_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+
+
+def think_answer_format_reward(
+    completions: list[str], answers=None, verifier=None, *, prompt_ends_with_think: bool = False
+) -> list[float]:
+    """The stricter R1 format: 1.0 for `<think>...</think> <answer>...</answer>` and nothing else,
+    exactly one of each tag, else 0.0; `prompt_ends_with_think` as in `think_format_reward`."""
+    scores = []
+    for c in completions:
+        c = _opened(c, prompt_ends_with_think)
+        # Count first: it rules out nested/repeated tags the lazy regex would accept.
+        ok = all(c.count(tag) == 1 for tag in _THINK_TAGS) and _THINK_ANSWER_RE.match(c) is not None
+        scores.append(float(ok))
+    return scores
+
+
+# DAPO's reward (arXiv 2503.14476), as verl's DAPO scorer (verl/utils/reward_score/math_dapo.py)
+# computes it: the text after the last "Answer:" in the response's final 300 characters, up to the
+# line's end, normalised the Minerva way (below) and compared with the normalised gold answer as
+# text. No \boxed{} and no symbolic check: "Answer: 0.5" against "\frac{1}{2}" is wrong.
+_DAPO_TAIL_CHARS = 300
+_DAPO_ANSWER = re.compile(r"answer\s*:\s*([^\n]+)", re.IGNORECASE)
+_DAPO_REWRITES = [
+    ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
+    (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"),
+]  # fmt: skip
+_DAPO_DROPPED = [
+    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
+    "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals",
+    "edges", "students", "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}",
+    "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}",
+    "\\;", ",\\!", "{,}", '"', "\\dots",
+]  # fmt: skip
+
+
+def dapo_normalize(answer: str) -> str:
+    """Minerva's answer normalisation, as DAPO's reward applies it to both sides."""
+    s = answer.split("=")[-1]  # "x = 5" -> " 5"
+    for old, new in _DAPO_REWRITES:
+        s = s.replace(old, new)
+    for word in _DAPO_DROPPED:
+        s = s.replace(word, "")
+    s = re.sub(r"(.*?)(\$)(.*?)(\$)(.*)", r"$\3$", s)  # the first $...$ span only
+    for macro in ("text", "textbf", "overline"):
+        s = re.sub(rf"(\\{macro}\{{)(.*?)(\}})", r"\2", s)
+    s = re.sub(r"(\\boxed\{)(.*)(\})", r"\2", s)
+    s = re.sub(r"(frac)([^{])(.)", r"frac{\2}{\3}", s)  # \frac12 -> \frac{1}{2}
+    s = re.sub(r"(sqrt)([^{])", r"sqrt{\2}", s)  # \sqrt2 -> \sqrt{2}
+    s = s.replace("$", "")
+    if s.replace(",", "").isdigit():  # 1,000 -> 1000
+        s = s.replace(",", "")
+    return s.strip()
+
+
+def dapo_reward(completions: list[str], answers: list[str], verifier=None) -> list[float]:
+    """DAPO's reward: +1.0 if the last "Answer:" line of the completion's final 300 characters equals
+    the gold answer once both are normalised (`dapo_normalize`), else -1.0 (no such line included)."""
+    scores = []
+    for c, gold in zip(completions, answers):
+        found = _DAPO_ANSWER.findall(c[-_DAPO_TAIL_CHARS:])
+        ok = bool(found) and dapo_normalize(found[-1]) == dapo_normalize(gold)
+        scores.append(1.0 if ok else -1.0)
     return scores
 
 
@@ -70,6 +138,8 @@ REWARD_FUNCS: dict[str, Callable[..., list]] = {
     "accuracy": accuracy_reward,
     "boxed_format": boxed_format_reward,
     "think_format": think_format_reward,
+    "think_answer_format": think_answer_format_reward,
+    "dapo": dapo_reward,
 }
 
 
@@ -120,19 +190,23 @@ def compute_rewards(
     """Every named term (REWARD_FUNCS) and every `custom` one, summed per completion.
 
     Accuracy is always computed (it is the metric to log) and reused when "accuracy" is a term.
+    With "dapo" among the terms, accuracy is DAPO's verdict (reward > 0), not math-verify's.
     A custom term must return one finite number per completion (ValueError otherwise).
     """
     unknown = [name for name in terms if name not in REWARD_FUNCS]
     if unknown:
         raise ValueError(f"unknown reward name(s) {unknown}; valid choices: {sorted(REWARD_FUNCS)}")
-    verdicts = accuracy_reward(completions, answers, verifier)
+    dapo = dapo_reward(completions, answers) if "dapo" in terms else None
+    verdicts = [float(s > 0) for s in dapo] if dapo is not None else accuracy_reward(completions, answers, verifier)
     accuracy = [v or 0.0 for v in verdicts]
     total = [0.0] * len(completions)
     for name in terms:
         if name == "accuracy":
             scores = accuracy
-        elif name == "think_format":
-            scores = think_format_reward(completions, prompt_ends_with_think=prompt_ends_with_think)
+        elif name == "dapo":
+            scores = dapo
+        elif name in ("think_format", "think_answer_format"):
+            scores = REWARD_FUNCS[name](completions, prompt_ends_with_think=prompt_ends_with_think)
         else:
             scores = REWARD_FUNCS[name](completions, answers, verifier)
         total = [t + s for t, s in zip(total, scores)]

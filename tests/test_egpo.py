@@ -169,4 +169,6 @@ def test_span_after_marker():
     completions = [[1, 7, 8, 4, 5], [1, 2, 3], [7, 8, 7, 8, 9]]
     batch = pack([[5], [5], [5]], as_completions(completions), pad_id=0)
     span = span_after(batch["input_ids"], batch["completion_mask"], think_end)
-    assert span.tolist() == [[0, 0, 0, 1, 1], [1, 1, 1, 0, 0], [0, 0, 0, 0, 1]]  # after the LAST marker; none: all
+    # After the FIRST marker (the authors' EntropyMaskGenerator), so the third row keeps its second
+    # "</think>"; no marker: the whole completion.
+    assert span.tolist() == [[0, 0, 0, 1, 1], [1, 1, 1, 0, 0], [0, 0, 1, 1, 1]]

@@ -4,6 +4,7 @@ import importlib
 import re
 
 import pytest
+import yaml
 from train_utils import ROOT
 
 from common.cli import parse_args
@@ -45,3 +46,72 @@ def test_a_bad_recipe_is_a_one_line_error(tmp_path):
         (tmp_path / "r.yaml").write_text(text)
         with pytest.raises(SystemExit, match=message):
             parse_args(grpo_base.Args, RunFlags, argv=["--config", str(tmp_path / "r.yaml")])
+
+
+# --- each page's "The paper's setting" table holds its recipe ------------------------------------
+
+SETTING_COLUMNS = ["setting", "paper says", "recipe uses", "source"]
+TABLE_FLAG = re.compile(r"`--(\w+) ([^`]+)`")  # `--lr 1e-6` in the "recipe uses" column
+# Recipe keys about the machine, not the paper's setting: no row needed.
+SYSTEM_KEYS = {"output_dir", "save_steps", "gradient_checkpointing", "max_tokens_per_micro_batch", "vllm_sleep",
+               "vllm_gpu_memory_utilization"}  # fmt: skip
+METHODS = ["edge_grpo", "egpo", "cw_grpo", "pro_grpo"]
+
+
+def setting_table(script: str) -> list[dict]:
+    """The rows of docs/algorithms/<script>.md's "The paper's setting" table, {column: cell}."""
+    text = (ROOT / "docs" / "algorithms" / f"{script}.md").read_text()
+    section = re.search(r"^#+ The paper's setting\n(.*?)(?=^#|\Z)", text, re.S | re.M)
+    assert section, f"docs/algorithms/{script}.md has no section 'The paper's setting'"
+    lines = [line for line in section.group(1).splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == SETTING_COLUMNS, f"{script}.md: the table's columns are {header}, not {SETTING_COLUMNS}"
+    rows = [
+        dict(zip(header, (c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))))) for line in lines[2:]
+    ]
+    assert rows and all(len(r) == 4 and all(r.values()) for r in rows), f"{script}.md: a row lacks a cell"
+    return rows
+
+
+def recipe_of(script: str):
+    (recipe,) = (ROOT / "recipes").glob(f"{script}_*.yaml")
+    return recipe
+
+
+def table_drift(script: str, recipe) -> list[str]:
+    """Where the recipe (with the script's defaults) differs from the table's `--flag value` cells, and the
+    recipe keys the table does not name."""
+    module = importlib.import_module(script)
+    stated = {}
+    problems = []
+    for row in setting_table(script):
+        for flag, value in TABLE_FLAG.findall(row["recipe uses"]):
+            if stated.setdefault(flag, value) != value:
+                problems.append(f"the table gives --{flag} twice: {stated[flag]} and {value}")
+    base = parse_args(module.Args, RunFlags, argv=["--config", str(recipe)])
+    for flag, value in stated.items():
+        with_table = parse_args(module.Args, RunFlags, argv=["--config", str(recipe), f"--{flag}", value])
+        have = [getattr(part, flag) for part in base if hasattr(part, flag)]
+        want = [getattr(part, flag) for part in with_table if hasattr(part, flag)]
+        if have != want:
+            problems.append(f"the table says --{flag} {value}, the recipe gives {have[0]!r}")
+    keys = set(yaml.safe_load(recipe.read_text())) - SYSTEM_KEYS
+    problems += [f"recipe key {k!r} is in no row of the table" for k in sorted(keys - set(stated))]
+    return problems
+
+
+@pytest.mark.parametrize("script", METHODS)
+def test_the_papers_setting_table_holds_the_recipe(script):
+    assert table_drift(script, recipe_of(script)) == []
+
+
+def test_a_recipe_that_drifts_from_its_table_fails(tmp_path):
+    recipe = tmp_path / "egpo_drifted.yaml"
+    text = recipe_of("egpo").read_text()
+    recipe.write_text(text.replace("group_size: 16", "group_size: 8") + "beta: 0.04\n")
+    assert table_drift("egpo", recipe) == [
+        "the table says --group_size 16, the recipe gives 8",
+        "the table says --beta 0.0, the recipe gives 0.04",
+    ]
+    recipe.write_text(text + "seed: 3\n")
+    assert table_drift("egpo", recipe) == ["recipe key 'seed' is in no row of the table"]

@@ -14,7 +14,10 @@ from common.rewards import (
     accuracy_reward,
     boxed_format_reward,
     compute_rewards,
+    dapo_normalize,
+    dapo_reward,
     load_reward_fn,
+    think_answer_format_reward,
     think_format_reward,
 )
 from common.verifier import MathVerifier
@@ -54,7 +57,7 @@ def test_boxed_format_reward():
     assert boxed_format_reward(completions) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
 
 
-def test_think_format_reward():
+def test_think_answer_format_reward():
     good = [
         "<think>\nreason\n</think>\n<answer>\n5\n</answer>",
         "<think>r</think><answer>5</answer>",
@@ -71,19 +74,71 @@ def test_think_format_reward():
         "<answer>5</answer><think>a</think>",
         "",
     ]
+    assert think_answer_format_reward(good) == [1.0] * len(good)
+    assert think_answer_format_reward(bad) == [0.0] * len(bad)
+
+
+def test_think_format_reward_is_the_papers_matched_think_tags():
+    """CW-GRPO App. C: 1.0 for properly matched <think> tags; the answer after them is free (an
+    R1-Distill model seldom writes <answer>, which the stricter term demands)."""
+    good = [
+        "<think>r</think>",
+        "<think>reason</think>\nSo the answer is \\boxed{5}.",
+        "<think>a</think><answer>5</answer>",
+        "preamble <think>a</think> 5",
+    ]
+    bad = [
+        "reason</think> 5",  # no opening tag
+        "<think>never closed",
+        "</think><think>",  # in the wrong order
+        "<think>a</think><think>b</think>",  # two pairs
+        "<think><think>a</think>",  # nested
+        "no tags",
+        "",
+    ]
     assert think_format_reward(good) == [1.0] * len(good)
     assert think_format_reward(bad) == [0.0] * len(bad)
+    assert think_answer_format_reward(good[:2]) == [0.0, 0.0]  # what the old think_format scored
 
 
-def test_think_format_reward_prompt_ends_with_think():
+def test_think_format_rewards_prompt_ends_with_think():
     completions = [
         "reasoning\n</think>\n<answer>5</answer>",
         "<think>reasoning</think><answer>5</answer>",
         "reasoning</think><think>again</think><answer>5</answer>",
         "reasoning with no closing tag <answer>5</answer>",
     ]
-    assert think_format_reward(completions) == [0.0, 1.0, 0.0, 0.0]
-    assert think_format_reward(completions, prompt_ends_with_think=True) == [1.0, 1.0, 0.0, 0.0]
+    for fn in (think_format_reward, think_answer_format_reward):
+        assert fn(completions) == [0.0, 1.0, 0.0, 0.0]
+        assert fn(completions, prompt_ends_with_think=True) == [1.0, 1.0, 0.0, 0.0]
+    assert think_format_reward(["reasoning</think> 5"], prompt_ends_with_think=True) == [1.0]
+
+
+def test_dapo_reward_reads_the_answer_line_and_normalises_like_dapo():
+    """DAPO's reward: the last "Answer:" line of the final 300 characters, Minerva-normalised, as text; +-1."""
+    cases = [  # (completion, gold, reward)
+        ("Work.\nAnswer: 5", "5", 1.0),
+        ("answer :  $\\frac{1}{2}$", "\\frac{1}{2}", 1.0),  # any case, spaces, $...$
+        ("Answer: x = 1,000", "1000", 1.0),  # the right side of "=", thousands separators
+        ("Answer: 45^\\circ", "45", 1.0),  # units and degree signs dropped
+        ("Answer: \\frac12", "\\frac{1}{2}", 1.0),  # shorthand TeX
+        ("Answer: 10 \\text{ cm}", "10", 1.0),
+        ("Answer: 1\nAnswer: 2", "2", 1.0),  # the last one counts
+        ("Answer: 0.5", "\\frac{1}{2}", -1.0),  # text, not symbolic equivalence
+        ("The answer is \\boxed{5}", "5", -1.0),  # no "Answer:" line: a box is not read
+        ("Answer: 5\n" + "x" * 300, "5", -1.0),  # outside the last 300 characters
+        ("", "5", -1.0),
+    ]
+    completions, golds, expected = zip(*cases)
+    assert dapo_reward(list(completions), list(golds)) == list(expected)
+    assert dapo_normalize("\\text{(A)}") == "(A)" and dapo_normalize("\\boxed{7}") == "7"
+
+
+def test_compute_rewards_with_dapo_takes_its_verdict_as_accuracy(verifier):
+    completions = ["Answer: 0.5", "Answer: 1/2", "\\boxed{0.5}"]
+    r = compute_rewards(completions, ["0.5"] * 3, ["dapo"], verifier)
+    assert r.total == [1.0, -1.0, -1.0]
+    assert r.accuracy == [1.0, 0.0, 0.0] and r.checked == [True] * 3  # DAPO's verdict, not math-verify's
 
 
 @pytest.mark.parametrize("n", [1_000, 100_000, 1_000_000])
@@ -94,6 +149,8 @@ def test_the_format_rewards_are_linear(n):
     for text in texts:
         boxed_format_reward([text])
         think_format_reward([text], prompt_ends_with_think=True)
+        think_answer_format_reward([text], prompt_ends_with_think=True)
+        dapo_reward([text], ["1"])
     per_char = (time.perf_counter() - t0) / sum(map(len, texts))
     assert per_char < 2e-6, f"{per_char * 1e6:.2f} us per character"
 
@@ -129,7 +186,7 @@ def test_compute_rewards(verifier):
         "no answer at all",
     ]
     answers = ["0.5"] * 4
-    r = compute_rewards(completions, answers, ["accuracy", "boxed_format", "think_format"], verifier)
+    r = compute_rewards(completions, answers, ["accuracy", "boxed_format", "think_answer_format"], verifier)
     assert isinstance(r, Rewards)
     assert r.accuracy == [1.0, 0.0, 1.0, 0.0]
     assert r.total == [3.0, 1.0, 2.0, 0.0]

@@ -20,10 +20,11 @@ DECLARED = {
     # GEC's data check and longer context (setup), GEC itself (2b), EDA (5), GEC's metrics (8);
     # update(): --eda_entropy_grad takes P_i from the training pass. The authors' reward.
     "edge_grpo.py": {"main": {"setup", "2b", "5", "8"}, "functions": {"update"}, "flags": {"rewards"}, "diff": 190},
-    "egpo.py": {"main": {"5"}, "functions": set(), "flags": set(), "diff": 140},  # 5: --entropy_span answer
+    # 5: --entropy_span answer. Built on verl: its AdamW weight decay (as Pro-GRPO, whose Table 1 is verl's).
+    "egpo.py": {"main": {"5"}, "functions": set(), "flags": {"weight_decay"}, "diff": 140},
     "cw_grpo.py": {"main": {"5"}, "functions": set(), "flags": set(), "diff": 120},
     # old_logprobs() scores the prompt too, for c(q).
-    "pro_grpo.py": {"main": {"5"}, "functions": {"old_logprobs"}, "flags": set(), "diff": 130},
+    "pro_grpo.py": {"main": {"5"}, "functions": {"old_logprobs"}, "flags": {"weight_decay"}, "diff": 130},
 }
 ALWAYS_FREE = {"Args", "validate", "grpo_advantages"}  # the docstring and imports are free too
 METHOD = {"edge_grpo.py": "edge", "egpo.py": "egpo", "cw_grpo.py": "cw", "pro_grpo.py": "pro"}
