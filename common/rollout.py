@@ -224,6 +224,7 @@ class VLLMEngine:
             **kwargs,
         )
         self.stop_token_ids = list(stop_token_ids)
+        self.weight_dtype = None if dtype == "auto" else getattr(torch, dtype)  # what load_weights is best given
         self.sleep_mode = enable_sleep_mode and torch.cuda.is_available()
         self.asleep: set[str] = set()  # the parts released by sleep() and not woken yet
 
@@ -460,3 +461,4 @@ class HFEngine:
         pass
 
     kv_cache_tokens = None  # generate's own cache, sized per call
+    weight_dtype = None  # load_weights takes nothing
