@@ -12,6 +12,7 @@ one device: the rollout engine takes the pieces in bounded batches.
 """
 
 import contextlib
+import functools
 import resource
 import sys
 from collections.abc import Iterator
@@ -32,6 +33,11 @@ _WRAPPER_SEGMENTS = {"_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_m
 # during long generations, and rank 0 writes a checkpoint while the others wait.
 COLLECTIVE_TIMEOUT = timedelta(hours=2)
 
+# DeepSpeed under bf16 sums each micro-batch's gradients into its gradient partitions and reduces them over
+# ranks in bf16 unless told otherwise (deepspeed/runtime/engine.py get_data_types, communication_data_type):
+# fp32 costs 2 more bytes per parameter / ranks for the partitions, and twice the gradient traffic.
+ZERO_BF16_GRADIENTS = {"data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "fp32"}
+
 # How reduce_metrics combines a metric over ranks (anything else: the mean).
 SUM_METRICS = {"time/tokens_per_s", "reward/timeouts"}  # the run's throughput and counts, all ranks together
 MAX_METRICS = {"time/peak_mem_gb"}  # the rank closest to running out
@@ -49,8 +55,9 @@ def make_accelerator(
     The scripts feed no DataLoader to `prepare`, so DeepSpeed learns its micro-batch
     size here; its clipping follows `--grad_clip` (DeepSpeed clips inside its own
     step: accelerate's clip_grad_norm_ only reports the norm); ZeRO-3 gathers the
-    16-bit weights for `get_state_dict` (the HF copy in each checkpoint).
-    DDP's gradients live in its communication buckets (no second copy); FSDP2
+    16-bit weights for `get_state_dict` (the HF copy in each checkpoint); under bf16 it
+    accumulates gradients over micro-batches and reduces them over ranks in fp32
+    (`ZERO_BF16_GRADIENTS`; its default is bf16 for both). DDP's gradients live in its communication buckets (no second copy); FSDP2
     reduces gradients in fp32, as DDP does, not in its bf16 default; collectives
     wait COLLECTIVE_TIMEOUT. `report_to`: experiment trackers accelerate supports
     (comma-separated), logging under `output_dir`.
@@ -81,6 +88,9 @@ def make_accelerator(
             config["gradient_clipping"] = grad_clip
         if ds.zero_stage == 3:
             config.setdefault("zero_optimization", {})["stage3_gather_16bit_weights_on_model_save"] = True
+        if mixed_precision == "bf16":
+            for key, value in ZERO_BF16_GRADIENTS.items():
+                config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
     return accelerator
 
 
@@ -204,13 +214,17 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return type(t).__name__ == "DTensor" and hasattr(t, "full_tensor")
 
 
-def state_dict_for_sync(accelerator: Accelerator, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def state_dict_for_sync(
+    accelerator: Accelerator, model: torch.nn.Module, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, full tensor) pairs of the policy, one at a time, for the rollout engine's reload.
 
     - plain / DDP: the parameters themselves (no copy);
-    - DeepSpeed ZeRO-3: each parameter gathered alone and copied out, the gathered
-      buffer released before the next one;
-    - FSDP2: each DTensor parameter's `full_tensor()` (a fresh all-gathered tensor).
+    - DeepSpeed ZeRO-3: each parameter gathered alone and copied out (in `dtype`, the
+      engine's, when given), the gathered buffer released before the next one;
+    - FSDP2: each DTensor parameter's `full_tensor()` (a fresh all-gathered tensor), its
+      shards cast to `dtype` first: fp32 master shards bound for a bf16 engine cross the
+      network in half the bytes.
     Under ZeRO-3 / FSDP2 this is a collective: every rank must consume the whole
     iterator, in the same order (the scripts sync on every rank).
     A tied weight comes under each of its names: vLLM 0.32 reloads the tied lm_head
@@ -227,9 +241,9 @@ def state_dict_for_sync(accelerator: Accelerator, model: torch.nn.Module) -> Ite
 
                 zero3_gather = deepspeed.zero.GatheredParameters
             with zero3_gather([param], modifier_rank=None):
-                full = param.data.detach().clone()
+                full = param.data.detach().to(dtype or param.dtype, copy=True)
         elif _is_dtensor(param):  # FSDP2
-            full = param.detach().full_tensor()
+            full = param.detach().to(dtype or param.dtype).full_tensor()
         else:
             full = param.detach()
         yield hf_name(name), full
@@ -240,3 +254,33 @@ def state_dict_for_sync(accelerator: Accelerator, model: torch.nn.Module) -> Ite
             if buf is not None and buf_name not in mod._non_persistent_buffers_set:
                 full = buf.detach().full_tensor() if _is_dtensor(buf) else buf.detach()
                 yield hf_name(f"{mod_name}.{buf_name}" if mod_name else buf_name), full
+
+
+def confine_zero3_linear(model: torch.nn.Module) -> bool:
+    """Give torch.nn.functional.linear back to every other model in the process (the rollout engine's
+    layers call it), keeping DeepSpeed's ZeRO-3 version for `model`'s own Linear layers. Returns
+    whether anything was changed.
+
+    DeepSpeed's zero.Init (memory_efficient_linear, on by default) replaces F.linear process-wide and
+    for good (deepspeed/runtime/zero/partition_parameters.py `_enable_mem_efficient_linear`). Its
+    version saves the parameter, not a view of the gathered weight, for backward: without it each
+    layer's gathered weights would stay alive until backward. vLLM's layers would all run through
+    that autograd Function too (vllm/model_executor/layers/utils.py calls F.linear at every GEMM).
+    Call it after `accelerator.prepare`, which may enter zero.Init again, and before the engine exists.
+    """
+    try:
+        from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as init
+    except ImportError:
+        return False
+    original, current = getattr(init, "linear_bk", None), torch.nn.functional.linear
+    if original is None or current is original:
+        return False
+    torch.nn.functional.linear = original
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:  # its forward is F.linear(input, weight, bias), nothing else
+            module.forward = functools.partial(_zero3_linear, current, module)
+    return True
+
+
+def _zero3_linear(linear_fn, module: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
+    return linear_fn(input, module.weight, module.bias)

@@ -11,16 +11,21 @@ never exist, in either pass:
   entropy): the model returns a [B, K, 2] tensor instead of [B, K, V] logits,
   so neither the model's own logits nor accelerate's fp32 upcast of them is
   ever made.
-- each chunk runs under activation checkpointing: autograd keeps the chunk's
-  hidden states (D values per row, not V) and recomputes the chunk's logits in
-  backward, one chunk at a time. Peak memory is a few chunk-sized fp32 tensors
-  (`CHUNK_BYTES` each), whatever the sequence length.
+- backward (`_ChunkedHead`) keeps the hidden states (D values per row, not V)
+  and recomputes each chunk's logits; peak memory is a few chunk-sized fp32
+  tensors (`CHUNK_BYTES` each), whatever the sequence length. The output
+  layer's weight gradient (tied to the embedding on some models) is summed over
+  the chunks in one fp32 buffer and cast once: summed in bf16, as autograd would
+  sum the chunks' gradients of a bf16 weight, 150 chunks' roundings made it 10x
+  less exact than the unchunked bf16 pass (`benchmarks/bf16_grads.py`).
+- log-softmax and entropy are computed in fp32, autocast or not.
 
 Values and gradients equal the direct computation (tests/test_logprobs.py);
 `benchmarks/memory.py` measures the bytes.
 """
 
 import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -42,18 +47,20 @@ def _logp_and_entropy(
 
     Each [n, V] temporary is made once: the fp32 copy (or the logits themselves) is divided
     in place, and H = -sum p log p is a row-wise dot product, not an elementwise product.
+    Autocast is off here: it would run that product (bmm) in bf16.
     """
-    z = logits.float() if logits.dtype != torch.float32 else logits
-    if temperature != 1.0:
-        z = z.div_(temperature) if z is not logits else z / temperature
-    logp_all = F.log_softmax(z, dim=-1)
-    del z
-    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
-    if not with_entropy:
-        return torch.stack([logp, torch.zeros_like(logp)], -1)
-    # H = -sum p log p from the same log-softmax (stable when p underflows: 0 * -inf never occurs).
-    ent = -torch.bmm(logp_all.exp().unsqueeze(1), logp_all.unsqueeze(2)).view(-1)
-    return torch.stack([logp, ent], -1)
+    with torch.autocast(logits.device.type, enabled=False):
+        z = logits.float() if logits.dtype != torch.float32 else logits
+        if temperature != 1.0:
+            z = z.div_(temperature) if z is not logits else z / temperature
+        logp_all = F.log_softmax(z, dim=-1)
+        del z
+        logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+        if not with_entropy:
+            return torch.stack([logp, torch.zeros_like(logp)], -1)
+        # H = -sum p log p from the same log-softmax (stable when p underflows: 0 * -inf never occurs).
+        ent = -torch.bmm(logp_all.exp().unsqueeze(1), logp_all.unsqueeze(2)).view(-1)
+        return torch.stack([logp, ent], -1)
 
 
 def _chunked(fn, rows: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -64,6 +71,81 @@ def _chunked(fn, rows: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch
         args = (rows[start : start + chunk], targets[start : start + chunk])
         outs.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
     return torch.cat(outs) if outs else rows.new_zeros(0, 2, dtype=torch.float32)
+
+
+@functools.cache
+def _fp32_out_addmm(device_type: str) -> bool:
+    """Does this device's addmm take bf16 factors into an fp32 sum (CUDA in torch >= 2.8; not CPU)?"""
+    try:
+        a = torch.ones(2, 2, device=device_type, dtype=torch.bfloat16)
+        torch.addmm(torch.zeros(2, 2, device=device_type), a, a, out_dtype=torch.float32)
+        return True
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def _add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """acc + a @ b, summed in acc's fp32 (a and b in any dtype; not rounded to theirs first)."""
+    if a.dtype == acc.dtype:
+        return acc.addmm_(a, b)
+    if _fp32_out_addmm(acc.device.type):
+        return torch.addmm(acc, a, b, out_dtype=acc.dtype)
+    return acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
+class _ChunkedHead(torch.autograd.Function):
+    """[N, D] hidden rows -> [N, 2] (log pi(target), H(pi)) of the linear output layer, `chunk` rows
+    at a time, never more than one chunk's [chunk, V] logits in either pass.
+
+    `weight` / `bias` are the parameters that get the gradient; `compute` holds their copies in the
+    compute dtype (autocast's, made once by the caller), or None to compute with the parameters
+    themselves. The parameters are read when used, not saved: under ZeRO-3 / FSDP2 they are whole
+    only while their module's hooks have gathered them (in the forward, and again in backward).
+
+    Backward recomputes each chunk's logits; the weight's gradient sum_chunks dZ_c^T H_c goes into one
+    fp32 buffer (cast to the weight's dtype once), the hidden states' gradient dZ_c W is per row.
+    """
+
+    @staticmethod
+    def forward(ctx, rows, targets, weight, bias, compute, temperature, with_entropy, chunk):
+        w, b = compute or (weight, bias)
+        with torch.autocast(rows.device.type, enabled=False):  # dtypes chosen here, not by autocast
+            outs = [
+                _logp_and_entropy(
+                    F.linear(rows[i : i + chunk].to(w.dtype), w, b), targets[i : i + chunk], temperature, with_entropy
+                )
+                for i in range(0, rows.shape[0], chunk)
+            ]
+        ctx.save_for_backward(rows, targets)
+        ctx.params, ctx.compute, ctx.args = (weight, bias), compute, (temperature, with_entropy, chunk)
+        return torch.cat(outs) if outs else rows.new_zeros(0, 2, dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        rows, targets = ctx.saved_tensors
+        weight, bias = ctx.params
+        temperature, with_entropy, chunk = ctx.args
+        w, b = ctx.compute or (weight.detach(), None if bias is None else bias.detach())
+        need_rows, _, need_w, need_b = ctx.needs_input_grad[:4]
+        d_rows = torch.empty_like(rows) if need_rows else None
+        d_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
+        d_b = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if need_b else None
+        with torch.autocast(rows.device.type, enabled=False):
+            for i in range(0, rows.shape[0], chunk):
+                h = rows[i : i + chunk].to(w.dtype)
+                with torch.enable_grad():
+                    logits = F.linear(h, w, b).requires_grad_()
+                    out = _logp_and_entropy(logits, targets[i : i + chunk], temperature, with_entropy)
+                    (d_logits,) = torch.autograd.grad(out, logits, grad_out[i : i + chunk])
+                if need_rows:
+                    d_rows[i : i + chunk] = d_logits @ w
+                if need_w:
+                    d_w = _add_product(d_w, d_logits.T, h)
+                if need_b:
+                    d_b += d_logits.float().sum(0)
+        d_w = None if d_w is None else d_w.to(weight.dtype)
+        d_b = None if d_b is None else d_b.to(bias.dtype)
+        return d_rows, None, d_w, d_b, None, None, None, None
 
 
 def token_logprobs(
@@ -123,19 +205,16 @@ def _head_returns_logprobs(
     def scoring_forward(hidden: torch.Tensor) -> torch.Tensor:
         B, K1, D = hidden.shape
         rows = hidden[:, : K1 - 1].reshape(-1, D)  # hidden states only: D values per row, not V
-        # Under autocast (bf16 compute over fp32 master weights) the weight is cast once, here: inside a
-        # chunk, every backward recompute would cast the whole V x D weight again (autocast's cast cache
-        # is gone by then), ~190 casts of 3.3 GB per micro-batch at 7B.
-        weight, bias = head.weight, head.bias
+        # Under autocast (bf16 compute over fp32 master weights) the weight is cast once, here, for both
+        # passes: a cast per chunk would copy the whole V x D weight ~190 times per micro-batch at 7B.
+        compute = None
         if torch.is_autocast_enabled(hidden.device.type):
             dtype = torch.get_autocast_dtype(hidden.device.type)
-            weight = weight.to(dtype)
-            bias = None if bias is None else bias.to(dtype)
-
-        def fn(h, t):  # the output layer itself runs here, a chunk at a time
-            return _logp_and_entropy(F.linear(h, weight, bias), t, temperature, with_entropy)
-
-        out = _chunked(fn, rows, targets.reshape(-1), chunk).view(B, K1 - 1, 2)
+            if head.weight.dtype != dtype:
+                compute = tuple(None if p is None else p.detach().to(dtype) for p in (head.weight, head.bias))
+        out = _ChunkedHead.apply(
+            rows, targets.reshape(-1), head.weight, head.bias, compute, temperature, with_entropy, chunk
+        ).view(B, K1 - 1, 2)
         return F.pad(out, (0, 0, 0, 1))
 
     saved = head.__dict__.get("forward")  # a wrapper's own patched forward, if any

@@ -268,6 +268,7 @@ class VLLMEngine:
             **kwargs,
         )
         self.stop_token_ids = list(stop_token_ids)
+        self.weight_dtype = None if dtype == "auto" else getattr(torch, dtype)  # what load_weights is best given
         self.sleep_mode = enable_sleep_mode and torch.cuda.is_available()
         self.asleep: set[str] = set()  # the parts released by sleep() and not woken yet
 
@@ -513,6 +514,7 @@ class HFEngine:
         pass
 
     kv_cache_tokens = None  # generate's own cache, sized per call
+    weight_dtype = None  # load_weights takes nothing
 
     def kv_cache_note(self, *_) -> None:
         return None  # no cache to outgrow

@@ -140,7 +140,7 @@ class Session:
         """Push the policy's weights into the rollout engine (a no-op for the HF engine)."""
         from common.distributed import state_dict_for_sync
 
-        self.engine.load_weights(state_dict_for_sync(self.accelerator, self.model))
+        self.engine.load_weights(state_dict_for_sync(self.accelerator, self.model, self.engine.weight_dtype))
 
     def evaluate(self) -> tuple[dict, list[dict]]:
         """pass@k of the live policy on --eval_benchmarks, its problems split over the ranks (summary on every rank)."""
@@ -269,7 +269,7 @@ def start_session(
     from accelerate.utils import set_seed
 
     from common.console import quiet_libraries
-    from common.distributed import make_accelerator, parallel_mode
+    from common.distributed import confine_zero3_linear, make_accelerator, parallel_mode
     from common.health import SignalWatch, StopSignal, UpdateGuard
     from common.math_data import load_prompts
     from common.metrics import RunLogger
@@ -372,6 +372,7 @@ def start_session(
         opt, lr_lambda(lr_schedule, warmup_steps, total_steps * optimizer_steps_per_step)
     )
     policy, opt = accelerator.prepare(policy, opt)
+    confine_zero3_linear(policy)  # DeepSpeed's F.linear for the policy only, not the rollout engine's layers
     accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
     sampler = PromptSampler(rows, prompts_per_step, seed=seed, rank=rank, world_size=world)
     rows_per_rank = prompts_per_step // world * group_size  # sequences sampled at once: the rollout, an evaluation
@@ -402,7 +403,7 @@ def start_session(
             set_base_lr(opt, scheduler, base_lrs)  # this run's --lr, not the checkpoint's
             from common.distributed import state_dict_for_sync
 
-            engine.load_weights(state_dict_for_sync(accelerator, policy))
+            engine.load_weights(state_dict_for_sync(accelerator, policy, engine.weight_dtype))
     verifier = MathVerifier(
         workers=run.verifier_workers or default_workers(),
         memory_mb=run.verifier_memory_mb,
