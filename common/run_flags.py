@@ -159,6 +159,19 @@ class RunFlags:
         )
 
 
+def check_tis_support(tis_cap: float, top_p: float) -> None:
+    """--tis_cap with --top_p < 1 is refused: the engines' log-probs are renormalised over the nucleus
+    (vLLM's processed log-probs; the HF engine the same), the trainer's are over the whole vocabulary, so
+    pi_old / pi_rollout sits below 1 on every token by the dropped mass. Scoring the trainer on the
+    engine's nucleus is not exact either: the nucleus comes from the engine's own (bf16) logits, and
+    rebuilding it costs a vocabulary sort per token."""
+    require(
+        not (tis_cap > 0 and top_p < 1),
+        f"--tis_cap {tis_cap:g} with --top_p {top_p:g}: the rollout's log-probs are renormalised over the top-p "
+        "nucleus and the trainer's are not, so the TIS weights would sit below 1; use --top_p 1 or --tis_cap 0",
+    )
+
+
 def wandb_ready() -> bool:
     """Can W&B log without asking for a key? (Offline or disabled mode, an API key, or a stored login.)"""
     if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
