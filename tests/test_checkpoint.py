@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import random
 import shutil
 
@@ -191,3 +192,32 @@ def test_weights_are_stored_once(trainer, tmp_path):
     state, hf = ckpt / "accelerate" / "model.safetensors", ckpt / "model" / "model.safetensors"
     assert state.stat().st_ino == hf.stat().st_ino and state.stat().st_nlink == 2
     assert load_checkpoint(accelerator, tmp_path)["step"] == 1
+
+
+def test_hash_shares_give_each_rank_its_own_files_and_balance_the_rest(tmp_path):
+    """Rank r hashes the files it wrote for itself (RNG state, ZeRO and DCP shards, named by r); the rest go
+    largest first to the least loaded rank, a file's hard links together (read once)."""
+    from common.checkpoint import hash_shares
+
+    sizes = {
+        "accelerate/random_states_0.pkl": 1, "accelerate/random_states_1.pkl": 1,
+        "accelerate/pytorch_model/zero_pp_rank_0_mp_rank_00_optim_states.pt": 40,
+        "accelerate/pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt": 40,
+        "accelerate/optimizer_0/__1_0.distcp": 5, "model/model.safetensors": 30, "model/tokenizer.json": 3,
+        "trainer_state.json": 1,
+    }  # fmt: skip
+    for name, size in sizes.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x" * size)
+    os.link(tmp_path / "model/model.safetensors", tmp_path / "accelerate/model.safetensors")
+    names = sorted([*sizes, "accelerate/model.safetensors"])
+    zero, one = hash_shares(tmp_path, names, world=2)
+    assert sorted(zero + one) == names
+    assert {n for n in one if "rank_" in n or "states_" in n or "distcp" in n} == {
+        "accelerate/random_states_1.pkl", "accelerate/pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        "accelerate/optimizer_0/__1_0.distcp",
+    }  # fmt: skip
+    # rank 0 holds 41 of its own, rank 1 46: the 30-byte weights (both names) go to rank 0, then the rest to rank 1
+    assert {"model/model.safetensors", "accelerate/model.safetensors"} <= set(zero)
+    assert {"model/tokenizer.json", "trainer_state.json"} <= set(one)
+    assert [sorted(share) for share in hash_shares(tmp_path, names, world=1)] == [names]
