@@ -119,6 +119,11 @@ class RunFlags:
     vllm_max_num_batched_tokens: int = arg(
         0, "tokens per vLLM forward, prefill chunks included (0: vLLM's default)", at_least=0
     )
+    per_prompt_seeds: bool = arg(
+        True,
+        "vLLM: seed each prompt from its place in the global batch (samples independent of the process layout); "
+        "false: the per-rank engine seed only (reproducible for the same layout; faster decoding on vLLM's V1 runner)",
+    )
     # Reward checking.
     verifier_workers: int = arg(
         0, "math-verify child processes per rank (0: automatic, docs/algorithms/grpo_base.md)", at_least=0

@@ -385,7 +385,7 @@ def start_session(
         dtype="bfloat16" if gpu and run.precision != "fp32" else "float32",
         gpu_memory_utilization=run.vllm_gpu_memory_utilization, sleep=run.vllm_sleep,
         max_num_seqs=run.vllm_max_num_seqs or min(1024, max(rows_per_rank, eval_rows_per_rank)),
-        max_num_batched_tokens=run.vllm_max_num_batched_tokens, synced=mode.sharded,
+        max_num_batched_tokens=run.vllm_max_num_batched_tokens, synced=mode.sharded, per_prompt_seeds=run.per_prompt_seeds,
     )  # fmt: skip
 
     if engine.kv_cache_tokens and is_main:
