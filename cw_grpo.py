@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from common.cli import arg, flag_record, parse_args, require
 from common.prompts import TEMPLATE_CHOICES
-from common.run_flags import RunFlags
+from common.run_flags import RunFlags, check_tis_support
 
 
 @dataclass
@@ -83,6 +83,7 @@ def validate(args: Args, run: RunFlags) -> None:
         n % args.num_minibatches == 0,
         f"--num_minibatches={args.num_minibatches} must divide prompts_per_step * group_size = {n}",
     )
+    check_tis_support(args.tis_cap, args.top_p)
     run.validate()
 
 

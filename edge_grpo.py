@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from common.cli import arg, flag_record, parse_args, require
 from common.prompts import TEMPLATE_CHOICES
-from common.run_flags import RunFlags
+from common.run_flags import RunFlags, check_tis_support
 
 
 @dataclass
@@ -95,6 +95,7 @@ def validate(args: Args, run: RunFlags) -> None:
         args.eda or not args.eda_entropy_grad,
         "--eda_entropy_grad needs --eda (it changes how EDA's entropy is computed)",
     )
+    check_tis_support(args.tis_cap, args.top_p)
     run.validate()
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from common.cli import arg, flag_record, parse_args, require
 from common.prompts import TEMPLATE_CHOICES
-from common.run_flags import RunFlags
+from common.run_flags import RunFlags, check_tis_support
 
 
 @dataclass
@@ -93,6 +93,7 @@ def validate(args: Args, run: RunFlags) -> None:
         args.rewards == "accuracy" and not args.reward_fn,
         "--rewards must be 'accuracy' (and no --reward_fn): EGPO reads correctness as r_i > 0 from the binary outcome reward (eq. 1)",
     )
+    check_tis_support(args.tis_cap, args.top_p)
     run.validate()
 
 

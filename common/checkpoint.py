@@ -76,7 +76,9 @@ def save_checkpoint(
             _store_weights_once(tmp / "accelerate" / "model.safetensors", tmp / "model" / "model.safetensors")
             state = {"step": step, "num_processes": accelerator.num_processes, **trainer_state}
             (tmp / "trainer_state.json").write_text(json.dumps(state))
-            write_manifest(tmp)
+        accelerator.wait_for_everyone()
+        write_manifest(tmp, accelerator)  # every rank hashes its share (its own shard files) at once
+        if accelerator.is_main_process:
             _fsync([*tmp.rglob("*"), tmp])  # the data is on disk before COMPLETE says so
             (tmp / "COMPLETE").write_text("ok\n")
             _fsync([tmp / "COMPLETE", tmp])
@@ -246,31 +248,109 @@ def _same_tensors(a: Path, b: Path) -> bool:
         return all(torch.equal(fa.get_tensor(k), fb.get_tensor(k)) for k in fa.keys())
 
 
-def write_manifest(root: Path) -> None:
-    """MANIFEST.json: {relative path: {"bytes", "sha256"}} of every file under root (marker aside)."""
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MANIFEST, "COMPLETE"))
+# A file one rank writes for itself: accelerate's RNG state, DeepSpeed's and torch.distributed.checkpoint's shards.
+_OWNER = re.compile(r"(?:^random_states_|^zero_pp_rank_|^__)(\d+)[_.]")
+
+
+def hash_shares(root: Path, names: list[str], world: int) -> list[list[str]]:
+    """`names` (files under `root`) split over `world` ranks to hash at once: a file a rank wrote for
+    itself (its name says which rank: `_OWNER`) to that rank, where it may still be in the page cache;
+    the rest largest first to the least loaded rank. A file's hard links stay together (read once)."""
+    shares, load, groups = [[] for _ in range(world)], [0] * world, {}
+    for name in names:
+        st = (root / name).stat()
+        groups.setdefault((st.st_dev, st.st_ino), (st.st_size, []))[1].append(name)
+    rest = []
+    for size, members in groups.values():
+        owners = {int(m.group(1)) for n in members if (m := _OWNER.match(Path(n).name))}
+        if len(owners) == 1 and (rank := owners.pop()) < world:
+            shares[rank] += members
+            load[rank] += size
+        else:
+            rest.append((size, members))
+    for size, members in sorted(rest, key=lambda g: (-g[0], g[1])):
+        rank = load.index(min(load))
+        shares[rank] += members
+        load[rank] += size
+    return shares
+
+
+def _hash_files(root: Path, names: list[str] | None, accelerator: Accelerator | None = None) -> dict[str, str | None]:
+    """SHA-256 of each of `names` (read on rank 0) under `root`; None for a file that cannot be read.
+    Several processes: rank 0 splits the files (`hash_shares`), every rank hashes its share at the same
+    time (a 7B ZeRO-3 checkpoint is ~106 GB: rank 0 alone took minutes with the other GPUs idle), and
+    every rank gets every hash."""
+    world = 1 if accelerator is None else accelerator.num_processes
+    if world == 1:
+        shares = [names]
+    else:
+        from accelerate.utils import gather_object
+
+        shares = broadcast_object_list([hash_shares(root, names, world) if accelerator.is_main_process else None])[0]
     seen: dict = {}
-    manifest = {str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": _sha256(p, seen)} for p in files}
-    (root / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    mine = {}
+    for name in shares[0 if world == 1 else accelerator.process_index]:
+        try:
+            mine[name] = _sha256(root / name, seen)
+        except OSError:
+            mine[name] = None
+    if world == 1:
+        return mine
+    return {k: v for part in gather_object([mine]) for k, v in part.items()}
 
 
-def manifest_problem(path: Path, checksums: bool = True) -> str | None:
+def write_manifest(root: Path, accelerator: Accelerator | None = None) -> None:
+    """MANIFEST.json: {relative path: {"bytes", "sha256"}} of every file under root (marker aside), written
+    by rank 0; with `accelerator`, every rank must call it and hashes its share (`_hash_files`)."""
+    main = accelerator is None or accelerator.is_main_process
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MANIFEST, "COMPLETE")) if main else []
+    names = [str(p.relative_to(root)) for p in files]
+    hashes = _hash_files(root, names if main else None, accelerator)
+    if main:
+        manifest = {n: {"bytes": (root / n).stat().st_size, "sha256": hashes[n]} for n in names}
+        (root / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def manifest_problem(path: Path, checksums: bool = True, accelerator: Accelerator | None = None) -> str | None:
     """How `path`'s files differ from its MANIFEST.json (missing, extra-short, altered), or None.
-    Sizes only with checksums=False (fast); SHA-256 of every file otherwise."""
+    Sizes only with checksums=False (fast); SHA-256 of every file otherwise. With `accelerator`, every
+    rank must call it: rank 0 reads the manifest, the ranks hash their shares at once, and every rank
+    gets rank 0's verdict."""
+    several = accelerator is not None and accelerator.num_processes > 1
+    main = accelerator is None or accelerator.is_main_process
+    expected, problem = {}, None
+    if main:
+        expected, problem = _sizes_problem(path)
+    if several:
+        problem = broadcast_object_list([problem])[0]
+    if problem is None and checksums:
+        hashes = _hash_files(path, list(expected) if main else None, accelerator)
+        if main:
+            problem = next(
+                (f"{n} does not match its SHA-256 in the manifest (corrupted)" for n, e in expected.items() if hashes[n] != e["sha256"]),
+                None,
+            )  # fmt: skip
+        if several:
+            problem = broadcast_object_list([problem])[0]
+    return problem
+
+
+def _sizes_problem(path: Path) -> tuple[dict, str | None]:
+    """`path`'s manifest, and the first file missing or of another size than it says (None: all there)."""
     try:
         expected = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError) as e:
-        return f"no readable {MANIFEST} ({type(e).__name__})"
-    seen: dict = {}
+        return {}, f"no readable {MANIFEST} ({type(e).__name__})"
     for name, entry in expected.items():
         f = path / name
         if not f.is_file():
-            return f"{name} is missing"
+            return expected, f"{name} is missing"
         if f.stat().st_size != entry["bytes"]:
-            return f"{name} has {f.stat().st_size} bytes, the manifest says {entry['bytes']} (truncated or replaced)"
-        if checksums and _sha256(f, seen) != entry["sha256"]:
-            return f"{name} does not match its SHA-256 in the manifest (corrupted)"
-    return None
+            return (
+                expected,
+                f"{name} has {f.stat().st_size} bytes, the manifest says {entry['bytes']} (truncated or replaced)",
+            )
+    return expected, None
 
 
 def _fsync(paths) -> None:
@@ -326,10 +406,10 @@ def load_checkpoint(accelerator: Accelerator, output_dir: str | Path) -> dict | 
     state = None
     for path in list_checkpoints(output_dir):
         problem = checkpoint_problem(path)
-        if problem is None and main:
-            problem = manifest_problem(path)  # every byte, before any of it is trusted
-        if accelerator.num_processes > 1:  # rank 0 read the manifest: its verdict holds for everyone
+        if accelerator.num_processes > 1:  # rank 0's verdict holds for everyone
             problem = broadcast_object_list([problem], from_process=0)[0]
+        if problem is None:  # every byte, before any of it is trusted; each rank hashes its share
+            problem = manifest_problem(path, accelerator=accelerator)
         if problem is None:
             try:
                 accelerator.load_state(str(path / "accelerate"))

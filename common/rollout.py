@@ -73,6 +73,7 @@ def make_engine(
     max_num_batched_tokens: int = 0,
     synced: bool = False,
     batch_size: int = 256,
+    per_prompt_seeds: bool = True,
 ):
     """The rollout engine `backend` names ("vllm" or "hf"), for training, evaluation and data selection.
 
@@ -80,7 +81,8 @@ def make_engine(
     `max_model_len` tokens per sequence in `dtype` ("auto": bf16 on GPU, fp32 on CPU), decoding
     `max_num_seqs` sequences at once (0: vLLM's default). HF: `model` itself (loaded from
     `model_path` in `dtype` when None), `batch_size` rows per generate call; `synced`: every rank
-    steps together (parameters sharded over ranks: ZeRO-3, FSDP2).
+    steps together (parameters sharded over ranks: ZeRO-3, FSDP2). `per_prompt_seeds`: False makes vLLM
+    ignore the seeds `generate` is given (the engine's own `seed` alone; docs/SCALING.md).
     """
     stop_ids = stop_token_ids(tokenizer, model_path)
     gpu = torch.cuda.is_available()
@@ -104,6 +106,7 @@ def make_engine(
         distributed=world > 1,
         max_num_seqs=max_num_seqs or None,
         max_num_batched_tokens=max_num_batched_tokens or None,
+        per_prompt_seeds=per_prompt_seeds,
     )
 
 
@@ -222,6 +225,7 @@ class VLLMEngine:
         distributed: bool = False,
         max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
+        per_prompt_seeds: bool = True,
     ):
         # In-process engine core: collective_rpc then reaches the model with no
         # serialisation of the weights (a subprocess would be sent CUDA tensors, and
@@ -269,6 +273,7 @@ class VLLMEngine:
         )
         self.stop_token_ids = list(stop_token_ids)
         self.weight_dtype = None if dtype == "auto" else getattr(torch, dtype)  # what load_weights is best given
+        self.per_prompt_seeds = per_prompt_seeds
         self.sleep_mode = enable_sleep_mode and torch.cuda.is_available()
         self.asleep: set[str] = set()  # the parts released by sleep() and not woken yet
 
@@ -291,10 +296,10 @@ class VLLMEngine:
         seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
             raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
-        if not torch.cuda.is_available():
-            # vLLM 0.32 CPU: a seeded request that is split by chunked prefill
-            # crashes (CPU generators have no offset); the engine-wide seed
-            # given at construction still makes runs reproducible.
+        if not self.per_prompt_seeds or not torch.cuda.is_available():
+            # Unseeded requests draw from the engine's generator, seeded at construction: the same
+            # layout samples the same (--per_prompt_seeds false: docs/SCALING.md). vLLM 0.32 CPU: a
+            # seeded request that is split by chunked prefill crashes (CPU generators have no offset).
             seeds = [None] * len(prompts)
         params = [
             SamplingParams(

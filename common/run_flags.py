@@ -121,6 +121,11 @@ class RunFlags:
     vllm_max_num_batched_tokens: int = arg(
         0, "tokens per vLLM forward, prefill chunks included (0: vLLM's default)", at_least=0
     )
+    per_prompt_seeds: bool = arg(
+        True,
+        "vLLM: seed each prompt from its place in the global batch (samples independent of the process layout); "
+        "false: the per-rank engine seed only (reproducible for the same layout; faster decoding on vLLM's V1 runner)",
+    )
     # Reward checking.
     verifier_workers: int = arg(
         0, "math-verify child processes per rank (0: automatic, docs/algorithms/grpo_base.md)", at_least=0
@@ -159,6 +164,19 @@ class RunFlags:
             "--report_to wandb: not logged in to Weights & Biases; run `wandb login`, set WANDB_API_KEY, "
             "or log offline with WANDB_MODE=offline",
         )
+
+
+def check_tis_support(tis_cap: float, top_p: float) -> None:
+    """--tis_cap with --top_p < 1 is refused: the engines' log-probs are renormalised over the nucleus
+    (vLLM's processed log-probs; the HF engine the same), the trainer's are over the whole vocabulary, so
+    pi_old / pi_rollout sits below 1 on every token by the dropped mass. Scoring the trainer on the
+    engine's nucleus is not exact either: the nucleus comes from the engine's own (bf16) logits, and
+    rebuilding it costs a vocabulary sort per token."""
+    require(
+        not (tis_cap > 0 and top_p < 1),
+        f"--tis_cap {tis_cap:g} with --top_p {top_p:g}: the rollout's log-probs are renormalised over the top-p "
+        "nucleus and the trainer's are not, so the TIS weights would sit below 1; use --top_p 1 or --tis_cap 0",
+    )
 
 
 def wandb_ready() -> bool:

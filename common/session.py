@@ -283,6 +283,7 @@ def start_session(
         offline_unless_hub_reachable,
         precision_note,
     )
+    from common.preflight import preflight_memory
     from common.rewards import REWARD_FUNCS, load_reward_fn
     from common.rollout import make_engine
     from common.run_dir import RunLock, check_run_dir, check_shared, check_writable, start_run_dir
@@ -351,6 +352,7 @@ def start_session(
         str(run_dir),
     )
     rank, world = accelerator.process_index, accelerator.num_processes
+    check_shared(run_dir, accelerator)  # multi-node: every rank sees what rank 0 writes (before minutes of loading)
     mode = parallel_mode(accelerator)  # decided once, from accelerate's state; passed to what depends on it
     mode = parallel_mode(accelerator)
     require(
@@ -358,6 +360,10 @@ def start_session(
         "--beta > 0 under DeepSpeed ZeRO-3: the reference model would be partitioned and never wrapped; "
         "use configs/accelerate/fsdp2.yaml (the reference model is then loaded whole on each GPU) or --beta 0",
     )
+    preflight_memory(  # GPU: refuse a plan whose memory cannot fit, before any weight loads
+        model_path, mode=mode.kind, world=world, precision=run.precision, reference_model=reference_model,
+        vllm_utilization=run.vllm_gpu_memory_utilization if run.rollout == "vllm" else 0.0,
+    )  # fmt: skip
     set_seed(seed + rank)
     policy = load_policy(
         model_path, torch.bfloat16 if run.precision == "bf16" else torch.float32, run.gradient_checkpointing
@@ -383,7 +389,7 @@ def start_session(
         dtype="bfloat16" if gpu and run.precision != "fp32" else "float32",
         gpu_memory_utilization=run.vllm_gpu_memory_utilization, sleep=run.vllm_sleep,
         max_num_seqs=run.vllm_max_num_seqs or min(1024, max(rows_per_rank, eval_rows_per_rank)),
-        max_num_batched_tokens=run.vllm_max_num_batched_tokens, synced=mode.sharded,
+        max_num_batched_tokens=run.vllm_max_num_batched_tokens, synced=mode.sharded, per_prompt_seeds=run.per_prompt_seeds,
     )  # fmt: skip
 
     kv_note = engine.kv_cache_note([len(r["prompt_ids"]) for r in rows], prompts_per_step // world, group_size,
@@ -412,7 +418,6 @@ def start_session(
     if is_main:  # everything has loaded: now the run directory is this run's
         start_run_dir(run_dir, values, start_step > 0, run.overwrite, {"processes": world, "parallel": mode.kind})
     accelerator.wait_for_everyone()
-    check_shared(run_dir, accelerator)  # multi-node: every rank sees what rank 0 writes
     logger = RunLogger(
         run_dir, total_steps, accelerator.is_main_process, start_step, accelerator if run.report_to != "none" else None,
         values, project=run.project, run_name=run.run_name, log_every=run.log_every, log_samples=run.log_samples,

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import random
 import shutil
 
@@ -191,3 +192,89 @@ def test_weights_are_stored_once(trainer, tmp_path):
     state, hf = ckpt / "accelerate" / "model.safetensors", ckpt / "model" / "model.safetensors"
     assert state.stat().st_ino == hf.stat().st_ino and state.stat().st_nlink == 2
     assert load_checkpoint(accelerator, tmp_path)["step"] == 1
+
+
+def test_hash_shares_give_each_rank_its_own_files_and_balance_the_rest(tmp_path):
+    """Rank r hashes the files it wrote for itself (RNG state, ZeRO and DCP shards, named by r); the rest go
+    largest first to the least loaded rank, a file's hard links together (read once)."""
+    from common.checkpoint import hash_shares
+
+    sizes = {
+        "accelerate/random_states_0.pkl": 1, "accelerate/random_states_1.pkl": 1,
+        "accelerate/pytorch_model/zero_pp_rank_0_mp_rank_00_optim_states.pt": 40,
+        "accelerate/pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt": 40,
+        "accelerate/optimizer_0/__1_0.distcp": 5, "model/model.safetensors": 30, "model/tokenizer.json": 3,
+        "trainer_state.json": 1,
+    }  # fmt: skip
+    for name, size in sizes.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x" * size)
+    os.link(tmp_path / "model/model.safetensors", tmp_path / "accelerate/model.safetensors")
+    names = sorted([*sizes, "accelerate/model.safetensors"])
+    zero, one = hash_shares(tmp_path, names, world=2)
+    assert sorted(zero + one) == names
+    assert {n for n in one if "rank_" in n or "states_" in n or "distcp" in n} == {
+        "accelerate/random_states_1.pkl", "accelerate/pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        "accelerate/optimizer_0/__1_0.distcp",
+    }  # fmt: skip
+    # rank 0 holds 41 of its own, rank 1 46: the 30-byte weights (both names) go to rank 0, then the rest to rank 1
+    assert {"model/model.safetensors", "accelerate/model.safetensors"} <= set(zero)
+    assert {"model/tokenizer.json", "trainer_state.json"} <= set(one)
+    assert [sorted(share) for share in hash_shares(tmp_path, names, world=1)] == [names]
+
+
+HASH_SCRIPT = """
+import json, sys
+from pathlib import Path
+from accelerate import Accelerator
+import common.checkpoint as ck
+
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+acc = Accelerator()
+hashed, real = [], ck._sha256
+ck._sha256 = lambda path, seen=None: hashed.append(str(path.relative_to(root))) or real(path, seen)
+ck.write_manifest(root, acc)
+report = {"wrote": list(hashed)}
+hashed.clear()
+report["whole"] = ck.manifest_problem(root, accelerator=acc)
+report["checked"] = list(hashed)
+acc.wait_for_everyone()
+if acc.is_main_process:  # a flipped byte in the file rank 1 hashes: every rank hears of it
+    shard = root / "pytorch_model" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    shard.write_bytes(b"y" + shard.read_bytes()[1:])
+acc.wait_for_everyone()
+report["flipped"] = ck.manifest_problem(root, accelerator=acc)
+(out / f"rank{acc.process_index}.json").write_text(json.dumps(report))
+"""
+
+
+@pytest.mark.slow
+def test_two_ranks_hash_their_own_shares_and_agree(tmp_path):
+    """On 2 gloo processes: each rank hashes its own files and half the rest, once; the manifest is the one
+    a single process writes; a file corrupted in rank 1's share is reported by rank 0's verdict on both."""
+    from engines.launch import CONFIGS, launch
+
+    from common.checkpoint import MANIFEST, write_manifest
+
+    root, single = tmp_path / "ckpt", tmp_path / "single"
+    names = ["random_states_0.pkl", "random_states_1.pkl", "scheduler.bin", "model.safetensors",
+             "pytorch_model/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+             "pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt"]  # fmt: skip
+    for i, name in enumerate(names):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(random.Random(i).randbytes(1000 * (i + 1)))
+    shutil.copytree(root, single)
+    write_manifest(single)
+    script = tmp_path / "hash.py"
+    script.write_text(HASH_SCRIPT)
+    rc, out = launch(CONFIGS / "ddp_8gpu.yaml", script, str(root), str(tmp_path), timeout=120)
+    assert rc == 0, out[-3000:]
+    zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert sorted(zero["wrote"] + one["wrote"]) == sorted(names)  # every file once
+    assert "random_states_1.pkl" in one["wrote"] and "random_states_0.pkl" in zero["wrote"]
+    assert "pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt" in one["wrote"]
+    assert sorted(zero["checked"]) == sorted(zero["wrote"]) and sorted(one["checked"]) == sorted(one["wrote"])
+    assert json.loads((root / MANIFEST).read_text()) == json.loads((single / MANIFEST).read_text())
+    assert zero["whole"] is None and one["whole"] is None
+    expected = "pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt does not match its SHA-256 in the manifest"
+    assert zero["flipped"].startswith(expected) and one["flipped"] == zero["flipped"]

@@ -124,6 +124,25 @@ def test_truncated_importance_sampling_hand_computed():
     assert off.item() == pytest.approx(-1.0) and sums["tis_capped"] == 0  # default off: the papers' objective
 
 
+@pytest.mark.parametrize("script", ["grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo"])
+def test_tis_with_top_p_is_refused_in_every_script(script):
+    """The engine's log-prob of a sampled token under --top_p < 1 is renormalised over the nucleus: here
+    log(0.6 / 0.9) against the trainer's log(0.6), so pi_old / pi_rollout = 0.9 on every such token.
+    Every script refuses the combination at flag-parse time; either flag alone is accepted."""
+    from common.rollout import _RowSampler
+
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1]]))  # top_p 0.8: the nucleus is {0, 1}, mass 0.9
+    sampler = _RowSampler([torch.Generator().manual_seed(0)], temperature=1.0, top_p=0.8)
+    token = sampler(None, logits.clone()).argmax(-1)
+    trainer_logp = logits.log_softmax(-1)[0, token]
+    assert torch.exp(trainer_logp - sampler.logprobs[0]).item() == pytest.approx(0.9)
+    module = __import__(script)
+    with pytest.raises(SystemExit, match="--tis_cap 2 with --top_p 0.9: .* use --top_p 1 or --tis_cap 0"):
+        module.validate(*parse_args(module.Args, RunFlags, argv=["--tis_cap", "2", "--top_p", "0.9"]))
+    for argv in (["--tis_cap", "2"], ["--top_p", "0.9"]):
+        module.validate(*parse_args(module.Args, RunFlags, argv=argv))
+
+
 def test_context_overflow_is_refused_before_the_model_loads(tiny_random_dir, tmp_path):
     import shutil
 

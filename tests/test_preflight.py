@@ -1,0 +1,144 @@
+"""The memory preflight (common/preflight.py): the recipes' plans fit an 80 GB GPU, the issue's plan
+(FSDP2 + 7B + a reference model + vLLM at 0.7) is refused with its figures and the fix, and the
+session runs it, and the shared-filesystem check, before any weight loads."""
+
+import json
+import re
+
+import pytest
+import yaml
+from train_utils import ROOT
+
+from common.cli import parse_args
+from common.preflight import check_plan, count_parameters
+from common.run_flags import RunFlags
+
+H100_GIB = 79.2  # torch.cuda.get_device_properties(0).total_memory of an 80 GB H100, in GiB
+QWEN2 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 28, "head_dim": 128}
+# The recipes' models (their config.json sizes) and their parameter counts.
+MODELS = {
+    "Qwen/Qwen2.5-7B": (
+        {"hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4,
+         "vocab_size": 152064, "tie_word_embeddings": False},
+        7_615_616_512,
+    ),
+    "Qwen/Qwen2.5-Math-1.5B": (
+        {"hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12, "num_key_value_heads": 2,
+         "vocab_size": 151936, "tie_word_embeddings": True},
+        1_543_714_304,
+    ),
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": (
+        {"hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12, "num_key_value_heads": 2,
+         "vocab_size": 151936, "tie_word_embeddings": False},
+        1_777_088_000,
+    ),
+}  # fmt: skip
+RECIPES = sorted(p.name for p in (ROOT / "recipes").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def parameters(tmp_path_factory):
+    """Each recipe model's parameter count, from a config.json with its sizes (built on the meta device)."""
+    counts = {}
+    for name, (sizes, _) in MODELS.items():
+        path = tmp_path_factory.mktemp("config")
+        (path / "config.json").write_text(json.dumps(QWEN2 | sizes))
+        counts[name] = count_parameters(str(path))
+    return counts
+
+
+def test_parameter_count_comes_from_the_config(parameters):
+    assert parameters == {name: count for name, (_, count) in MODELS.items()}
+
+
+def launch_plan(recipe: str) -> dict:
+    """The recipe's flags and the layout of the accelerate command in its header."""
+    text = (ROOT / "recipes" / recipe).read_text()
+    command = re.search(r"--config_file (\S+)(?: --num_processes (\d+))? (\w+)\.py", text)
+    launch = yaml.safe_load((ROOT / command.group(1)).read_text())
+    world = int(command.group(2) or launch["num_processes"])
+    kind = launch["distributed_type"]
+    mode = {"NO": "single", "MULTI_GPU": "ddp", "FSDP": "fsdp2"}.get(
+        kind
+    ) or f"zero{launch['deepspeed_config']['zero_stage']}"
+    module = __import__(command.group(3))
+    args, run = parse_args(module.Args, RunFlags, argv=["--config", str(ROOT / "recipes" / recipe)])
+    return {"model": args.model, "mode": mode, "world": world, "precision": run.precision,
+            "reference_model": args.beta > 0, "vllm_utilization": run.vllm_gpu_memory_utilization}  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_fits_an_80gb_gpu(recipe, parameters):
+    plan = launch_plan(recipe)
+    used = check_plan(parameters[plan.pop("model")], **plan, total_gib=H100_GIB)
+    assert sum(used.values()) <= H100_GIB
+
+
+def test_the_7b_recipe_plan_item_by_item(parameters):
+    """ZeRO-3 on 8 GPUs, bf16: 2 / 8 bf16 weights + 16 / 8 fp32 master, gradients and moments per parameter."""
+    plan = launch_plan("pro_grpo_qwen2.5-7b.yaml")
+    used = check_plan(parameters[plan.pop("model")], **plan, total_gib=H100_GIB)
+    assert plan["mode"] == "zero3" and plan["world"] == 8
+    assert used["training state"] == pytest.approx(7_615_616_512 * 18 / 8 / 2**30)  # 16.0 GiB
+    assert used["vLLM"] == pytest.approx(0.7 * H100_GIB) and used["reference model"] == 0
+    assert sum(used.values()) == pytest.approx(73.4, abs=0.05)
+
+
+def test_fsdp2_7b_with_a_reference_model_at_utilisation_0_7_is_refused(parameters):
+    """14.2 GiB training state (16 / 8 bytes per parameter) + 14.2 reference model + 55.4 vLLM + 2 = 85.8 > 79.2."""
+    p = parameters["Qwen/Qwen2.5-7B"]
+    plan = {"mode": "fsdp2", "world": 8, "precision": "auto", "vllm_utilization": 0.7, "total_gib": H100_GIB}
+    with pytest.raises(SystemExit) as stop:
+        check_plan(p, reference_model=True, **plan)
+    message = str(stop.value)
+    assert message.startswith("error: memory: each GPU would hold 85.8 GiB of its 79.2 (14.2 training state + ")
+    assert "14.2 reference model + 55.4 vLLM + 2.0 margin; fsdp2 over 8 GPUs, 7.62B parameters" in message
+    assert "lower --vllm_gpu_memory_utilization to 0.61, or --beta 0" in message and "\n" not in message
+    check_plan(p, reference_model=True, **plan | {"vllm_utilization": 0.61})  # the fix it names fits
+    check_plan(p, reference_model=False, **plan)  # and so does the other
+
+
+def test_unsharded_7b_is_refused_with_a_sharded_config_named(parameters):
+    with pytest.raises(SystemExit, match=r"113\.5 training state.*shard the model \(configs/accelerate/zero3.yaml"):
+        check_plan(
+            parameters["Qwen/Qwen2.5-7B"], mode="ddp", world=8, precision="auto", reference_model=False,
+            vllm_utilization=0.3, total_gib=H100_GIB,
+        )  # fmt: skip
+
+
+def test_session_checks_memory_and_the_shared_filesystem_before_any_weight_loads(
+    tiny_random_dir, tmp_path, monkeypatch
+):
+    """start_session: the shared-filesystem check, then the preflight (given the model, layout and flags),
+    both before the policy loads. The preflight is stopped here to show nothing loads after a refusal."""
+    import common.models
+    import common.preflight
+    import common.run_dir
+    import grpo_base
+
+    calls = []
+    monkeypatch.setattr(common.run_dir, "check_shared", lambda *a: calls.append("check_shared"))
+
+    def refuse(model_path, **plan):
+        calls.append(("preflight", model_path, plan))
+        raise SystemExit("error: memory: refused")
+
+    monkeypatch.setattr(common.preflight, "preflight_memory", refuse)
+    monkeypatch.setattr(common.models, "load_policy", lambda *a: calls.append("load_policy"))
+    args, run = parse_args(
+        grpo_base.Args, RunFlags,
+        argv=["--model", str(tiny_random_dir), "--output_dir", str(tmp_path / "run"), "--beta", "0.1", "--rollout", "hf"],
+    )  # fmt: skip
+    with pytest.raises(SystemExit, match="memory: refused"):
+        grpo_base.start_session(
+            "grpo_base", run, (vars(args) | vars(run), set()), model=args.model, dataset=args.dataset,
+            template=args.template, rewards=args.rewards, reward_fn=None, seed=0, steps=1, epochs=None,
+            prompts_per_step=args.prompts_per_step, group_size=args.group_size, max_prompt_len=args.max_prompt_len,
+            max_completion_len=args.max_completion_len, optimizer=None, lr_schedule="constant", warmup_steps=0,
+            optimizer_steps_per_step=1, grad_clip=1.0, reference_model=True,
+        )  # fmt: skip
+    assert calls == [
+        "check_shared",
+        ("preflight", str(tiny_random_dir), {"mode": "single", "world": 1, "precision": "auto", "reference_model": True,
+                                             "vllm_utilization": 0.0}),
+    ]  # fmt: skip
