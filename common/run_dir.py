@@ -163,7 +163,8 @@ def start_run_dir(
     if path.is_dir() and not resumed and _holds_a_run(path):
         if not overwrite:
             print(f"note: {path} held a run with no usable checkpoint: starting over")
-        for name in _holds_a_run(path) + [p.name for p in path.glob("checkpoint-*.tmp")] + list(LOGS):
+        stale = [p.name for p in [*path.glob("checkpoint-*.tmp"), *path.glob("eval-checkpoint-*")]]
+        for name in _holds_a_run(path) + stale + list(LOGS):
             target = path / name
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
     path.mkdir(parents=True, exist_ok=True)
