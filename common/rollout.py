@@ -165,6 +165,9 @@ def prompt_seeds(seed: int, step: int, prompts_per_step: int, rank: int, num_loc
     ]  # prime stride: runs with nearby seeds do not share seeds
 
 
+CPU_KV_CACHE_GIB = 2  # vLLM's KV cache on CPU unless VLLM_CPU_KVCACHE_SPACE says otherwise (docs/EVALUATION.md)
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -190,7 +193,7 @@ class VLLMEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM's CPU KV cache (GiB): its default takes far more RAM than small runs need.
         if not torch.cuda.is_available():
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
         quiet_libraries()  # before vLLM is imported: its log lines go through our filter
         from vllm import LLM
 
@@ -209,6 +212,12 @@ class VLLMEngine:
             kwargs["max_num_seqs"] = max_num_seqs
         if max_num_batched_tokens:  # tokens per forward (chunked prefill budget)
             kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+        if not torch.cuda.is_available():
+            # vLLM 0.32 CPU cannot rewind a seeded request's generator after a chunk of a split prompt, and
+            # without per-prompt seeds one noise tensor serves the whole batch: a single token rounded
+            # differently on another CPU shifts every other sequence's samples. Whole prompts only, then.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens or 0, max_model_len, 2048)
         self.llm = LLM(
             model=model_path,
             skip_tokenizer_init=True,  # we tokenise and detokenise ourselves
@@ -246,11 +255,6 @@ class VLLMEngine:
         seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
             raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
-        if not torch.cuda.is_available():
-            # vLLM 0.32 CPU: a seeded request that is split by chunked prefill
-            # crashes (CPU generators have no offset); the engine-wide seed
-            # given at construction still makes runs reproducible.
-            seeds = [None] * len(prompts)
         params = [
             SamplingParams(
                 n=n,
