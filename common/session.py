@@ -320,7 +320,7 @@ def start_session(
     check_writable(run_dir)
     if is_main:
         lock.acquire()
-    check_run_dir(run_dir, values, resumable, run.resume, run.overwrite)
+    check_run_dir(run_dir, values, resumable, run.resume, run.overwrite, script)
     hub_ok = offline_unless_hub_reachable()
     model_path, _ = model_to_load(model)
     with clear_errors("--model"):
@@ -416,7 +416,13 @@ def start_session(
         budget_s=run.reward_time_budget_s or None,
     )
     if is_main:  # everything has loaded: now the run directory is this run's
-        start_run_dir(run_dir, values, start_step > 0, run.overwrite, {"processes": world, "parallel": mode.kind})
+        start_run_dir(
+            run_dir,
+            values,
+            start_step > 0,
+            run.overwrite,
+            {"processes": world, "parallel": mode.kind, "script": script},
+        )
     accelerator.wait_for_everyone()
     check_shared(run_dir, accelerator)  # multi-node: every rank sees what rank 0 writes
     logger = RunLogger(
