@@ -50,6 +50,10 @@ TRL_NAMES = {
     "reward_funcs": "rewards",
 }
 
+# Flags that set the same thing two ways: given on the command line, one drops a recipe's value of the
+# other (back to its default), so `--config R.yaml --steps 2` runs 2 steps whatever R says of epochs.
+ALTERNATIVES = {"steps": "epochs", "epochs": "steps"}
+
 
 def arg(
     default,
@@ -200,7 +204,13 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
     config.add_argument("--config", default=None)
     path = config.parse_known_args(argv)[0].config
     if path:
-        parser.set_defaults(**_recipe(path, converters, {f.name: f for _, f in fields}))
+        recipe = _recipe(path, converters, {f.name: f for _, f in fields})
+        given = _given(parser, names, argv)
+        defaults = {f.name: f.default for _, f in fields}
+        for name, other in ALTERNATIVES.items():
+            if name in given and other in recipe and other not in given and other in defaults:
+                recipe[other] = defaults[other]  # the command line's --steps beats the recipe's epochs
+        parser.set_defaults(**recipe)
     values = vars(parser.parse_args(argv))
     values.pop("config")
     for _, f in fields:
@@ -208,6 +218,18 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
             require(False, problem)
     out = tuple(cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)}) for cls in classes)
     return out[0] if len(out) == 1 else out
+
+
+def _given(parser: argparse.ArgumentParser, names: list[str], argv: list[str]) -> set[str]:
+    """The flags `argv` sets itself (abbreviations included), as argparse reads them."""
+    unset = object()
+    saved = {name: parser.get_default(name) for name in names}
+    parser.set_defaults(**dict.fromkeys(names, unset))
+    try:
+        values = vars(parser.parse_known_args(argv)[0])
+    finally:
+        parser.set_defaults(**saved)
+    return {name for name in names if values.get(name) is not unset}
 
 
 def _recipe(path: str, converters: dict, fields: dict) -> dict:

@@ -43,6 +43,21 @@ SUM_METRICS = {"time/tokens_per_s", "reward/timeouts"}  # the run's throughput a
 MAX_METRICS = {"time/peak_mem_gb"}  # the rank closest to running out
 
 
+def check_launch(env: dict, argv: list[str]) -> None:
+    """Stop, with the command that works, when `accelerate launch` was asked for several processes and started
+    one: its simple launcher (taken for --cpu, whose multi-process path is mpirun) exports a rendezvous address
+    (MASTER_ADDR) only when --num_processes or --num_machines > 1, but neither starts the processes nor sets
+    WORLD_SIZE (torchrun does; mpirun sets its own size)."""
+    launched = any(k.startswith("ACCELERATE_") for k in env) and "MASTER_ADDR" in env
+    started = any(k in env for k in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"))
+    if launched and not started:
+        raise SystemExit(
+            "error: accelerate launch was asked for several processes but started one (its --cpu launcher needs "
+            "MPI); start them through torchrun: ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N "
+            f"{' '.join(argv)} (docs/SCALING.md)"
+        )
+
+
 def make_accelerator(
     mixed_precision: str = "no",
     grad_clip: float | None = None,

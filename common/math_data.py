@@ -322,6 +322,17 @@ def load_prompts(
     repeated = len(rows) - len({r["problem"] for r in rows})
     if repeated:
         say(f"note: {repeated} of {len(rows)} problems in --dataset repeat an earlier one (kept)")
+        golds: dict[str, list[int]] = {}
+        for i, r in enumerate(rows):
+            golds.setdefault(r["problem"], []).append(i)
+        conflicts = [ix for ix in golds.values() if len({str(rows[i]["answer"]).strip() for i in ix}) > 1]
+        if conflicts:
+            first = conflicts[0]
+            say(
+                f"warning: {len(conflicts)} of the repeated problems in --dataset have different gold answers, e.g. rows "
+                f"{', '.join(map(str, first[:4]))}: {[rows[i]['answer'] for i in first[:4]]!r} for "
+                f"{rows[first[0]]['problem'][:60]!r}; each copy is trained on its own answer (fix the data)"
+            )
     with clear_errors("--template"):
         for r in rows:
             r["prompt_ids"] = tokenizer(

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import math
+import numbers
 import re
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,7 +169,99 @@ def load_reward_fn(spec: str) -> RewardFn:
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ValueError(f"{where!r} has no function {name!r}")
+    try:
+        inspect.signature(fn).bind(["completion"], ["answer"], None)
+    except TypeError as e:
+        raise ValueError(
+            f"{name}{_signature(fn)} cannot be called as {name}(completions, answers, verifier): {e}"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): the probe call decides
+        pass
     return fn
+
+
+class RewardFnError(ValueError):
+    """A --reward_fn function raised, or returned something that is not one finite number per completion."""
+
+
+# What the probe gives a --reward_fn function before any model loads: right, right but unreadable, wrong, empty.
+PROBE = (
+    ["3 + 4 = 7. The answer is \\boxed{7}.", "3 + 4 = 7. The answer is 7.", "3 + 4 = 8. The answer is \\boxed{8}.", ""],
+    ["7", "7", "7", "7"],
+)
+SLOW_STEP_S = 10.0  # a custom term slower than this a step gets a note
+
+
+def probe_reward_fn(fn: RewardFn, per_step: int, say=print) -> RewardFn:
+    """Call `fn` once on PROBE's completions, with a real verifier, before any model loads: a bad value or an
+    error stops the run now (`RewardFnError`), not after the first rollout. A function that would take more
+    than SLOW_STEP_S for a step's `per_step` completions (timed on a second call when the first was slow,
+    which may have started the verifier) gets a note."""
+    completions, answers = PROBE
+    with MathVerifier(workers=1) as verifier:
+        for _ in range(2):
+            start = time.perf_counter()
+            custom_scores(fn, completions, answers, verifier)
+            per_completion = (time.perf_counter() - start) / len(completions)
+            if per_completion * per_step <= SLOW_STEP_S:
+                return fn
+    say(
+        f"note: --reward_fn {_name(fn)} took {per_completion:.2f} s a completion on a probe: about "
+        f"{per_completion * per_step:.0f} s for a step's {per_step} completions"
+    )
+    return fn
+
+
+def custom_scores(fn: RewardFn, completions: list[str], answers: list[str], verifier) -> list[float]:
+    """`fn`'s scores as floats (numpy / torch scalars and arrays accepted); RewardFnError naming the function,
+    the completion and what it returned, or the first completion it raises on (tried one by one)."""
+    try:
+        scores = fn(completions, answers, verifier)
+    except Exception as error:  # noqa: BLE001 - the user's code: report it, with the completion at fault
+        raise RewardFnError(_raised(fn, completions, answers, verifier, error)) from None
+    if hasattr(scores, "tolist") and getattr(scores, "ndim", 1) == 1:  # a numpy array or a torch tensor
+        scores = scores.tolist()
+    if not isinstance(scores, (list, tuple)) or len(scores) != len(completions):
+        got = f"{len(scores)} values" if isinstance(scores, (list, tuple)) else _shown(scores)
+        raise RewardFnError(
+            f"{_name(fn)} returned {got} for {len(completions)} completions; it must return one finite number per "
+            "completion (a list, or a 1-d array)"
+        )
+    out = []
+    for i, value in enumerate(scores):
+        number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else None
+        if number is None or not math.isfinite(number):
+            raise RewardFnError(
+                f"{_name(fn)} returned {_shown(value)} for completion {i} (of {len(completions)}: "
+                f"{completions[i][:60]!r}); it must return one finite number per completion"
+            )
+        out.append(number)
+    return out
+
+
+def _raised(fn, completions, answers, verifier, error: Exception) -> str:
+    for i, (c, a) in enumerate(zip(completions, answers)):  # the first completion it fails on alone
+        try:
+            fn([c], [a], verifier)
+        except Exception as e:  # noqa: BLE001
+            return f"{_name(fn)} raised {type(e).__name__}: {e} on completion {i} (of {len(completions)}: {c[:60]!r})"
+    return f"{_name(fn)} raised {type(error).__name__}: {error} on the batch of {len(completions)} completions"
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__name__", None) or repr(fn)
+
+
+def _signature(fn) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return "(...)"
+
+
+def _shown(value) -> str:
+    text = f"{type(value).__name__} {value!r}" if not isinstance(value, (int, float)) or value is None else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass
@@ -191,7 +286,7 @@ def compute_rewards(
 
     Accuracy is always computed (it is the metric to log) and reused when "accuracy" is a term.
     With "dapo" among the terms, accuracy is DAPO's verdict (reward > 0), not math-verify's.
-    A custom term must return one finite number per completion (ValueError otherwise).
+    A custom term must return one finite number per completion (`custom_scores`; RewardFnError otherwise).
     """
     unknown = [name for name in terms if name not in REWARD_FUNCS]
     if unknown:
@@ -211,11 +306,5 @@ def compute_rewards(
             scores = REWARD_FUNCS[name](completions, answers, verifier)
         total = [t + s for t, s in zip(total, scores)]
     for fn in custom:
-        scores = list(fn(completions, answers, verifier))
-        if len(scores) != len(completions) or not all(isinstance(s, (int, float)) and math.isfinite(s) for s in scores):
-            raise ValueError(
-                f"reward function {getattr(fn, '__name__', fn)} must return one finite number per completion "
-                f"({len(completions)}), got {scores[:8]!r}{' ...' if len(scores) > 8 else ''} ({len(scores)} values)"
-            )
-        total = [t + float(s) for t, s in zip(total, scores)]
+        total = [t + s for t, s in zip(total, custom_scores(fn, completions, answers, verifier))]
     return Rewards(total, accuracy, [v is not None for v in verdicts])

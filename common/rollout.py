@@ -169,7 +169,10 @@ def prompt_seeds(seed: int, step: int, prompts_per_step: int, rank: int, num_loc
     ]  # prime stride: runs with nearby seeds do not share seeds
 
 
-def cpu_kv_cache_gib(value: str, default: str = "2") -> str:
+CPU_KV_CACHE_GIB = 2  # vLLM's KV cache on CPU unless VLLM_CPU_KVCACHE_SPACE says otherwise (docs/EVALUATION.md)
+
+
+def cpu_kv_cache_gib(value: str, default: str = str(CPU_KV_CACHE_GIB)) -> str:
     """VLLM_CPU_KVCACHE_SPACE checked (`default` when unset or empty). vLLM 0.32 reads it with int() deep
     inside its config (a pydantic traceback for "0.5") and 0 leaves no room for the cache: one line instead."""
     value = value.strip() or default
@@ -257,6 +260,12 @@ class VLLMEngine:
             kwargs["max_num_seqs"] = max_num_seqs
         if max_num_batched_tokens:  # tokens per forward (chunked prefill budget)
             kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+        if not torch.cuda.is_available():
+            # vLLM 0.32 CPU cannot rewind a seeded request's generator after a chunk of a split prompt, and
+            # without per-prompt seeds one noise tensor serves the whole batch: a single token rounded
+            # differently on another CPU shifts every other sequence's samples. Whole prompts only, then.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens or 0, max_model_len, 2048)
         self.llm = LLM(
             model=model_path,
             skip_tokenizer_init=True,  # we tokenise and detokenise ourselves

@@ -127,18 +127,29 @@ def check_writable(output_dir: str | Path) -> None:
         raise SystemExit(f"error: --output_dir: {parent} is not writable; pick a directory you can write to")
 
 
-def check_run_dir(output_dir: str | Path, flags: dict, resumable: set[str], resume: bool, overwrite: bool) -> None:
+def check_run_dir(
+    output_dir: str | Path, flags: dict, resumable: set[str], resume: bool, overwrite: bool, script: str | None = None
+) -> None:
     """Refuse, with one line naming the flag and the fix, a run directory this run cannot use (its lock
-    held: `RunLock`). Reads only: every rank may call it (then rank 0 calls `start_run_dir`)."""
+    held: `RunLock`); `script`: this run's script, checked against the one a resumed run was started
+    with (`start_run_dir`'s `launch` records it). Reads only: every rank may call it (then rank 0 calls
+    `start_run_dir`)."""
     check_writable(output_dir)
     path = Path(output_dir)
     if resume and (path / CONFIG).is_file():
         try:
-            saved = json.loads((path / CONFIG).read_text())["flags"]
+            config = json.loads((path / CONFIG).read_text())
+            saved = config["flags"]
         except (OSError, ValueError, KeyError) as e:
             raise SystemExit(
                 f"error: --resume: {path / CONFIG} is unreadable ({e}); start over with --overwrite"
             ) from None
+        started = [h["script"] for h in config.get("history", []) if isinstance(h, dict) and h.get("script")]
+        if script and started and started[0] != script:
+            raise SystemExit(
+                f"error: --resume: {path} is a run of {started[0]}.py, not {script}.py; resume it with "
+                f"python {started[0]}.py --resume --output_dir {path}, or start {script}.py in another --output_dir"
+            )
         changed = {k: (saved.get(k), v) for k, v in flags.items() if k not in resumable and saved.get(k) != v}
         if changed:
             diff = "; ".join(f"--{k} {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
@@ -163,7 +174,8 @@ def start_run_dir(
     if path.is_dir() and not resumed and _holds_a_run(path):
         if not overwrite:
             print(f"note: {path} held a run with no usable checkpoint: starting over")
-        for name in _holds_a_run(path) + [p.name for p in path.glob("checkpoint-*.tmp")] + list(LOGS):
+        stale = [p.name for p in [*path.glob("checkpoint-*.tmp"), *path.glob("eval-checkpoint-*")]]
+        for name in _holds_a_run(path) + stale + list(LOGS):
             target = path / name
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
     path.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
 """The per-step prompt sampler: a seeded, resumable order, each rank's share of every step."""
 
+import math
 import random
 
 
@@ -78,3 +79,23 @@ class PromptSampler:
             )
         self._epoch, self._pos, self._step = state["epoch"], state["pos"], state["step"]
         self._order = self._permutation(self._epoch)
+
+
+def count_steps(steps: int, epochs: float | None, num_rows: int, prompts_per_step: int) -> tuple[int, str]:
+    """The run's length in steps, and why (for the start line): `steps`, or `epochs` passes over `num_rows`
+    prompts rounded up to whole steps. ValueError when one step alone would hold more than `epochs` asks."""
+    if epochs is None:
+        return steps, f"{steps} steps (--steps)"
+    if prompts_per_step > epochs * num_rows:
+        raise ValueError(
+            f"--epochs {epochs:g} of {num_rows} prompts is less than one step of --prompts_per_step "
+            f"{prompts_per_step} ({prompts_per_step / num_rows:.2f} epochs); lower --prompts_per_step, "
+            "or give --steps instead of --epochs"
+        )
+    total = math.ceil(round(epochs * num_rows / prompts_per_step, 6))
+    covered = total * prompts_per_step / num_rows
+    rounded = f", rounded up to whole steps: {covered:.2f} epochs" if abs(covered - epochs) > 1e-6 else ""
+    return (
+        total,
+        f"{total} steps (--epochs {epochs:g} of {num_rows} prompts at --prompts_per_step {prompts_per_step}{rounded})",
+    )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -94,12 +95,15 @@ class Session:
         """Rewards of the step's completions (`rows`: each completion's dataset row)."""
         import torch
 
-        from common.rewards import compute_rewards
+        from common.rewards import RewardFnError, compute_rewards
 
-        r = compute_rewards(
-            texts, [row["answer"] for row in rows], self.reward_terms, self.verifier,
-            prompt_ends_with_think=self.opens_think, custom=self.custom_rewards,
-        )  # fmt: skip
+        try:
+            r = compute_rewards(
+                texts, [row["answer"] for row in rows], self.reward_terms, self.verifier,
+                prompt_ends_with_think=self.opens_think, custom=self.custom_rewards,
+            )  # fmt: skip
+        except RewardFnError as e:
+            raise SystemExit(f"error: --reward_fn: {e}") from None
         self.unchecked += len(r.checked) - sum(r.checked)
         as_tensor = lambda x, dtype: torch.tensor(x, device=self.device, dtype=dtype)
         return Scores(
@@ -269,7 +273,7 @@ def start_session(
     from accelerate.utils import set_seed
 
     from common.console import quiet_libraries
-    from common.distributed import confine_zero3_linear, make_accelerator, parallel_mode
+    from common.distributed import check_launch, confine_zero3_linear, make_accelerator, parallel_mode
     from common.health import SignalWatch, StopSignal, UpdateGuard
     from common.math_data import load_prompts
     from common.metrics import RunLogger
@@ -284,13 +288,14 @@ def start_session(
         precision_note,
     )
     from common.preflight import preflight_memory
-    from common.rewards import REWARD_FUNCS, load_reward_fn
+    from common.rewards import REWARD_FUNCS, load_reward_fn, probe_reward_fn
     from common.rollout import make_engine
     from common.run_dir import RunLock, check_run_dir, check_shared, check_writable, start_run_dir
-    from common.sampler import PromptSampler
+    from common.sampler import PromptSampler, count_steps
     from common.verifier import MathVerifier, default_workers
 
     values, resumable = flags
+    check_launch(dict(os.environ), sys.argv)
     run_dir = Path(run.output_dir or f"runs/{script}")
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
     require(
@@ -303,8 +308,12 @@ def start_session(
         not unknown,
         f"--rewards: unknown term(s) {sorted(unknown)}; choose from {sorted(REWARD_FUNCS)}, or add your own with --reward_fn",
     )
-    with clear_errors("--reward_fn"):
-        custom = [load_reward_fn(spec) for spec in (reward_fn or "").split(",") if spec]
+    with clear_errors("--reward_fn"):  # each one called on a few completions now, before any model loads
+        per_step = prompts_per_step // world_env * group_size
+        say0 = print if int(os.environ.get("RANK", "0")) == 0 else lambda _: None
+        custom = [
+            probe_reward_fn(load_reward_fn(spec), per_step, say0) for spec in (reward_fn or "").split(",") if spec
+        ]
     quiet_libraries()  # our progress bar and lines; library notices that need no action are filtered
 
     # Everything that can be checked without a model: the run directory (locked), the model's path and context.
@@ -313,7 +322,7 @@ def start_session(
     check_writable(run_dir)
     if is_main:
         lock.acquire()
-    check_run_dir(run_dir, values, resumable, run.resume, run.overwrite)
+    check_run_dir(run_dir, values, resumable, run.resume, run.overwrite, script)
     hub_ok = offline_unless_hub_reachable()
     model_path, _ = model_to_load(model)
     with clear_errors("--model"):
@@ -333,6 +342,10 @@ def start_session(
     )  # fmt: skip
     if check_data is not None:
         check_data(rows)
+    with clear_errors():
+        total_steps, length = count_steps(steps, epochs, len(rows), prompts_per_step)
+    if is_main:
+        print(f"{script}: {length}, {prompts_per_step} prompts x {group_size} completions a step")
     eval_sets = {}
     if run.eval_steps:  # fail fast, before training
         from common.benchmarks import load_benchmarks
@@ -372,7 +385,6 @@ def start_session(
     if reference_model:  # only then: all four papers train without it
         ref_model = load_reference_model(model_path, torch.bfloat16 if gpu else torch.float32, accelerator.device)
     opt = optimizer(policy.parameters())
-    total_steps = math.ceil(epochs * len(rows) / prompts_per_step) if epochs else steps
     # The schedule counts optimiser steps (--mu x --num_minibatches a step), as the scheduler is stepped.
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         opt, lr_lambda(lr_schedule, warmup_steps, total_steps * optimizer_steps_per_step)
@@ -416,7 +428,13 @@ def start_session(
         budget_s=run.reward_time_budget_s or None,
     )
     if is_main:  # everything has loaded: now the run directory is this run's
-        start_run_dir(run_dir, values, start_step > 0, run.overwrite, {"processes": world, "parallel": mode.kind})
+        start_run_dir(
+            run_dir,
+            values,
+            start_step > 0,
+            run.overwrite,
+            {"processes": world, "parallel": mode.kind, "script": script},
+        )
     accelerator.wait_for_everyone()
     logger = RunLogger(
         run_dir, total_steps, accelerator.is_main_process, start_step, accelerator if run.report_to != "none" else None,

@@ -219,3 +219,32 @@ def test_shipped_accelerate_configs_load(name):
     assert config.distributed_type.name == kind and config.num_processes == processes
     section = config.deepspeed_config if kind == "DEEPSPEED" else config.fsdp_config
     assert settings.items() <= (section or {}).items()
+
+
+# --- A launch that started fewer processes than asked ----------------------------------------
+
+
+def test_a_launch_of_one_process_asked_for_two_stops_with_the_command_that_works(tiny_random_dir, tmp_path):
+    """`accelerate launch --cpu --num_processes 2` starts one process (its CPU launcher is mpirun): the run stops at
+    once, in one line giving the torchrun command, instead of silently training one process."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1"]
+    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "grpo_base.py", "--model", str(tiny_random_dir)]
+    cmd += ["--rollout", "hf", "--output_dir", str(tmp_path / "run")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    line = proc.stderr.splitlines()[0]  # then accelerate's own report of a failed child (any failing script gets it)
+    assert "asked for several processes but started one" in line
+    assert "ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N grpo_base.py --model" in line
+    assert not (tmp_path / "run" / "run_config.json").exists()
+
+
+def test_check_launch_lets_real_launches_through():
+    from common.distributed import check_launch
+
+    accelerate = {"ACCELERATE_USE_CPU": "True", "ACCELERATE_MIXED_PRECISION": "no"}
+    check_launch({}, ["grpo_base.py"])  # python grpo_base.py
+    check_launch(accelerate, ["grpo_base.py"])  # accelerate launch, one process
+    check_launch(accelerate | {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2"}, ["grpo_base.py"])  # torchrun
+    check_launch(accelerate | {"MASTER_ADDR": "127.0.0.1", "OMPI_COMM_WORLD_SIZE": "2"}, ["grpo_base.py"])  # mpirun
+    with pytest.raises(SystemExit, match="started one"):
+        check_launch(accelerate | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, ["grpo_base.py"])

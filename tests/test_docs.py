@@ -613,3 +613,12 @@ def test_docs_cite_no_files_outside_the_repository():
         if re.search(SPEC_FILES, line)
     ]
     assert not problems, "\n".join(problems)
+
+
+def test_the_cpu_kv_cache_sentence_is_what_the_engine_does():
+    """docs/EVALUATION.md once said vLLM on CPU needs VLLM_CPU_KVCACHE_SPACE; the engine sets a default."""
+    from common.rollout import CPU_KV_CACHE_GIB
+
+    text = " ".join((ROOT / "docs" / "EVALUATION.md").read_text().split())
+    [sentence] = [s for s in text.split(". ") if "VLLM_CPU_KVCACHE_SPACE" in s]
+    assert f"{CPU_KV_CACHE_GIB} GiB KV cache unless `VLLM_CPU_KVCACHE_SPACE`" in sentence and "needs" not in sentence

@@ -392,9 +392,11 @@ def test_model_flag_finds_the_export_or_the_checkpoint_and_the_run_dir(tmp_path)
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     (run / "run_config.json").write_text('{"flags": {}}')  # the run's flags, not a model config
     model4 = str(run / "checkpoint-4" / "model")
-    assert resolved(str(run)) == (model4, run)
-    assert resolved(str(run / "checkpoint-4")) == (model4, run)
-    assert resolved(model4) == (model4, run)
+    # A checkpoint's results go in the run's eval-checkpoint-N/, never over the final model's eval_results.json.
+    assert resolved(str(run)) == (model4, run / "eval-checkpoint-4")
+    assert resolved(str(run / "checkpoint-4")) == (model4, run / "eval-checkpoint-4")
+    assert resolved(model4) == (model4, run / "eval-checkpoint-4")
+    assert tool.checkpoint_of(model4, run) == "checkpoint-4"
     # A finished run: its exported model/ (with its own manifest) comes first.
     (run / "model").mkdir()
     for name in ("config.json", "tokenizer_config.json"):

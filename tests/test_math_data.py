@@ -596,3 +596,24 @@ def test_egpo_near_duplicates_and_decontamination(tmp_path, tiny_tokenizer_path)
     run_prepare([*argv, "--near_dup_threshold", "1"])  # exact duplicates only
     problems = {r["problem"] for r in [*iter_jsonl(out), *iter_jsonl(tmp_path / "egpo_val.jsonl")]}
     assert {base, near, leaked + " Then"} <= problems
+
+
+def test_repeated_problems_with_different_gold_answers_are_warned_about(tmp_path, tiny_random_model):
+    from common.math_data import load_prompts
+
+    rows = [
+        {"problem": "1 + 1?", "answer": "2"},
+        {"problem": "1 + 1?", "answer": "2"},  # a plain repeat: a note only
+        {"problem": "2 + 2?", "answer": "4"},
+        {"problem": "2 + 2?", "answer": "5"},  # the same problem, another answer
+        {"problem": "3 + 3?", "answer": 6},
+        {"problem": "3 + 3?", "answer": "6"},  # the same answer, as a number and as text
+    ]
+    write_jsonl(rows, tmp_path / "d.jsonl")
+    said = []
+    kept, _ = load_prompts(str(tmp_path / "d.jsonl"), tiny_random_model[1], "qwen_math", 512, say=said.append)
+    assert len(kept) == 6 and said[0] == "note: 3 of 6 problems in --dataset repeat an earlier one (kept)"
+    assert said[1].startswith(
+        "warning: 1 of the repeated problems in --dataset have different gold answers, e.g. rows 2, 3"
+    )
+    assert len(said) == 2

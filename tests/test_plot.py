@@ -349,3 +349,26 @@ def test_help_and_import_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--method_panels" in out.stdout and "--smooth" in out.stdout and "runs" in out.stdout
+
+
+def test_the_table_names_a_checkpoints_results(tmp_path):
+    """eval_results.json of a checkpoint (tools.evaluate before it kept them apart) is reported as that checkpoint's."""
+    run = write_log(tmp_path / "r", rows_for())
+    summary = {"eval/overall/pass@1": 0.5}
+    (run / "eval_results.json").write_text(json.dumps({"summary": summary, "config": {"checkpoint": "checkpoint-4"}}))
+    assert plot.read_eval(run) == (summary, "eval_results.json (checkpoint-4)")
+    old = {"summary": summary, "config": {"model_path": str(run / "checkpoint-4" / "model")}}
+    (run / "eval_results.json").write_text(json.dumps(old))
+    assert plot.read_eval(run) == (summary, "eval_results.json (checkpoint-4)")
+    (run / "eval_results.json").write_text(json.dumps({"summary": summary, "config": {"step": 30}}))
+    assert plot.read_eval(run) == (summary, "eval_results.json")
+
+
+def test_the_default_figure_goes_beside_the_runs_not_into_the_repository(tmp_path, capsys):
+    a = write_log(tmp_path / "runs" / "a", rows_for())
+    b = write_log(tmp_path / "runs" / "b", rows_for())
+    plot.main([str(a), str(b)])
+    assert (tmp_path / "runs" / "compare.png").is_file()
+    plot.main([str(a / "metrics.jsonl")])
+    assert (a / "compare.png").is_file()
+    assert f"wrote {a / 'compare.png'}" in capsys.readouterr().out

@@ -115,3 +115,21 @@ def test_a_recipe_that_drifts_from_its_table_fails(tmp_path):
     ]
     recipe.write_text(text + "seed: 3\n")
     assert table_drift("egpo", recipe) == ["recipe key 'seed' is in no row of the table"]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "argv", "steps", "epochs"),
+    [
+        ("epochs: 5\n", ["--steps", "2"], 2, None),  # --steps beats the recipe's epochs
+        ("epochs: 5\n", ["--step", "2"], 2, None),  # as argparse reads an abbreviation
+        ("steps: 100\n", ["--epochs", "1"], 30, 1.0),  # --epochs beats the recipe's steps (back to the default)
+        ("epochs: 5\n", ["--lr", "2e-6"], 30, 5.0),  # a recipe's own epochs stand when neither is given
+        ("steps: 100\nepochs: 5\n", ["--steps", "7"], 7, None),
+    ],
+)
+def test_command_line_steps_or_epochs_beat_the_recipes_other_one(tmp_path, recipe, argv, steps, epochs):
+    import grpo_base
+
+    (tmp_path / "r.yaml").write_text(recipe)
+    args, _ = parse_args(grpo_base.Args, RunFlags, argv=["--config", str(tmp_path / "r.yaml"), *argv])
+    assert (args.steps, args.epochs) == (steps, epochs)

@@ -2,6 +2,7 @@
 nor wrong), and loading a reward function of your own."""
 
 import math
+import re
 import time
 
 import pytest
@@ -10,6 +11,7 @@ from test_verifier import PATHOLOGICAL
 
 from common.rewards import (
     REWARD_FUNCS,
+    RewardFnError,
     Rewards,
     accuracy_reward,
     boxed_format_reward,
@@ -18,6 +20,9 @@ from common.rewards import (
     dapo_reward,
     load_reward_fn,
     think_answer_format_reward,
+    custom_scores,
+    load_reward_fn,
+    probe_reward_fn,
     think_format_reward,
 )
 from common.verifier import MathVerifier
@@ -261,3 +266,76 @@ def test_load_reward_fn(tmp_path):
     ]:
         with pytest.raises(ValueError, match=reason):
             load_reward_fn(spec)
+
+
+def numpy_float32(completions, answers, verifier):
+    import numpy as np
+
+    return np.array([len(c) for c in completions], dtype=np.float32) / 100
+
+
+def none_on_empty(completions, answers, verifier):
+    return [None if not c else 1.0 for c in completions]
+
+
+def raises_on_empty(completions, answers, verifier):
+    return [1 / len(c) for c in completions]
+
+
+def two_args(completions, answers):
+    return [0.0 for _ in completions]
+
+
+def test_a_custom_term_may_return_numpy_or_torch_numbers():
+    import numpy as np
+    import torch
+
+    texts = ["ab", "abcd"]
+    assert custom_scores(numpy_float32, texts, ["1", "1"], None) == pytest.approx([0.02, 0.04])
+    for scores in ([np.float32(0.5), np.int64(2)], np.array([0.5, 2.0]), torch.tensor([0.5, 2.0]), (0.5, 2)):
+        assert custom_scores(lambda c, a, v, s=scores: s, texts, ["1", "1"], None) == [0.5, 2.0]
+
+
+@pytest.mark.parametrize(
+    ("returns", "message"),
+    [
+        (None, r"<lambda> returned NoneType None for 2 completions"),
+        ("12", r"<lambda> returned str '12' for 2 completions"),
+        ([1.0, None], r"<lambda> returned NoneType None for completion 1 \(of 2: 'b'\)"),
+        ([1.0, "1"], r"<lambda> returned str '1' for completion 1"),
+        ([[1.0], [2.0]], r"<lambda> returned list \[1.0\] for completion 0"),
+        ([1.0, True], r"returned True for completion 1"),
+    ],
+)
+def test_a_bad_custom_value_names_the_function_the_completion_and_the_value(returns, message):
+    with pytest.raises(RewardFnError, match=message):
+        custom_scores(lambda c, a, v: returns, ["a", "b"], ["1", "1"], None)
+
+
+def test_a_custom_term_that_raises_names_the_completion_it_fails_on():
+    with pytest.raises(
+        RewardFnError, match=r"raises_on_empty raised ZeroDivisionError: division by zero on completion 2"
+    ):
+        custom_scores(raises_on_empty, ["a", "b", "", "c"], ["1"] * 4, None)
+
+
+def test_a_reward_fn_with_the_wrong_signature_is_refused_at_load():
+    with pytest.raises(ValueError, match=r"two_args\(completions, answers\) cannot be called as two_args\(completions"):
+        load_reward_fn("test_rewards:two_args")
+
+
+def test_the_probe_runs_the_function_before_any_model_loads():
+    """The probe's completions include an empty one: a function that breaks on it stops the run at once."""
+    said = []
+    assert probe_reward_fn(brevity, per_step=512, say=said.append) is brevity and said == []
+    with pytest.raises(RewardFnError, match="none_on_empty returned NoneType None for completion 3"):
+        probe_reward_fn(none_on_empty, per_step=512, say=said.append)
+
+    def slow(completions, answers, verifier):
+        time.sleep(0.01 * len(completions))
+        return [0.0] * len(completions)
+
+    probe_reward_fn(slow, per_step=5000, say=said.append)
+    assert len(said) == 1 and re.match(
+        r"note: --reward_fn .*slow took 0.0\d s a completion on a probe: about \d+ s", said[0]
+    )

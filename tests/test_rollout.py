@@ -67,6 +67,17 @@ def test_vllm_logprobs_match_hf(vllm_engine, tiny_random_dir, prompts):
 
 @needs_vllm
 @pytest.mark.vllm
+def test_vllm_samples_a_prompt_alike_whatever_else_is_in_the_batch(vllm_engine, prompts):
+    """A prompt's completions depend on its own seed only: one token rounded differently on another CPU (or a
+    sequence ending a step earlier) must not shift what every other prompt of the batch samples."""
+    args = dict(n=3, max_tokens=12, temperature=TEMPERATURE)
+    together = vllm_engine.generate(prompts, **args, seed=[7, 8])
+    alone = vllm_engine.generate(prompts[1:], **args, seed=[8])
+    assert [c.token_ids for c in together[1]] == [c.token_ids for c in alone[0]]
+
+
+@needs_vllm
+@pytest.mark.vllm
 def test_weight_sync_and_prefix_cache_reset(vllm_engine, tiny_random_dir, prompts):
     model = AutoModelForCausalLM.from_pretrained(tiny_random_dir).eval()
     vllm_engine.generate(prompts, n=2, max_tokens=8, temperature=TEMPERATURE, seed=2)  # fills the prefix cache

@@ -135,3 +135,14 @@ def test_a_dead_runs_lock_is_taken_over_with_a_line(tmp_path, capsys):
     assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
     lock.release()
     assert not (tmp_path / LOCK).exists()
+
+
+def test_a_resume_by_another_script_says_whose_run_it_is(tmp_path, tiny_random_dir):
+    """egpo.py --resume on a grpo_base run: one line naming the script that started it, before any flag diff."""
+    import egpo
+
+    start_run_dir(tmp_path, FLAGS, resumed=False, overwrite=False, launch={"processes": 1, "script": "grpo_base"})
+    check_run_dir(tmp_path, FLAGS, RESUMABLE, resume=True, overwrite=False, script="grpo_base")
+    values = {"model": str(tiny_random_dir), "rollout": "hf", "output_dir": str(tmp_path), "resume": True}
+    with pytest.raises(SystemExit, match=r"is a run of grpo_base.py, not egpo.py; resume it with python grpo_base.py"):
+        egpo.main(*script_flags("egpo.py", **values))

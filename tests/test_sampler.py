@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from common.sampler import PromptSampler
+from common.sampler import PromptSampler, count_steps
 
 # ---------------------------------------------------------------------------
 # Prompt sampler
@@ -62,3 +62,16 @@ def test_sampler_errors():
         PromptSampler(ROWS, prompts_per_step=5, seed=0, world_size=2)
     with pytest.raises(ValueError, match="empty"):
         PromptSampler([], prompts_per_step=2, seed=0)
+
+
+def test_count_steps_says_how_many_steps_and_why():
+    assert count_steps(30, None, 100, 64) == (30, "30 steps (--steps)")
+    total, why = count_steps(30, 5, 100, 64)  # 500 prompts at 64 a step: 7.8 steps, rounded up
+    assert total == 8 and "--epochs 5 of 100 prompts at --prompts_per_step 64" in why and "5.12 epochs" in why
+    assert count_steps(30, 1, 128, 64) == (2, "2 steps (--epochs 1 of 128 prompts at --prompts_per_step 64)")
+
+
+def test_an_epoch_smaller_than_one_step_is_refused():
+    """--epochs 1 with more prompts a step than the dataset holds would silently cover more than one epoch."""
+    with pytest.raises(ValueError, match=r"--epochs 1 of 100 prompts is less than one step of --prompts_per_step 128"):
+        count_steps(30, 1, 100, 128)

@@ -126,6 +126,17 @@ def test_two_steps(script, rollout, tiny_random_dir, tmp_path):
         ({"rewards": "accuracy,lenght"}, "--rewards: unknown term"),
         ({"reward_fn": "no_such_module:fn"}, "--reward_fn: cannot import 'no_such_module'"),
         ({"reward_fn": "json:no_such_fn"}, "--reward_fn: 'json' has no function 'no_such_fn'"),
+        # a reward of your own is called on a few completions before any model loads
+        (
+            {"reward_fn": "test_rewards:none_on_empty"},
+            "--reward_fn: none_on_empty returned NoneType None for completion 3",
+        ),
+        ({"reward_fn": "test_rewards:raises_on_empty"}, "--reward_fn: raises_on_empty raised ZeroDivisionError"),
+        ({"reward_fn": "test_rewards:two_args"}, r"--reward_fn: two_args\(completions, answers\) cannot be called"),
+        (
+            {"epochs": 1, "prompts_per_step": 128},
+            "--epochs 1 of 100 prompts is less than one step of --prompts_per_step 128",
+        ),
         ({"eval_steps": 1, "eval_benchmarks": "nosuchbench"}, "--eval_benchmarks"),
     ],
 )

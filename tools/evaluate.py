@@ -6,9 +6,10 @@
 
 --model takes a training run (its exported model/, else its newest good checkpoint), a
 checkpoint-N, a model directory or a hub name; results of a training run's model go next to
-its metrics.jsonl, where tools/plot.py finds them. Benchmarks load by name from the hub or from
-local copies (--data_dir, or name=FILE); --export_data DIR writes such copies on a machine with
-a network. Each paper's benchmark set and decoding: docs/EVALUATION.md.
+its metrics.jsonl, where tools/plot.py finds them, a checkpoint's in the run's eval-checkpoint-N/.
+Benchmarks load by name from the hub or from local copies (--data_dir, or name=FILE);
+--export_data DIR writes such copies on a machine with a network. Each paper's benchmark set
+and decoding: docs/EVALUATION.md.
 """
 
 from dataclasses import asdict, dataclass
@@ -77,12 +78,20 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 
+def checkpoint_of(model_path: str, run: Path | None) -> str | None:
+    """ "checkpoint-N" when the model evaluated is one of a training run's checkpoints, else None."""
+    parent = Path(model_path).parent
+    return parent.name if run is not None and parent.name.startswith("checkpoint-") else None
+
+
 def output_dir(args: Args, model_path: str, run: Path | None) -> Path:
-    """--output_dir, else the training run's directory (beside its metrics.jsonl), else runs/eval/<model>."""
+    """--output_dir, else the training run's directory (beside its metrics.jsonl; a checkpoint's results in
+    its own eval-checkpoint-N/, never over the final model's), else runs/eval/<model>."""
     if args.output_dir:
         return Path(args.output_dir)
     if run is not None:
-        return run
+        checkpoint = checkpoint_of(model_path, run)
+        return run / f"eval-{checkpoint}" if checkpoint else run
     return (
         Path("runs")
         / "eval"
@@ -159,6 +168,7 @@ def main(args: Args, ks: list[int] | None) -> None:
     )  # fmt: skip
     out = output_dir(args, model_path, run)
     config = asdict(args) | {"model_path": model_path, "eval_s": round(time.perf_counter() - start, 1)}
+    config |= {"checkpoint": checkpoint} if (checkpoint := checkpoint_of(model_path, run)) else {}
     path = write_results(out, summary, records, config)
     print(format_table(summary))
     print(f"wrote {path} and {out / 'eval_records.jsonl'}")

@@ -1,6 +1,6 @@
 """Compare runs: training curves side by side, and a table of their final evaluation results.
 
-    python -m tools.plot runs/grpo_base runs/egpo --output docs/compare.png --table docs/results.md
+    python -m tools.plot runs/grpo_base runs/egpo --table runs/results.md   # the figure: runs/compare.png
     python -m tools.plot runs/egpo_c1 runs/egpo_c5          # runs of one method: its own panels too
     python -m tools.plot runs/grpo_base runs/egpo --metrics train/accuracy,egpo/*   # exactly these panels
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,7 +210,9 @@ def read_eval(run: str | Path, rows: list[dict] | None = None) -> tuple[dict[str
         summary = data.get("summary") if isinstance(data, dict) else None
         if not isinstance(summary, dict):
             raise LogError(f'{path}: malformed, no "summary" object (write it with tools/evaluate.py)')
-        return summary, RESULTS_FILE
+        config = data.get("config") or {}
+        checkpoint = config.get("checkpoint") or Path(str(config.get("model_path", ""))).parent.name
+        return summary, RESULTS_FILE + (f" ({checkpoint})" if checkpoint.startswith("checkpoint-") else "")
     for row in reversed(rows if rows is not None else read_metrics(run)):  # last periodic evaluation
         summary = {k: v for k, v in row.items() if k.startswith("eval/") and _number(v) is not None}
         if summary:
@@ -500,7 +503,9 @@ def results_table(evals: dict[str, tuple[dict[str, float], str] | None]) -> str:
 class Args:
     # What to compare.
     runs: list[str] = arg(None, "run directories (or their metrics.jsonl files)", positional=True)
-    output: str = arg("docs/compare.png", "PNG to write")
+    output: str | None = arg(
+        None, "PNG to write (default: compare.png in the run directory, or in the runs' common parent directory)"
+    )
     table: str | None = arg(None, "also write the eval results table to this markdown file")
     # Panels.
     metrics: str | None = arg(
@@ -521,6 +526,14 @@ class Args:
     )
 
 
+def default_output(runs: list[str]) -> Path:
+    """compare.png beside the runs: in the run directory for one, in their common parent for several (never
+    the repository's docs/, which holds the shipped figures)."""
+    dirs = [Path(r).resolve().parent if Path(r).is_file() else Path(r).resolve() for r in runs]
+    common = Path(os.path.commonpath(dirs)) if len(dirs) > 1 else dirs[0]
+    return common / "compare.png"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(Args, argv=argv, description=__doc__)
     try:
@@ -531,7 +544,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             metrics = choose_metrics(runs, args.method_panels, args.max_extra)
         evals = {label: read_eval(path, runs[label]) for label, path in zip(labels, args.runs)}
-        png = plot_runs(runs, metrics, args.output, args.smooth)
+        png = plot_runs(runs, metrics, args.output or default_output(args.runs), args.smooth)
     except LogError as e:
         raise SystemExit(f"error: {e}") from None
     print(f"wrote {png} ({len(metrics)} panels, {len(runs)} runs)")
