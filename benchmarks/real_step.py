@@ -2,6 +2,7 @@
 compute and beside TRL's GRPOTrainer on the same model, batch and lengths.
 
     python benchmarks/real_step.py [--prompts 8 --group 8 --max_completion_len 40 --steps 3]
+    python benchmarks/real_step.py --memory [--micro_batch_size 8]    # what the peak RSS is made of
 
 - ours: `grpo_base.py --model smollm2` with each rollout engine (--rollout hf,vllm), the mean of
   time/*_s over steps 2..--steps (step 1 warms up), and its peak RSS.
@@ -151,6 +152,62 @@ def trl(a, data: Path) -> dict | None:
     return {"step_s": sum(clock.seconds[1:]) / max(1, len(clock.seconds) - 1), "steps": clock.seconds}
 
 
+def memory(a, data: Path) -> None:
+    """Resident memory of one process as a step's parts arrive, in the order they grow: the policy, its gradients
+    and AdamW state, vLLM's engine (its own weights and KV cache), the rollout, pi_old scoring, the update."""
+    import resource
+
+    import psutil
+    import torch
+
+    from common.batching import micro_batches, pack, select
+    from common.logprobs import sequence_logprobs
+    from common.rollout import make_engine
+
+    rss = lambda: psutil.Process().memory_info().rss / 2**30  # noqa: E731
+    peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # noqa: E731
+    lines, last = [], [rss()]
+
+    def mark(what):
+        now = rss()
+        lines.append(f"| {what} | {now - last[0]:+.2f} | {now:.2f} | {peak():.2f} |")
+        last[0] = now
+
+    mark("python, torch, transformers imported")
+    path, tok, rows, model = prompts_and_model(a, data)
+    mark("policy weights (fp32)")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    mark("gradients + AdamW moments")
+    max_len = max(len(r["prompt_ids"]) for r in rows) + a.max_completion_len
+    engine = make_engine("vllm", path, tok, max_model_len=max_len, max_num_seqs=a.prompts * a.group)
+    mark(f"vLLM engine: its weights + KV cache (VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE')} GiB)")
+    groups = engine.generate([r["prompt_ids"] for r in rows], a.group, a.max_completion_len, 1.0, seed=0)
+    mark("rollout")
+    prompts = [r["prompt_ids"] for r in rows for _ in range(a.group)]
+    batch = pack(prompts, [c for g in groups for c in g], tok.pad_token_id)
+    lens = batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist()
+    plan = micro_batches(*lens, list(range(len(prompts))), a.micro_batch_size)
+    with torch.no_grad():
+        for idx in plan:
+            mb = select(batch, idx)
+            sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], 1.0, mb["completion_mask"].shape[1], True)
+    mark(f"pi_old scoring (micro-batch {a.micro_batch_size})")
+    model.train()
+    for idx in plan:
+        mb = select(batch, idx)
+        logp, _ = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], 1.0, mb["completion_mask"].shape[1])
+        (logp * mb["completion_mask"]).sum().backward()
+    mark(f"update forward/backward (micro-batch {a.micro_batch_size})")
+    engine.close()
+    shape = f"{len(prompts)} sequences x {batch['input_ids'].shape[1]} padded tokens, {int(batch['completion_mask'].sum())} completion tokens"
+    print(f"\nresident memory (GiB, one process) of a step on SmolLM2-135M-Instruct: {shape}\n")
+    print("| part | RSS added | RSS | peak RSS so far |\n|---|---|---|---|")
+    print("\n".join(lines))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=8, help="prompts per step")
@@ -160,7 +217,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="steps per run; the first warms up")
     p.add_argument("--rollout", default="hf,vllm", help="our engines to time, comma-separated")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: bare, trl")
+    p.add_argument("--memory", action="store_true", help="only the memory breakdown of a step, in one process")
     a = p.parse_args()
+    if a.memory:
+        with tempfile.TemporaryDirectory() as tmp:
+            write_data(Path(tmp) / "sums.jsonl")
+            return memory(a, Path(tmp) / "sums.jsonl")
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "sums.jsonl"
         write_data(data)
