@@ -1,7 +1,7 @@
 """One GRPO step on a real model (SmolLM2-135M-Instruct, `--model smollm2`), phase by phase, beside bare
 compute and beside TRL's GRPOTrainer on the same model, batch and lengths.
 
-    python benchmarks/real_step.py [--prompts 8 --group 8 --max_completion_len 40 --steps 3]
+    python benchmarks/real_step.py [--prompts 4 --group 8 --max_completion_len 32 --steps 3]
     python benchmarks/real_step.py --memory [--micro_batch_size 8]    # what the peak RSS is made of
 
 - ours: `grpo_base.py --model smollm2` with each rollout engine (--rollout hf,vllm), the mean of
@@ -210,10 +210,10 @@ def memory(a, data: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    p.add_argument("--prompts", type=int, default=4, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
-    p.add_argument("--max_completion_len", type=int, default=40)
-    p.add_argument("--micro_batch_size", type=int, default=32, help="sequences per forward/backward (ours and bare)")
+    p.add_argument("--max_completion_len", type=int, default=32)
+    p.add_argument("--micro_batch_size", type=int, default=8, help="sequences per forward/backward (ours and bare)")
     p.add_argument("--steps", type=int, default=3, help="steps per run; the first warms up")
     p.add_argument("--rollout", default="hf,vllm", help="our engines to time, comma-separated")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: bare, trl")

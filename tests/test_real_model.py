@@ -236,3 +236,27 @@ def test_evaluate_takes_few_shot_and_the_smollm2_name(smollm2_dir, tmp_path):
     assert config["few_shot"] == 2 and config["model_path"] == str(smollm2_dir)
     records = [json.loads(line) for line in (out / "eval_records.jsonl").read_text().splitlines()]
     assert all(r["prompt_tokens"] > 60 for r in records)  # two worked examples before each sum
+
+
+# -- the README's real-model demo ------------------------------------------------------------------------------
+
+
+def test_readme_real_model_table_is_the_demo_runs_metrics():
+    """The table is what scripts/real_model_demo.py writes from the kept run (docs/real_demo_metrics.jsonl), and
+    that run learned: held-out pass@1 and the training reward end above where they started."""
+    import importlib.util
+
+    from common.jsonl import read_jsonl
+
+    spec = importlib.util.spec_from_file_location("real_model_demo", ROOT / "scripts" / "real_model_demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    rows = read_jsonl(demo.METRICS)
+    info = json.loads(demo.RUN_INFO.read_text())
+    readme = (ROOT / "README.md").read_text()
+    assert f"{demo.BEGIN}\n{demo.table(rows, info['wall_s'])}\n{demo.END}" in readme
+    assert info["wall_s"] <= 20 * 60 and "--model smollm2" in info["command"] and "--few_shot 2" in info["command"]
+    evals = [r["eval/sums/pass@1"] for r in rows if "eval/sums/pass@1" in r]
+    assert 0.1 < evals[0] < 0.9 and evals[-1] > evals[0]
+    rewards = [r["train/reward"] for r in rows if "train/reward" in r]
+    assert sum(rewards[-4:]) > sum(rewards[:4])

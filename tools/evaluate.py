@@ -24,7 +24,8 @@ BENCHMARK_NAMES = "math500, aime24, aime25, amc23, amc, minerva, olympiadbench, 
 class Args:
     # What to evaluate.
     model: str = arg(
-        "tiny", "a training run, a checkpoint-N, a model directory or a hub name; 'tiny': the CPU demo model"
+        "tiny",
+        "a training run, a checkpoint-N, a model directory or a hub name; 'tiny': the CPU demo model, 'smollm2': SmolLM2-135M-Instruct",
     )
     benchmarks: str = arg("synthetic", f"comma-separated names ({BENCHMARK_NAMES}), each optionally =FILE")
     data_dir: str | None = arg(None, "directory holding <benchmark>.jsonl local copies (looked up before the hub)")
