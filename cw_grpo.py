@@ -32,11 +32,15 @@ from common.run_flags import RunFlags, check_tis_support
 class Args:
     # What to train. The defaults run the CPU demo; recipes/ holds each paper's setting.
     model: str = arg(
-        "tiny", "HF hub name or local path (a run or checkpoint directory too); 'tiny' builds the CPU demo model"
+        "tiny",
+        "HF hub name or local path (a run or checkpoint directory too); 'tiny' builds the CPU demo model, 'smollm2' converts SmolLM2-135M-Instruct",
     )
     dataset: str = arg("synthetic-arith", "hub name, local .jsonl/.json/.parquet, or 'synthetic-arith'")
     template: str = arg(
         "qwen_math", "prompt template; *_native: rendered by the model's own chat template", TEMPLATE_CHOICES
+    )
+    few_shot: int = arg(
+        0, "K worked examples from the dataset's solutions before each problem (earlier chat turns)", at_least=0
     )
     rewards: str = arg(
         "accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format, think_answer_format, dapo"
@@ -304,6 +308,7 @@ def main(args: Args, run: RunFlags) -> None:
     G = args.group_size
     s = start_session(
         Path(__file__).stem, run, flag_record(args, run), model=args.model, dataset=args.dataset, template=args.template,
+        few_shot=args.few_shot,
         rewards=args.rewards, reward_fn=args.reward_fn, seed=args.seed, steps=args.steps, epochs=args.epochs,
         prompts_per_step=args.prompts_per_step, group_size=G, max_prompt_len=args.max_prompt_len,
         max_completion_len=args.max_completion_len, top_p=args.top_p,

@@ -24,7 +24,7 @@ from pathlib import Path
 from common.answers import extract_answer
 from common.benchmarks import AGGREGATES
 from common.jsonl import read_jsonl, write_jsonl
-from common.prompts import format_prompt
+from common.prompts import few_shot_examples, format_few_shot_prompt
 from common.verifier import MathVerifier
 
 RESULTS_FILE = "eval_results.json"
@@ -103,6 +103,8 @@ def evaluate(
     max_prompt_len: int | None = None,
     accelerator=None,
     say=None,
+    few_shot: int = 0,
+    few_shot_pool: list[dict] | None = None,
 ) -> tuple[dict[str, float], list[dict]]:
     """Sample n completions per problem with `engine` (a `common.rollout` engine: the training loop's
     live one samples the policy being trained) and score them; returns (flat summary, per-problem records).
@@ -113,6 +115,7 @@ def evaluate(
     samples every world-th problem and every rank gets all records, so the summary is the same on
     every rank and equals a one-process evaluation (each problem's seed is its own, from its index).
     say: called with a line per benchmark (problems, pass@1, time).
+    few_shot, few_shot_pool: K worked examples from the pool before each problem (`common.prompts`).
     """
     import time
 
@@ -132,9 +135,15 @@ def evaluate(
             first += len(rows)
             mine = list(range(rank, len(rows), world))
             prompts = {
-                i: tokenizer(format_prompt(rows[i]["problem"], template, tokenizer), add_special_tokens=False).input_ids
+                i: tokenizer(
+                    format_few_shot_prompt(
+                        rows[i]["problem"], template,
+                        few_shot_examples(rows[i]["problem"], few_shot_pool, few_shot) if few_shot else [], tokenizer,
+                    ),
+                    add_special_tokens=False,
+                ).input_ids
                 for i in mine
-            }
+            }  # fmt: skip
             keep = [i for i in mine if max_prompt_len is None or len(prompts[i]) <= max_prompt_len]
             # Called on every rank even with nothing to sample: a synced engine steps with its peers.
             groups = engine.generate(

