@@ -53,7 +53,7 @@ def test_a_bad_recipe_is_a_one_line_error(tmp_path):
 SETTING_COLUMNS = ["setting", "paper says", "recipe uses", "source"]
 TABLE_FLAG = re.compile(r"`--(\w+) ([^`]+)`")  # `--lr 1e-6` in the "recipe uses" column
 # Recipe keys about the machine, not the paper's setting: no row needed.
-SYSTEM_KEYS = {"output_dir", "save_steps", "gradient_checkpointing", "max_tokens_per_micro_batch", "vllm_sleep",
+SYSTEM_KEYS = {"output_dir", "save_steps", "save_minutes", "gradient_checkpointing", "max_tokens_per_micro_batch", "vllm_sleep",
                "vllm_gpu_memory_utilization"}  # fmt: skip
 METHODS = ["edge_grpo", "egpo", "cw_grpo", "pro_grpo"]
 
