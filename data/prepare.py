@@ -203,9 +203,12 @@ def openr1_summary(row: dict, subset: str) -> dict:
     bucket = None
     if n >= EGPO_MIN_GENERATIONS and isinstance(count, int) and 0 <= count <= n:
         bucket = "entirely_correct" if count == n else "entirely_incorrect" if count == 0 else "mixed"
-    gold = _light_norm(row["answer"])
-    candidates = [row["solution"] or "", *generations]
-    response = next((t for t in candidates if t and _light_norm(extract_boxed(t) or "\0") == gold), None)
+
+    def matches(text: str) -> bool:
+        box = extract_boxed(text)
+        return box is not None and _light_norm(box) == _light_norm(row["answer"])
+
+    response = next((t for t in [row["solution"] or "", *generations] if t and matches(t)), None)
     return {"problem": row["problem"], "answer": row["answer"], "solution": row["solution"],
             "subset": subset, "bucket": bucket, "response": response}  # fmt: skip
 
