@@ -146,22 +146,25 @@ def worker(out: Path, seed: int, zero_defaults: bool) -> None:
 
     if zero_defaults:  # DeepSpeed's own bf16 dtypes, as before
         dist_utils.ZERO_BF16_GRADIENTS = {}
-    facts = {}
+    accelerator = make_accelerator("bf16", None, ROWS)
+    mode = parallel_mode(accelerator)
+    facts = {"mode": mode.kind, "world": accelerator.num_processes, "mixed_precision": accelerator.mixed_precision}
+    if mode.kind.startswith("zero"):  # the settings handed to DeepSpeed
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        facts["settings"] = {k: ds_config.get(k) for k in ("data_types", "communication_data_type")}
+    elif mode.kind == "fsdp2":  # ... and to FSDP2
+        policy = accelerator.state.fsdp_plugin.mixed_precision_policy
+        facts["settings"] = {"param_dtype": str(policy.param_dtype), "reduce_dtype": str(policy.reduce_dtype)}
     try:
-        accelerator = make_accelerator("bf16", None, ROWS)
-        mode = parallel_mode(accelerator)
         model = AutoModelForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
         model, _ = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-    except Exception as e:  # noqa: BLE001 - reported, with the settings the engine was handed
+    except Exception as e:  # noqa: BLE001 - reported, beside the settings the engine was handed
         facts["error"] = f"{type(e).__name__}: {e}"[:300]
         print(RESULT + json.dumps(facts), flush=True)
         return
     rank, world = accelerator.process_index, accelerator.num_processes
-    facts |= {"mode": mode.kind, "world": world, "mixed_precision": accelerator.mixed_precision}
-    if mode.kind.startswith("zero"):
-        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+    if mode.kind.startswith("zero"):  # what the engine made of them
         facts |= {
-            "bf16": ds_config.get("bf16", {}).get("enabled"),
             "grad_accum_dtype": str(model.get_data_types()[1]),
             "communication_data_type": str(model.communication_data_type),
         }
@@ -179,14 +182,12 @@ def worker(out: Path, seed: int, zero_defaults: bool) -> None:
                 accelerator.backward(loss)
     if mode.kind == "fsdp2":
         policy = accelerator.state.fsdp_plugin.mixed_precision_policy
-        facts |= {"param_dtype": str(policy.param_dtype), "grad_accum_dtype": "float32 (sharded)",
+        facts |= {"param_dtype": str(policy.param_dtype), "grad_accum_dtype": "float32",
                   "communication_data_type": str(policy.reduce_dtype)}  # fmt: skip
-    elif mode.kind == "ddp":
-        facts |= {
-            "param_dtype": "float32 + autocast",
-            "grad_accum_dtype": "float32",
-            "communication_data_type": "float32",
-        }
+    elif mode.kind == "ddp":  # autocast over the parameters; DDP reduces the gradient buckets as they are
+        p = next(accelerator.unwrap_model(model).parameters())
+        facts |= {"param_dtype": f"{p.dtype} + autocast", "grad_accum_dtype": str(p.grad.dtype),
+                  "communication_data_type": str(p.grad.dtype)}  # fmt: skip
     else:
         facts["param_dtype"] = str(next(accelerator.unwrap_model(model).parameters()).dtype)
     grads = {}

@@ -75,22 +75,25 @@ def _chunked(fn, rows: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch
 
 @functools.cache
 def _fp32_out_addmm(device_type: str) -> bool:
-    """Does this device's addmm take bf16 factors into an fp32 sum (CUDA in torch >= 2.8; not CPU)?"""
+    """Does this device's addmm sum bf16 factors into an fp32 tensor in place (CUDA in torch >= 2.8; not
+    CPU)? Tried once on a small case, result checked."""
     try:
         a = torch.ones(2, 2, device=device_type, dtype=torch.bfloat16)
-        torch.addmm(torch.zeros(2, 2, device=device_type), a, a, out_dtype=torch.float32)
-        return True
+        acc = torch.ones(2, 2, device=device_type)
+        torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+        return bool((acc == 3).all())
     except (RuntimeError, TypeError, NotImplementedError):
         return False
 
 
-def _add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """acc + a @ b, summed in acc's fp32 (a and b in any dtype; not rounded to theirs first)."""
+def _add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b in place, summed in acc's fp32 (a and b in any dtype; the product is not rounded to theirs)."""
     if a.dtype == acc.dtype:
-        return acc.addmm_(a, b)
-    if _fp32_out_addmm(acc.device.type):
-        return torch.addmm(acc, a, b, out_dtype=acc.dtype)
-    return acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+        acc.addmm_(a, b)
+    elif _fp32_out_addmm(acc.device.type):
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:  # CPU: an fp32 product of the upcast factors
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
 
 
 class _ChunkedHead(torch.autograd.Function):
@@ -140,7 +143,7 @@ class _ChunkedHead(torch.autograd.Function):
                 if need_rows:
                     d_rows[i : i + chunk] = d_logits @ w
                 if need_w:
-                    d_w = _add_product(d_w, d_logits.T, h)
+                    _add_product(d_w, d_logits.T, h)
                 if need_b:
                     d_b += d_logits.float().sum(0)
         d_w = None if d_w is None else d_w.to(weight.dtype)

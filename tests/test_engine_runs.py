@@ -57,6 +57,7 @@ def coins(tiny_random_dir, tmp_path_factory):
 
 COMMON = ["--rollout", "hf", "--prompts_per_step", "2", "--group_size", "4", "--max_completion_len", "8"]
 COMMON += ["--max_tokens_per_micro_batch", "100", "--seed", "3", "--lr", "1e-2"]
+COMMON += ["--gradient_checkpointing"]  # as every recipe sets it
 
 
 def flags(coins, script):
@@ -173,3 +174,52 @@ def test_checks_that_need_the_real_engine(config, tiny_random_dir, tmp_path):
         assert f.get("sync_matches", True) and (f["rank"] != 0 or f["sync_matches"])  # the weight sync's gather
         if f["mode"] == "fsdp2":
             assert f["sharded_grads"], "FSDP2 gradients must stay sharded between micro-batches"
+            assert f["gathered_dtypes"] == ["torch.bfloat16"], "a bf16 engine's weights are gathered in bf16"
+        assert f.get("sync_bf16", True) and (f["rank"] != 0 or f["sync_bf16"])
+        if f["mode"] == "zero3":  # zero.Init replaced F.linear process-wide; now only the policy's layers use it
+            assert f["linear"]["patched_before"] and f["linear"]["confined"] and f["linear"]["torch_linear_after"]
+            assert "LinearFunctionForZeroStage3Backward" in f["linear"]["policy_grad_fns"], f["linear"]
+        else:
+            assert f["linear"] == {**f["linear"], "patched_before": False, "confined": False}
+
+
+def _bf16_grads():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bf16_grads", ROOT / "benchmarks" / "bf16_grads.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Measured spread (benchmarks/bf16_grads.py, docs/SCALING.md): over data seeds, an error moves by up to
+# MARGIN of its mean; an engine's rounding differs from one process's by the order of its sums.
+MARGIN = 1.15
+
+
+def test_bf16_gradients_are_no_worse_than_the_unchunked_bf16_pass(tmp_path):
+    """One bf16 GRPO step under each engine (2 gloo processes, 166 head chunks per micro-batch): the relative
+    error of the tied embedding / output layer's gradient and of the body's, against fp64, is no worse than
+    the unchunked bf16 pass's (autocast over fp32 weights for one process and DDP; bf16 weights for FSDP2's
+    and DeepSpeed's bf16 parameters). Before, the chunks' weight gradients were summed in bf16 (twice the
+    yardstick's error) and DeepSpeed summed and reduced gradients in bf16."""
+    bench = _bf16_grads()
+    bench.build_model(tmp_path / "model")
+    rows = {r["config"]: r for r in bench.measure(list(bench.ENGINES), [0], tmp_path / "model")}
+    autocast = rows["bf16 autocast, unchunked (yardstick)"]
+    bf16_weights = rows["bf16 weights, unchunked (yardstick)"]
+    assert rows["fp32, chunked head"]["head"] < 1e-5
+    checked = [rows["bf16 autocast, chunked, fp32 sum (now)"]] + [rows[e] for e in bench.ENGINES]
+    for row in checked:
+        if "error" in row:  # cannot run bf16 on this host: the settings handed to the engine instead
+            settings = row["settings"]
+            assert settings in (
+                {"data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "fp32"},
+                {"param_dtype": "torch.bfloat16", "reduce_dtype": "torch.float32"},
+            ), row
+            continue
+        yardstick = bf16_weights if row.get("param_dtype") == "torch.bfloat16" else autocast
+        for part in ("head", "body"):
+            assert row[part] <= MARGIN * yardstick[part], (row["config"], part, row[part], yardstick[part])
+        if row.get("mode", "").startswith("zero"):
+            assert (row["grad_accum_dtype"], row["communication_data_type"]) == ("torch.float32",) * 2, row
