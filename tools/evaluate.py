@@ -30,6 +30,8 @@ class Args:
     benchmarks: str = arg("synthetic", f"comma-separated names ({BENCHMARK_NAMES}), each optionally =FILE")
     data_dir: str | None = arg(None, "directory holding <benchmark>.jsonl local copies (looked up before the hub)")
     limit: int | None = arg(None, "evaluate only the first N problems of each benchmark (smoke tests)", at_least=1)
+    problem_field: str | None = arg(None, "column holding the problem (default: known per benchmark, else 'problem')")
+    answer_field: str | None = arg(None, "column holding the gold answer (default: known per benchmark, else 'answer')")
     template: str = arg("qwen_math", "prompt template (use the one the model was trained with)", TEMPLATE_CHOICES)
     # Sampling.
     n: int = arg(8, "samples per problem", at_least=1)
@@ -124,7 +126,7 @@ def main(args: Args, ks: list[int] | None) -> None:
 
     offline_unless_hub_reachable()  # no minute of retries before a one-line error
     with clear_errors("--benchmarks"):
-        benchmarks = load_benchmarks(args.benchmarks, args.data_dir, args.limit)
+        benchmarks = load_benchmarks(args.benchmarks, args.data_dir, args.limit, args.problem_field, args.answer_field)
     if args.export_data:
         for name, rows in benchmarks.items():
             print(f"{name}: {write_jsonl(rows, Path(args.export_data) / f'{name}.jsonl')} problems")
