@@ -4,9 +4,12 @@ folder that failed to start is not stuck, schedules, your own reward, console li
 import json
 import math
 import re
+import signal
+import subprocess
+import sys
 
 import pytest
-from train_utils import SCRIPTS, run_cli, user_env
+from train_utils import ROOT, SCRIPTS, run_cli, user_env
 
 from common.session import lr_lambda
 
@@ -129,3 +132,19 @@ def test_the_first_demo_build_says_so(tmp_path):
     assert len(said) == 1 and "building the CPU demo model once" in said[0] and (path / "tiny_model.json").exists()
     ensure_tiny_model(path, say=said.append)
     assert len(said) == 1  # reused: nothing to say
+
+
+def test_ctrl_c_while_starting_is_one_line(tiny_random_dir, tmp_path):
+    """Ctrl-C before the run's own signal handling is in place (here: while a --reward_fn module imports, before
+    any model loads) ends in one line and exit 130, not a KeyboardInterrupt traceback."""
+    (tmp_path / "slow_import.py").write_text(
+        "import time\nprint('importing', flush=True)\ntime.sleep(120)\n\ndef r(c, a, v):\n    return [0.0] * len(c)\n"
+    )
+    cmd = [sys.executable, str(ROOT / "grpo_base.py"), "--model", str(tiny_random_dir), "--rollout", "hf"]
+    cmd += ["--output_dir", str(tmp_path / "run"), "--reward_fn", f"{tmp_path / 'slow_import.py'}:r"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=user_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "importing"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert [line for line in err.splitlines() if line.strip()] == ["interrupted (Ctrl-C): nothing was saved"]
