@@ -124,12 +124,15 @@ def test_your_own_reward_and_console_lines_at_an_interval(tiny_random_dir, tmp_p
     assert re.search(r"step 1: reward -?[\d.e-]+, acc 0", console) and "step 2: reward" in console
 
 
-def test_the_first_demo_build_says_so(tmp_path):
+def test_the_first_demo_build_says_so(tmp_path, capsys):
+    """It says what its time depends on, and shows its progress."""
     from common.tiny_model import ensure_tiny_model
 
     said = []
-    path = ensure_tiny_model(tmp_path / "tiny", say=said.append, sft_steps=0)
+    path = ensure_tiny_model(tmp_path / "tiny", say=said.append, sft_steps=3)
     assert len(said) == 1 and "building the CPU demo model once" in said[0] and (path / "tiny_model.json").exists()
+    assert "3 SFT steps" in said[0] and "CPU-bound, so the more other jobs share the cores the longer" in said[0]
+    assert re.search(r"demo model SFT: 100%.*3/3", capsys.readouterr().err)
     ensure_tiny_model(path, say=said.append)
     assert len(said) == 1  # reused: nothing to say
 
