@@ -352,6 +352,10 @@ def start_session(
             eval_sets = load_benchmarks(run.eval_benchmarks)
 
     # The accelerator, the policy and its optimiser.
+    if is_main:  # the slow part of start-up, before the progress bar: say what it is
+        print(
+            f"loading {model_path}: the policy{', the reference model' * reference_model} and the {run.rollout} rollout engine"
+        )
     gpu = torch.cuda.is_available()
     accelerator = make_accelerator(
         "bf16" if gpu and run.precision != "fp32" else "no",
@@ -446,6 +450,7 @@ def start_session(
     )  # fmt: skip
     session.guard.checkpoint_hint = lambda: session.saved_step
     if run.eval_steps and start_step == 0:  # step 0: the policy before training, every curve's starting point
+        say(f"evaluating the policy before training (--eval_benchmarks {run.eval_benchmarks})")
         summary, _ = session.evaluate()
         logger.eval_line(0, summary)
         logger.log(0, summary, advance=False)  # the same on every rank: the evaluation gathers its records

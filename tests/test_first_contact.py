@@ -122,6 +122,9 @@ def test_your_own_reward_and_console_lines_at_an_interval(tiny_random_dir, tmp_p
     assert rows[0]["train/reward"] == pytest.approx(-0.001 * sum(map(len, texts[:4])) / 4, abs=0.02)
     console = proc.stdout + proc.stderr
     assert re.search(r"step 1: reward -?[\d.e-]+, acc 0", console) and "step 2: reward" in console
+    # Before the progress bar: how many steps and why, then what is loading.
+    start = "grpo_base: 2 steps (--steps), 4 prompts x 4 completions a step\nloading "
+    assert start + f"{tiny_random_dir}: the policy and the hf rollout engine\n" in proc.stdout
 
 
 def test_the_first_demo_build_says_so(tmp_path, capsys):
