@@ -227,7 +227,8 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
 def _interrupted_while_starting(signum, frame) -> None:
     """Ctrl-C before a run installs its own handling (common/health.py StopSignal), e.g. while the models load:
     one line and exit 130, not a KeyboardInterrupt traceback from deep inside a library."""
-    os.write(2, b"\ninterrupted (Ctrl-C): nothing was saved\n")
+    if _rank0():  # a terminal's Ctrl-C reaches every rank of a launch: one line in all
+        os.write(2, b"\ninterrupted (Ctrl-C): nothing was saved\n")
     raise SystemExit(128 + signum)
 
 
