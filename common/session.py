@@ -420,13 +420,8 @@ def start_session(
         budget_s=run.reward_time_budget_s or None,
     )
     if is_main:  # everything has loaded: now the run directory is this run's
-        start_run_dir(
-            run_dir,
-            values,
-            start_step > 0,
-            run.overwrite,
-            {"processes": world, "parallel": mode.kind, "script": script},
-        )
+        launch = {"processes": world, "parallel": mode.kind, "script": script}
+        start_run_dir(run_dir, values, start_step > 0, run.overwrite, launch)
     accelerator.wait_for_everyone()
     check_shared(run_dir, accelerator)  # multi-node: every rank sees what rank 0 writes
     logger = RunLogger(
