@@ -74,7 +74,12 @@ def _clean_answer(answer: str) -> str:
 
 
 def load_benchmark(
-    name: str, source: str | None = None, data_dir: str | None = None, limit: int | None = None
+    name: str,
+    source: str | None = None,
+    data_dir: str | None = None,
+    limit: int | None = None,
+    problem_field: str | None = None,
+    answer_field: str | None = None,
 ) -> list[dict]:
     """Rows `{"problem", "answer"}` of one benchmark.
 
@@ -83,6 +88,7 @@ def load_benchmark(
     data_dir: a directory searched for `<name>.jsonl` (or .json / .parquet) first.
     A local file may be a dump of the hub dataset (its own field names) or rows
     already in our `{"problem", "answer"}` form; both are accepted.
+    problem_field / answer_field: where the problem and the gold answer are, instead (dotted for nested).
     """
     if not _NAME_RE.fullmatch(name) or name in AGGREGATES:
         raise ValueError(
@@ -100,6 +106,11 @@ def load_benchmark(
                 f"Pass a file as --benchmarks {name}=path/to/{name}.jsonl (fields problem, answer)."
             )
         spec = Benchmark(None, None, "test", "problem", "answer")
+    named = bool(problem_field or answer_field)
+    if named:
+        spec = spec._replace(
+            problem_field=problem_field or spec.problem_field, answer_field=answer_field or spec.answer_field
+        )
 
     if source is None:  # the hub
         try:
@@ -119,6 +130,10 @@ def load_benchmark(
                 f"--data_dir DIR holding {name}.jsonl (`python -m tools.evaluate --export_data DIR "
                 f"--benchmarks {name}` writes one on a machine that reaches the hub)."
             ) from None
+    elif named:  # the fields the user named, and no others
+        rows = load_math_dataset(
+            source, spec.split, spec.problem_field, spec.answer_field, solution_field=None, limit=limit
+        )
     else:
         try:  # our own format first: every shipped or exported copy is in it
             rows = load_math_dataset(source, spec.split, "problem", "answer", limit=limit)
@@ -155,10 +170,16 @@ def parse_benchmarks(text: str) -> list[tuple[str, str | None]]:
     return out
 
 
-def load_benchmarks(text: str, data_dir: str | None = None, limit: int | None = None) -> dict[str, list[dict]]:
-    """All benchmarks of a `--benchmarks` string, in order: {name: rows}."""
+def load_benchmarks(
+    text: str,
+    data_dir: str | None = None,
+    limit: int | None = None,
+    problem_field: str | None = None,
+    answer_field: str | None = None,
+) -> dict[str, list[dict]]:
+    """All benchmarks of a `--benchmarks` string, in order: {name: rows} (`*_field`: `load_benchmark`'s)."""
     items = parse_benchmarks(text)
     names = [name for name, _ in items]
     if len(set(names)) < len(names):
         raise ValueError(f"a benchmark is named twice in {text!r}")
-    return {name: load_benchmark(name, source, data_dir, limit) for name, source in items}
+    return {name: load_benchmark(name, source, data_dir, limit, problem_field, answer_field) for name, source in items}

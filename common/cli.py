@@ -10,7 +10,8 @@
 One flag per field; its help, allowed values and range live on the field (`arg`), so a bad
 value stops with one line naming the flag, before anything heavy is imported. `--help` lists
 the flags in the groups the dataclasses' own comment lines open (`# What to train.`).
-`--config FILE.yaml` (a recipe) sets flags; flags on the command line override it.
+`--config FILE.yaml` (a recipe) sets flags; flags on the command line override it. Run as a program,
+a Ctrl-C while it starts up ends in one line.
 This module imports nothing heavy and nothing else from common/: every script parses its
 flags in well under a second.
 """
@@ -21,6 +22,7 @@ import difflib
 import inspect
 import os
 import re
+import signal
 import sys
 import typing
 from contextlib import contextmanager
@@ -199,6 +201,8 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
             group.add_argument(
                 f"--{f.name}", type=convert, default=f.default, choices=f.metadata.get("choices"), help=text, **extra
             )
+    if argv is None:  # run as a program
+        signal.signal(signal.SIGINT, _interrupted_while_starting)
     argv = sys.argv[1:] if argv is None else argv
     config = argparse.ArgumentParser(add_help=False)
     config.add_argument("--config", default=None)
@@ -218,6 +222,14 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
             require(False, problem)
     out = tuple(cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)}) for cls in classes)
     return out[0] if len(out) == 1 else out
+
+
+def _interrupted_while_starting(signum, frame) -> None:
+    """Ctrl-C before a run installs its own handling (common/health.py StopSignal), e.g. while the models load:
+    one line and exit 130, not a KeyboardInterrupt traceback from deep inside a library."""
+    if _rank0():  # a terminal's Ctrl-C reaches every rank of a launch: one line in all
+        os.write(2, b"\ninterrupted (Ctrl-C): nothing was saved\n")
+    raise SystemExit(128 + signum)
 
 
 def _given(parser: argparse.ArgumentParser, names: list[str], argv: list[str]) -> set[str]:

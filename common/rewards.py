@@ -23,7 +23,7 @@ import numbers
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,10 +219,12 @@ def custom_scores(fn: RewardFn, completions: list[str], answers: list[str], veri
         scores = fn(completions, answers, verifier)
     except Exception as error:  # noqa: BLE001 - the user's code: report it, with the completion at fault
         raise RewardFnError(_raised(fn, completions, answers, verifier, error)) from None
-    if hasattr(scores, "tolist") and getattr(scores, "ndim", 1) == 1:  # a numpy array or a torch tensor
+    if getattr(scores, "ndim", None) == 1 and hasattr(scores, "tolist"):  # a numpy array or a torch tensor
         scores = scores.tolist()
-    if not isinstance(scores, (list, tuple)) or len(scores) != len(completions):
-        got = f"{len(scores)} values" if isinstance(scores, (list, tuple)) else _shown(scores)
+    elif isinstance(scores, Iterable) and not isinstance(scores, (str, bytes, dict)) and getattr(scores, "ndim", 1):
+        scores = list(scores)  # a tuple, a generator, ...
+    if not isinstance(scores, list) or len(scores) != len(completions):
+        got = f"{len(scores)} values" if isinstance(scores, list) else _shown(scores)
         raise RewardFnError(
             f"{_name(fn)} returned {got} for {len(completions)} completions; it must return one finite number per "
             "completion (a list, or a 1-d array)"
@@ -244,8 +246,13 @@ def _raised(fn, completions, answers, verifier, error: Exception) -> str:
         try:
             fn([c], [a], verifier)
         except Exception as e:  # noqa: BLE001
-            return f"{_name(fn)} raised {type(e).__name__}: {e} on completion {i} (of {len(completions)}: {c[:60]!r})"
-    return f"{_name(fn)} raised {type(error).__name__}: {error} on the batch of {len(completions)} completions"
+            return f"{_name(fn)} raised {_one_line(e)} on completion {i} (of {len(completions)}: {c[:60]!r})"
+    return f"{_name(fn)} raised {_one_line(error)} on the batch of {len(completions)} completions"
+
+
+def _one_line(error: Exception) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:200]}" if text else type(error).__name__
 
 
 def _name(fn) -> str:

@@ -359,6 +359,10 @@ def start_session(
             eval_sets = load_benchmarks(run.eval_benchmarks)
 
     # The accelerator, the policy and its optimiser.
+    if is_main:  # the slow part of start-up, before the progress bar: say what it is
+        print(
+            f"loading {model_path}: the policy{', the reference model' * reference_model} and the {run.rollout} rollout engine"
+        )
     gpu = torch.cuda.is_available()
     if is_main and (note := precision_note(run.precision, gpu)):
         print(note)
@@ -433,13 +437,8 @@ def start_session(
         budget_s=run.reward_time_budget_s or None,
     )
     if is_main:  # everything has loaded: now the run directory is this run's
-        start_run_dir(
-            run_dir,
-            values,
-            start_step > 0,
-            run.overwrite,
-            {"processes": world, "parallel": mode.kind, "script": script},
-        )
+        launch = {"processes": world, "parallel": mode.kind, "script": script}
+        start_run_dir(run_dir, values, start_step > 0, run.overwrite, launch)
     accelerator.wait_for_everyone()
     logger = RunLogger(
         run_dir, total_steps, accelerator.is_main_process, start_step, accelerator if run.report_to != "none" else None,
@@ -463,6 +462,7 @@ def start_session(
     )  # fmt: skip
     session.guard.checkpoint_hint = lambda: session.saved_step
     if run.eval_steps and start_step == 0:  # step 0: the policy before training, every curve's starting point
+        say(f"evaluating the policy before training (--eval_benchmarks {run.eval_benchmarks})")
         summary, _ = session.evaluate()
         logger.eval_line(0, summary)
         logger.log(0, summary, advance=False)  # the same on every rank: the evaluation gathers its records

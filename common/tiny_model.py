@@ -75,9 +75,21 @@ def unboxed(row: dict) -> str:
 
 
 def sft(
-    model, tokenizer, rows: list[dict], template: str, steps: int, lr: float, batch_size: int, seed: int, noise: float
+    model,
+    tokenizer,
+    rows: list[dict],
+    template: str,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    noise: float,
+    progress: bool = False,
 ) -> None:
-    """Supervised warm-start on prompt -> solution<eos> (loss on the solution only); a `noise` share is unboxed."""
+    """Supervised warm-start on prompt -> solution<eos> (loss on the solution only); a `noise` share is unboxed.
+    `progress`: a bar of the steps on stderr."""
+    from tqdm import tqdm
+
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     examples = []
@@ -87,7 +99,7 @@ def sft(
             c = tokenizer(solution, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
             examples.append((p + c, [-100] * len(p) + c))
     model.train()
-    for _ in range(steps):
+    for _ in tqdm(range(steps), desc="demo model SFT", unit="step", disable=not progress, dynamic_ncols=True):
         # examples alternate boxed / unboxed for each problem
         picks = [2 * rng.randrange(len(rows)) + (rng.random() < noise) for _ in range(batch_size)]
         seqs, labels = zip(*(examples[i] for i in picks))
@@ -108,8 +120,9 @@ def build_tiny_model(
     sft_noise: float = 0.5,
     seed: int = 0,
     template: str = "qwen_math",
+    progress: bool = False,
 ) -> Path:
-    """Build tokenizer + model (+ SFT warm-start) and save them as a HF checkpoint directory."""
+    """Build tokenizer + model (+ SFT warm-start) and save them as a HF checkpoint directory (`progress`: a bar)."""
     output = Path(output)
     torch.manual_seed(seed)
     # The RL training problems (the demo evaluates on the same 100 sums: it shows RL, not generalisation).
@@ -123,7 +136,7 @@ def build_tiny_model(
     config = tiny_qwen2_config(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
     model = Qwen2ForCausalLM(config)
     if sft_steps:
-        sft(model, tokenizer, rows, template, sft_steps, sft_lr, batch_size=32, seed=seed, noise=sft_noise)
+        sft(model, tokenizer, rows, template, sft_steps, sft_lr, 32, seed, sft_noise, progress)
     tmp = output.with_name(output.name + ".tmp")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -136,8 +149,8 @@ def build_tiny_model(
 
 
 def ensure_tiny_model(path: str | Path = DEFAULT_DIR, say=None, **kwargs) -> Path:
-    """Reuse the model at `path` if it was built by this recipe, else build it (saying so first: about
-    a minute on 2 cores, once per machine)."""
+    """Reuse the model at `path` if it was built by this recipe, else build it, once per machine (with `say`:
+    saying so first, with what the time depends on, and a progress bar)."""
     path = Path(path)
     if (path / "tiny_model.json").exists():
         return path
@@ -147,6 +160,9 @@ def ensure_tiny_model(path: str | Path = DEFAULT_DIR, say=None, **kwargs) -> Pat
         if (path / "tiny_model.json").exists():
             return path
         if say is not None:
-            say(f"building the CPU demo model once (about a minute): {path}")
+            say(
+                f"building the CPU demo model once, into {path}: {kwargs.get('sft_steps', 500)} SFT steps of a "
+                "1M-parameter model, CPU-bound, so the more other jobs share the cores the longer (3.5 min on 2 busy ones)"
+            )
         shutil.rmtree(path.with_name(path.name + ".tmp"), ignore_errors=True)  # a build that was killed
-        return build_tiny_model(path, **kwargs)
+        return build_tiny_model(path, **kwargs, progress=say is not None)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The comparison recipe on the CPU demo: all five algorithms on the same data
 # and seed, evaluated every 10 steps, then one figure and one results table.
-# Regenerates docs/compare_demo.png, docs/results_demo.md and the README's demo table (~8 minutes on 2 cores).
+# Regenerates docs/compare_demo.png, docs/results_demo.md and the README's demo table (8 runs of ~2 min on 2 cores).
 #   bash scripts/compare_demo.sh [RUNS_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,4 +12,10 @@ for script in grpo_base edge_grpo egpo cw_grpo pro_grpo; do
     runs+=("$out/$script")
 done
 python -m tools.plot "${runs[@]}" --output docs/compare_demo.png --table docs/results_demo.md
-python scripts/readme_demo_table.py "$out/grpo_base"  # grpo_base's run is the README's demo command
+# The README's demo table: grpo_base's run (the README's command) and three more seeds, as ranges.
+seeds=("$out/grpo_base")
+for seed in 1 2 3; do
+    python grpo_base.py --seed "$seed" --steps 30 --eval_steps 10 --output_dir "$out/grpo_base_seed$seed" --overwrite
+    seeds+=("$out/grpo_base_seed$seed")
+done
+python scripts/readme_demo_table.py "${seeds[@]}"

@@ -1,9 +1,15 @@
-"""Write the README's CPU-demo table from a run of `python grpo_base.py --eval_steps 10` (scripts/compare_demo.sh
-runs it). The table sits between the two marker lines below; tests/test_learning.py holds it to a fresh run.
+"""Write the README's CPU-demo table from runs of `python grpo_base.py --eval_steps 10 --seed S` over several seeds
+(scripts/compare_demo.sh runs them): each cell is the range over the seeds, `lo–hi`. The table sits between the two
+marker lines below; tests/test_learning.py holds a fresh run to it.
 
-    python scripts/readme_demo_table.py runs/compare_demo/grpo_base [README.md]
+Why a range: the same command on another CPU rounds a kernel differently, one sampled token changes, and from
+there the run's samples differ as they would under another seed. The spread over seeds is what a run on any
+machine can be held to; a single run's figures are not.
+
+    python scripts/readme_demo_table.py runs/compare_demo/grpo_base runs/compare_demo/grpo_base_seed1 ... [--readme README.md]
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -11,40 +17,68 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.jsonl import read_jsonl  # noqa: E402
 
-BEGIN = (
-    "<!-- demo table: written by scripts/readme_demo_table.py from a run of `python grpo_base.py --eval_steps 10` -->"
-)
+BEGIN = "<!-- demo table: written by scripts/readme_demo_table.py from runs of `python grpo_base.py --eval_steps 10 --seed S` -->"
+MARK = "<!-- demo table:"  # BEGIN's start: the marker line is rewritten whole
 END = "<!-- end of demo table -->"
 STEPS = (0, 10, 20, 30)
+DASH = "–"  # lo–hi
 
 
-def table(rows: list[dict]) -> str:
+def values(rows: list[dict]) -> tuple[list, list]:
+    """(training accuracy, eval pass@1) of one run at STEPS; step 0 has no training yet: step 1's accuracy."""
     by_step = {r["step"]: r for r in rows}
-    train = [by_step.get(max(s, 1), {}).get("train/accuracy") for s in STEPS]  # step 0 has no training yet: step 1
+    train = [by_step.get(max(s, 1), {}).get("train/accuracy") for s in STEPS]
     evals = [by_step.get(s, {}).get("eval/synthetic/pass@1") for s in STEPS]
-    cell = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    return train, evals
+
+
+def cell(vs: list) -> str:
+    vs = [v for v in vs if v is not None]
+    if not vs:
+        return "-"
+    lo, hi = f"{min(vs):.2f}", f"{max(vs):.2f}"
+    return lo if lo == hi else f"{lo}{DASH}{hi}"
+
+
+def table(runs: list[list[dict]], seeds: str) -> str:
+    per_run = [values(rows) for rows in runs]
+    train = [cell([t[i] for t, _ in per_run]) for i in range(len(STEPS))]
+    evals = [cell([e[i] for _, e in per_run]) for i in range(len(STEPS))]
     return "\n".join(
         [
-            "| step | " + " | ".join(str(s) for s in STEPS) + " |",
+            f"| step (range over seeds {seeds}) | " + " | ".join(str(s) for s in STEPS) + " |",
             "|---|" + "---|" * len(STEPS),
-            "| training accuracy (T = 1, 128 samples; step 1 for 0) | " + " | ".join(map(cell, train)) + " |",
-            "| eval pass@1 on the 100 sums (T = 0.6, 4 samples each) | " + " | ".join(map(cell, evals)) + " |",
+            "| training accuracy (T = 1, 128 samples; step 1 for 0) | " + " | ".join(train) + " |",
+            "| eval pass@1 on the 100 sums (T = 0.6, 4 samples each) | " + " | ".join(evals) + " |",
         ]
     )
 
 
+def parse_cell(text: str) -> tuple[float, float] | None:
+    """'0.48–0.55' -> (0.48, 0.55); '0.99' -> (0.99, 0.99); '-' -> None."""
+    if text == "-":
+        return None
+    lo, _, hi = text.partition(DASH)
+    return float(lo), float(hi or lo)
+
+
 def main() -> None:
-    run = Path(sys.argv[1])
-    readme = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(__file__).resolve().parent.parent / "README.md"
+    args = sys.argv[1:]
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    if "--readme" in args:
+        i = args.index("--readme")
+        readme, args = Path(args[i + 1]), args[:i] + args[i + 2 :]
+    if not args:
+        raise SystemExit(f"usage: {Path(__file__).name} RUN_DIR [RUN_DIR ...] [--readme README.md]")
+    runs = [read_jsonl(Path(run) / "metrics.jsonl", skip_torn_last_line=True) for run in args]
+    seeds = [json.loads((Path(run) / "run_config.json").read_text())["flags"]["seed"] for run in args]
     text = readme.read_text()
-    if BEGIN not in text or END not in text:
+    if MARK not in text or END not in text:
         raise SystemExit(f"error: {readme} has no demo-table markers")
-    head, rest = text.split(BEGIN, 1)
+    head, rest = text.split(MARK, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(
-        f"{head}{BEGIN}\n{table(read_jsonl(run / 'metrics.jsonl', skip_torn_last_line=True))}\n{END}{tail}"
-    )
-    print(f"wrote the demo table of {readme} from {run}")
+    readme.write_text(f"{head}{BEGIN}\n{table(runs, ', '.join(map(str, sorted(seeds))))}\n{END}{tail}")
+    print(f"wrote the demo table of {readme} from {len(runs)} runs")
 
 
 if __name__ == "__main__":

@@ -445,3 +445,16 @@ def test_each_problem_samples_under_its_own_seed(tiny_random_model):
 def test_bad_evaluation_flags_are_one_line_errors(argv, message):
     with pytest.raises(SystemExit, match=re.escape(message)):
         tool.validate(parse_args(tool.Args, argv=argv))
+
+
+def test_problem_and_answer_fields_name_a_benchmarks_columns_as_in_training(tmp_path):
+    """Your own benchmark in your own columns: --problem_field / --answer_field, as the training scripts take."""
+    write_jsonl([{"q": {"text": "1 + 1?"}, "gold": "2"}, {"q": {"text": "2 + 3?"}, "gold": 5}], tmp_path / "mine.jsonl")
+    args = parse_args(
+        tool.Args,
+        argv=["--benchmarks", f"mine={tmp_path / 'mine.jsonl'}", "--problem_field", "q.text", "--answer_field", "gold"],
+    )
+    got = benchmarks.load_benchmarks(args.benchmarks, problem_field=args.problem_field, answer_field=args.answer_field)
+    assert got == {"mine": [{"problem": "1 + 1?", "answer": "2"}, {"problem": "2 + 3?", "answer": "5"}]}
+    with pytest.raises(SystemExit, match="--benchmarks: .*gold"):
+        run_tool(benchmarks=f"mine={tmp_path / 'mine.jsonl'}", answer_field="nope", export_data=str(tmp_path / "x"))

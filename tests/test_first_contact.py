@@ -4,9 +4,12 @@ folder that failed to start is not stuck, schedules, your own reward, console li
 import json
 import math
 import re
+import signal
+import subprocess
+import sys
 
 import pytest
-from train_utils import SCRIPTS, run_cli, user_env
+from train_utils import ROOT, SCRIPTS, run_cli, user_env
 
 from common.session import lr_lambda
 
@@ -119,14 +122,20 @@ def test_your_own_reward_and_console_lines_at_an_interval(tiny_random_dir, tmp_p
     assert rows[0]["train/reward"] == pytest.approx(-0.001 * sum(map(len, texts[:4])) / 4, abs=0.02)
     console = proc.stdout + proc.stderr
     assert re.search(r"step 1: reward -?[\d.e-]+, acc 0", console) and "step 2: reward" in console
+    # Before the progress bar: how many steps and why, then what is loading.
+    start = "grpo_base: 2 steps (--steps), 4 prompts x 4 completions a step\nloading "
+    assert start + f"{tiny_random_dir}: the policy and the hf rollout engine\n" in proc.stdout
 
 
-def test_the_first_demo_build_says_so(tmp_path):
+def test_the_first_demo_build_says_so(tmp_path, capsys):
+    """It says what its time depends on, and shows its progress."""
     from common.tiny_model import ensure_tiny_model
 
     said = []
-    path = ensure_tiny_model(tmp_path / "tiny", say=said.append, sft_steps=0)
+    path = ensure_tiny_model(tmp_path / "tiny", say=said.append, sft_steps=3)
     assert len(said) == 1 and "building the CPU demo model once" in said[0] and (path / "tiny_model.json").exists()
+    assert "3 SFT steps" in said[0] and "CPU-bound, so the more other jobs share the cores the longer" in said[0]
+    assert re.search(r"demo model SFT: 100%.*3/3", capsys.readouterr().err)
     ensure_tiny_model(path, say=said.append)
     assert len(said) == 1  # reused: nothing to say
 
@@ -141,3 +150,19 @@ def test_bf16_on_cpu_says_at_start_that_updates_round_away():
     assert "rounds away" in line and "vLLM still samples in fp32" in line and "--precision auto" in line
     assert precision_note("bf16", gpu=True) is None  # vLLM follows the trainer; the flag's help says the rest
     assert precision_note("auto", gpu=False) is None and precision_note("fp32", gpu=False) is None
+
+
+def test_ctrl_c_while_starting_is_one_line(tiny_random_dir, tmp_path):
+    """Ctrl-C before the run's own signal handling is in place (here: while a --reward_fn module imports, before
+    any model loads) ends in one line and exit 130, not a KeyboardInterrupt traceback."""
+    (tmp_path / "slow_import.py").write_text(
+        "import time\nprint('importing', flush=True)\ntime.sleep(120)\n\ndef r(c, a, v):\n    return [0.0] * len(c)\n"
+    )
+    cmd = [sys.executable, str(ROOT / "grpo_base.py"), "--model", str(tiny_random_dir), "--rollout", "hf"]
+    cmd += ["--output_dir", str(tmp_path / "run"), "--reward_fn", f"{tmp_path / 'slow_import.py'}:r"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=user_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "importing"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert [line for line in err.splitlines() if line.strip()] == ["interrupted (Ctrl-C): nothing was saved"]

@@ -6,6 +6,7 @@ the time, so the verifier scores it right well under its knowledge: the algorith
 evaluated accuracy (4 samples of each of the task's 100 problems).
 """
 
+import importlib.util
 import re
 
 import pytest
@@ -16,7 +17,9 @@ from common.run_flags import vllm_available
 ROLLOUT = "vllm" if vllm_available() else "hf"
 STEPS = 6
 MARGIN = 0.1
-README_TOLERANCE = 0.05  # another 2-core machine may round a kernel differently, and the run's samples follow
+# The README gives each figure as its range over seeds (scripts/readme_demo_table.py says why); a fresh run, on any
+# machine, lies within that range widened by half its width on each side, and by at least 0.02 (~3 of 128 samples).
+README_MIN_PAD = 0.02
 
 
 @pytest.fixture(scope="session")
@@ -38,27 +41,41 @@ def test_accuracy_rises_on_the_synthetic_task(script, demo_model_dir, tmp_path):
     assert after > before + MARGIN, f"{script}: training accuracy {before:.3f} -> {after:.3f} over {STEPS} steps"
 
 
-def readme_demo_table() -> dict[str, list[float | None]]:
-    """The README's demo table (scripts/readme_demo_table.py writes it): row label -> values at steps 0, 10, 20, 30."""
+def readme_demo_table() -> dict[str, list[tuple[float, float] | None]]:
+    """The README's demo table (scripts/readme_demo_table.py writes it): row label -> (lo, hi) over the seeds at
+    steps 0, 10, 20, 30."""
+    spec = importlib.util.spec_from_file_location("readme_demo_table", ROOT / "scripts" / "readme_demo_table.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
     text = (ROOT / "README.md").read_text()
-    block = text.split("<!-- demo table:", 1)[1].split("<!-- end of demo table -->", 1)[0]
+    block = text.split(script.MARK, 1)[1].split(script.END, 1)[0]
     rows = {}
     for line in block.splitlines()[3:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0]] = [None if c == "-" else float(c) for c in cells[1:]]
+        rows[cells[0]] = [script.parse_cell(c) for c in cells[1:]]
     return rows
+
+
+def outside_spread(fresh: list[float], table: list[tuple[float, float]]) -> list[str]:
+    """The fresh values outside their README range widened by half its width (at least README_MIN_PAD) each side."""
+    out = []
+    for step, value, (lo, hi) in zip((0, 10, 20, 30), fresh, table):
+        pad = max((hi - lo) / 2, README_MIN_PAD)
+        if not lo - pad <= value <= hi + pad:
+            out.append(f"step {step}: {value:.3f} outside {lo:.2f}-{hi:.2f} +- {pad:.3f}")
+    return out
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(ROLLOUT != "vllm", reason="the README's figures are vLLM's")
 def test_the_readme_demo_is_a_fresh_run_of_its_command(tmp_path):
     """`python grpo_base.py --eval_steps 10`, exactly as the README says: its training and evaluation accuracy at
-    steps 0, 10, 20, 30 are the README's table (and it learns)."""
+    steps 0, 10, 20, 30 lie within the spread the README's table gives (and it learns)."""
     rows = {r["step"]: r for r in run_script("grpo_base.py", tmp_path, "--eval_steps", "10", timeout=900)}
     train, evaluation = readme_demo_table().values()
     fresh_train = [rows[max(s, 1)]["train/accuracy"] for s in (0, 10, 20, 30)]
     fresh_eval = [rows[s]["eval/synthetic/pass@1"] for s in (0, 10, 20, 30)]
-    assert fresh_train == pytest.approx(train, abs=README_TOLERANCE), (fresh_train, train)
-    assert fresh_eval == pytest.approx(evaluation, abs=README_TOLERANCE), (fresh_eval, evaluation)
+    assert not outside_spread(fresh_train, train), outside_spread(fresh_train, train)
+    assert not outside_spread(fresh_eval, evaluation), outside_spread(fresh_eval, evaluation)
     assert fresh_eval[1] > fresh_eval[0] + MARGIN
     assert re.search(r"## Setup and run", (ROOT / "README.md").read_text())

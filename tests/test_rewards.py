@@ -291,7 +291,13 @@ def test_a_custom_term_may_return_numpy_or_torch_numbers():
 
     texts = ["ab", "abcd"]
     assert custom_scores(numpy_float32, texts, ["1", "1"], None) == pytest.approx([0.02, 0.04])
-    for scores in ([np.float32(0.5), np.int64(2)], np.array([0.5, 2.0]), torch.tensor([0.5, 2.0]), (0.5, 2)):
+    for scores in (
+        [np.float32(0.5), np.int64(2)],
+        np.array([0.5, 2.0]),
+        torch.tensor([0.5, 2.0]),
+        (0.5, 2),
+        iter([0.5, 2]),
+    ):
         assert custom_scores(lambda c, a, v, s=scores: s, texts, ["1", "1"], None) == [0.5, 2.0]
 
 
@@ -304,6 +310,7 @@ def test_a_custom_term_may_return_numpy_or_torch_numbers():
         ([1.0, "1"], r"<lambda> returned str '1' for completion 1"),
         ([[1.0], [2.0]], r"<lambda> returned list \[1.0\] for completion 0"),
         ([1.0, True], r"returned True for completion 1"),
+        (__import__("numpy").float32(1.0), r"returned float32 np.float32\(1.0\) for 2 completions"),
     ],
 )
 def test_a_bad_custom_value_names_the_function_the_completion_and_the_value(returns, message):

@@ -31,6 +31,8 @@ class Args:
     benchmarks: str = arg("synthetic", f"comma-separated names ({BENCHMARK_NAMES}), each optionally =FILE")
     data_dir: str | None = arg(None, "directory holding <benchmark>.jsonl local copies (looked up before the hub)")
     limit: int | None = arg(None, "evaluate only the first N problems of each benchmark (smoke tests)", at_least=1)
+    problem_field: str | None = arg(None, "column holding the problem (default: known per benchmark, else 'problem')")
+    answer_field: str | None = arg(None, "column holding the gold answer (default: known per benchmark, else 'answer')")
     template: str = arg("qwen_math", "prompt template (use the one the model was trained with)", TEMPLATE_CHOICES)
     few_shot: int = arg(0, "K worked examples before each problem (use the training run's --few_shot)", at_least=0)
     few_shot_dataset: str | None = arg(
@@ -152,7 +154,7 @@ def main(args: Args, ks: list[int] | None) -> None:
 
     offline_unless_hub_reachable()  # no minute of retries before a one-line error
     with clear_errors("--benchmarks"):
-        benchmarks = load_benchmarks(args.benchmarks, args.data_dir, args.limit)
+        benchmarks = load_benchmarks(args.benchmarks, args.data_dir, args.limit, args.problem_field, args.answer_field)
     if args.export_data:
         for name, rows in benchmarks.items():
             print(f"{name}: {write_jsonl(rows, Path(args.export_data) / f'{name}.jsonl')} problems")
