@@ -10,7 +10,9 @@ def pack(prompts: list[list[int]], completions: list, pad_id: int, device=None) 
     [pad.. prompt | completion ..pad] puts every completion at columns P..P+C-1, so its log-probs are
     the last C positions (`logits_to_keep=C`) and `completion_mask` is [N, C]. The batch also holds
     the engine's log-probs of the sampled tokens ("rollout_logp" [N, C]; NaN for tokens the engine
-    did not sample) and whether each completion ended on a stop token ("finished" [N]).
+    did not sample), whether each completion ended on a stop token ("finished" [N]), and each row's
+    prompt and completion lengths as host lists ("prompt_lens", "completion_lens"): micro-batch plans
+    and cuts read them without waiting for the device.
     """
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
@@ -29,6 +31,8 @@ def pack(prompts: list[list[int]], completions: list, pad_id: int, device=None) 
         "prompt_mask": torch.tensor(attn, device=device, dtype=torch.float32)[:, :P],
         "rollout_logp": pad_right([c.logprobs for c in completions], C, device=device),
         "finished": torch.tensor([c.finished for c in completions], device=device, dtype=torch.bool),
+        "prompt_lens": [len(p) for p in prompts],
+        "completion_lens": [len(c.token_ids) for c in completions],
     }
 
 
@@ -80,17 +84,32 @@ def micro_batches(
     return plan
 
 
+def rows_with_loss(advantages: torch.Tensor, mask: torch.Tensor, every_row: bool) -> list[bool]:
+    """Per row of the batch: may its loss be non-zero? False where the advantage ([N] or [N, C]) is 0
+    at every completion token and no other term (`every_row`: e.g. a KL penalty) acts on it: the
+    clipped surrogate of such a row, and its gradient, are identically 0, so the update can leave it
+    out of its micro-batches (the loss denominators still count it). One host read per call."""
+    if every_row:
+        return [True] * len(mask)
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    return ((adv != 0) & (mask > 0)).any(-1).tolist()  # NaN != 0: a NaN row is trained and shows up
+
+
 def select(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Tensor]:
     """The rows `idx` of a `pack`ed batch, cut to their own longest prompt and completion.
 
     Prompts are left-padded and completions right-padded, so the cut keeps columns
     P - p_max .. P + c_max - 1. An empty `idx` (a rank with fewer micro-batches than
     its peers) gives row 0 with nothing to train on: the forward runs, its loss is 0.
+    The lengths come from the batch's host lists and the row indices go to the device
+    without blocking: cutting a micro-batch never waits for the device.
     """
-    rows = torch.tensor(idx or [0], device=batch["input_ids"].device)
+    device = batch["input_ids"].device
+    rows = torch.tensor(idx or [0])
+    rows = rows.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else rows.to(device)
     P = batch["prompt_mask"].shape[1]
-    p_max = int(batch["prompt_mask"][rows].sum(1).max())
-    c_max = max(1, int(batch["completion_mask"][rows].sum(1).max()))
+    p_max = max(batch["prompt_lens"][i] for i in idx or [0])
+    c_max = max(1, max(batch["completion_lens"][i] for i in idx or [0]))
     cols = slice(P - p_max, P + c_max)
     return {
         "rows": rows,

@@ -4,7 +4,7 @@
     with s:                                     # closes on any exit: the final line, or the error's
         for step in s.steps():                  # stops early, after saving, on SIGTERM / Ctrl-C
             ...                                 # the algorithm: rollout, rewards, pi_old, advantages
-            s.optimizer_step(step + 1, loss)    # inside the update: clip, skip a bad update, step
+            s.optimizer_step(step + 1, sums)    # inside the update: clip, skip a bad update, step
             s.sync_weights()                    # the rollout engine gets the new weights
             s.end_step(step + 1, metrics, timer)  # evaluate, log, save
 
@@ -50,6 +50,7 @@ class OptimizerStep:
     loss: float  # the mini-batch's loss, over all ranks
     grad_norm: float  # before clipping (NaN when DeepSpeed clips inside its own step)
     applied: bool  # False: skipped (not finite, or a gradient-norm spike)
+    sums: dict  # the micro-batches' sums over all ranks, as floats (the loss summed, not averaged)
 
 
 class Session:
@@ -119,22 +120,30 @@ class Session:
 
         return micro_batch(self.accelerator, self.model, self.mode, last)
 
-    def optimizer_step(self, step: int, local_loss: float) -> OptimizerStep:
+    def optimizer_step(self, step: int, local_sums: dict) -> OptimizerStep:
         """Clip the accumulated gradient, then apply the update unless its loss or gradient norm is not
         finite or spikes (`common.health`), step the schedule, and clear the gradients. Every rank
-        must call it (the loss is summed over ranks, so all ranks decide alike)."""
+        must call it (the loss is summed over ranks, so all ranks decide alike). `local_sums`: this
+        rank's sums over the optimiser step's micro-batches ("loss" and any statistics), numbers or
+        0-dim tensors left on the device: they are summed over ranks and read, with the gradient
+        norm, in one wait for the device."""
         from common.distributed import global_sum
 
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        grad_norm = math.nan if grad_norm is None else float(grad_norm)  # None: DeepSpeed clips in its own step
-        loss = global_sum(self.accelerator, local_loss) / self.world
+        if grad_norm is None:  # DeepSpeed clips in its own step
+            grad_norm = math.nan
+        elif hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+            grad_norm = grad_norm.full_tensor()
+        # The norm is the same on every rank: each rank's share of the sum is norm / world.
+        sums = global_sum(self.accelerator, dict(local_sums) | {"grad_norm": grad_norm / self.world})
+        grad_norm, loss = sums.pop("grad_norm"), sums["loss"] / self.world
         applied = self.guard.check(step, loss, grad_norm, self.scheduler.get_last_lr()[0])
         if applied:
             self.optimizer.step()
             self.scheduler.step()
         self.optimizer.zero_grad()
         self.skipped_this_step |= not applied
-        return OptimizerStep(loss, grad_norm, applied)
+        return OptimizerStep(loss, grad_norm, applied, sums)
 
     def sync_weights(self) -> None:
         """Push the policy's weights into the rollout engine (a no-op for the HF engine)."""

@@ -41,3 +41,18 @@ def test_select_cuts_to_the_micro_batch_lengths_and_empty_trains_nothing():
     assert mb["attention_mask"].sum().item() == 9 + 2 + 7 + 1
     empty = select(batch, [])
     assert empty["rows"].tolist() == [0] and empty["completion_mask"].sum() == 0
+
+
+def test_rows_with_loss_reads_the_advantage_at_completion_tokens():
+    import math
+
+    import torch
+
+    from common.batching import rows_with_loss
+
+    mask = torch.tensor([[1.0, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]])
+    assert rows_with_loss(torch.tensor([0.0, 0.5, 0.0, -0.0]), mask, every_row=False) == [False, True, False, False]
+    assert rows_with_loss(torch.tensor([0.0, 0.5, 0.0, 0.0]), mask, every_row=True) == [True] * 4  # e.g. a KL term
+    # Token advantages (CW-GRPO): only completion tokens count; a NaN is trained, so that it shows up.
+    token_adv = torch.tensor([[0.0, 0, 3], [0, 2, 0], [0, 0, 1], [math.nan, 0, 0]])
+    assert rows_with_loss(token_adv, mask, every_row=False) == [False, False, True, True]
