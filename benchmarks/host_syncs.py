@@ -28,9 +28,13 @@ READS = ["item", "tolist", "__bool__", "__int__", "__float__", "__index__", "num
 COUNTS: collections.Counter = collections.Counter()
 
 
-def caller() -> str:
-    """The first frame outside torch and this file: the line that asked for the sync."""
-    for frame in reversed(traceback.extract_stack()[:-2]):
+def caller() -> str | None:
+    """The first frame outside torch and this file: the line that asked for the sync. None inside
+    torch.optim: its step counters are host tensors on CUDA too (no sync)."""
+    stack = traceback.extract_stack()[:-2]
+    if any("/torch/optim/" in frame.filename for frame in stack):
+        return None
+    for frame in reversed(stack):
         path = frame.filename
         if "/torch/" in path or path == __file__:
             continue
@@ -46,20 +50,22 @@ def patch() -> None:
 
         @functools.wraps(original)
         def counted(self, *a, __original=original, **k):
-            COUNTS[caller()] += 1
+            if where := caller():
+                COUNTS[where] += 1
             return __original(self, *a, **k)
 
         setattr(torch.Tensor, name, counted)
     getitem, tensor = torch.Tensor.__getitem__, torch.tensor
 
     def counted_getitem(self, index):  # a Python list as an index is copied to the device first
-        if isinstance(index, list) or (isinstance(index, tuple) and any(isinstance(i, list) for i in index)):
-            COUNTS[caller()] += 1
+        listed = isinstance(index, list) or (isinstance(index, tuple) and any(isinstance(i, list) for i in index))
+        if listed and (where := caller()):
+            COUNTS[where] += 1
         return getitem(self, index)
 
     def counted_tensor(data, *a, **k):  # host data copied to a device, blocking
-        if k.get("device") is not None:
-            COUNTS[caller()] += 1
+        if k.get("device") is not None and (where := caller()):
+            COUNTS[where] += 1
         return tensor(data, *a, **k)
 
     torch.Tensor.__getitem__ = counted_getitem
