@@ -212,10 +212,14 @@ def old_logprobs(s, batch: dict, args: Args) -> dict:
             mb = select(batch, idx)
             C = mb["completion_mask"].shape[1]
             ids, attn = mb["input_ids"], mb["attention_mask"]
-            logp, ent = sequence_logprobs(s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True)
+            logp, ent = sequence_logprobs(
+                s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True, padding_free=s.padding_free
+            )
             out["logp"][idx, :C], out["entropy"][idx, :C] = logp[: len(idx)], ent[: len(idx)]
             if s.ref_model is not None:
-                ref_logp, _ = sequence_logprobs(s.ref_model, ids, attn, args.temperature, logits_to_keep=C)
+                ref_logp, _ = sequence_logprobs(
+                    s.ref_model, ids, attn, args.temperature, logits_to_keep=C, padding_free=s.padding_free
+                )
                 out["ref_logp"][idx, :C] = ref_logp[: len(idx)]
     return out
 
@@ -242,8 +246,9 @@ def update(s, batch: dict, old: dict, advantages: torch.Tensor, args: Args, step
                 with s.accumulate(last=i == len(plan) - 1):
                     C = mb["completion_mask"].shape[1]
                     logp, _ = sequence_logprobs(
-                        s.model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C
-                    )
+                        s.model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C,
+                        padding_free=s.padding_free,
+                    )  # fmt: skip
                     loss, stats = policy_loss(
                         logp, old["logp"][r], advantages[r], mb["completion_mask"], args, len(rows), num_tokens,
                         old["ref_logp"][r], batch["rollout_logp"][r],

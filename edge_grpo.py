@@ -259,10 +259,14 @@ def old_logprobs(s, batch: dict, args: Args) -> dict:
             mb = select(batch, idx)
             C = mb["completion_mask"].shape[1]
             ids, attn = mb["input_ids"], mb["attention_mask"]
-            logp, ent = sequence_logprobs(s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True)
+            logp, ent = sequence_logprobs(
+                s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True, padding_free=s.padding_free
+            )
             out["logp"][idx, :C], out["entropy"][idx, :C] = logp[: len(idx)], ent[: len(idx)]
             if s.ref_model is not None:
-                ref_logp, _ = sequence_logprobs(s.ref_model, ids, attn, args.temperature, logits_to_keep=C)
+                ref_logp, _ = sequence_logprobs(
+                    s.ref_model, ids, attn, args.temperature, logits_to_keep=C, padding_free=s.padding_free
+                )
                 out["ref_logp"][idx, :C] = ref_logp[: len(idx)]
     return out
 
@@ -290,8 +294,9 @@ def update(s, batch: dict, old: dict, advantages: torch.Tensor, args: Args, step
                     C = mb["completion_mask"].shape[1]
                     ids, attn, mask = mb["input_ids"], mb["attention_mask"], mb["completion_mask"]
                     logp, ent = sequence_logprobs(
-                        s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=args.eda_entropy_grad
-                    )
+                        s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=args.eda_entropy_grad,
+                        padding_free=s.padding_free,
+                    )  # fmt: skip
                     adv = advantages[r]
                     if (
                         args.eda_entropy_grad

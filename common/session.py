@@ -55,8 +55,9 @@ class OptimizerStep:
 
 class Session:
     """What `start_session` built. Fields: accelerator, device, rank, world, mode (how the model is
-    laid out over ranks), model, ref_model, tokenizer, optimizer, scheduler, engine, verifier,
-    sampler, opens_think, start_step, total_steps, logger, run_dir."""
+    laid out over ranks), model, ref_model, padding_free (score packed sequences: `common.logprobs`),
+    tokenizer, optimizer, scheduler, engine, verifier, sampler, opens_think, start_step, total_steps,
+    logger, run_dir."""
 
     def __init__(self, **fields):
         self.__dict__.update(fields)
@@ -371,6 +372,10 @@ def start_session(
     ref_model = None
     if reference_model:  # only then: all four papers train without it
         ref_model = load_reference_model(model_path, torch.bfloat16 if gpu else torch.float32, accelerator.device)
+    for m in filter(None, (policy, ref_model)):
+        if run.attn_implementation != "auto":
+            m.set_attn_implementation(run.attn_implementation)
+    padding_free = packed_passes(run.padding_free, policy.config._attn_implementation)
     opt = optimizer(policy.parameters())
     total_steps = math.ceil(epochs * len(rows) / prompts_per_step) if epochs else steps
     # The schedule counts optimiser steps (--mu x --num_minibatches a step), as the scheduler is stepped.
@@ -427,7 +432,7 @@ def start_session(
         verifier=verifier, sampler=sampler, opens_think=opens_think, start_step=start_step, total_steps=total_steps,
         logger=logger, run_dir=run_dir, lock=lock, reward_terms=terms, custom_rewards=custom,
         guard=UpdateGuard(run.max_nonfinite_steps, run.grad_spike_factor, say=say), watch=SignalWatch(run.warn_flat_steps, say=say),
-        stop=StopSignal(), grad_clip=grad_clip, micro_batch_size=run.micro_batch_size,
+        stop=StopSignal(), grad_clip=grad_clip, micro_batch_size=run.micro_batch_size, padding_free=padding_free,
         max_tokens_per_micro_batch=run.max_tokens_per_micro_batch, save_steps=run.save_steps, save_minutes=run.save_minutes,
         keep_last=run.keep_last, eval_steps=run.eval_steps, eval_sets=eval_sets, eval_benchmarks=run.eval_benchmarks,
         eval_n=run.eval_n, eval_temperature=run.eval_temperature, template=template, seed=seed, top_p=top_p,
@@ -441,6 +446,16 @@ def start_session(
         logger.eval_line(0, summary)
         logger.log(0, summary, advance=False)  # the same on every rank: the evaluation gathers its records
     return session
+
+
+# Attention that runs packed sequences without computing across them (varlen / block-sparse kernels).
+PACKED_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def packed_passes(padding_free: str, attn_implementation: str | None) -> bool:
+    """--padding_free: "auto" packs where the attention skips the pairs across sequences; SDPA and eager
+    would attend over the whole packed row (correct, but quadratic in its length)."""
+    return padding_free == "on" or (padding_free == "auto" and attn_implementation in PACKED_ATTENTION)
 
 
 def check_kv_cache(capacity: int, sequences: int, max_len: int) -> None:

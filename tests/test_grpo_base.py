@@ -192,7 +192,7 @@ def test_loss_and_gradients_equal_one_unbucketed_pass(tiny_random_model, agg):
     model.zero_grad(set_to_none=True)
 
 
-def update_session(model, micro_batch_size: int = 3):
+def update_session(model, micro_batch_size: int = 3, padding_free: bool = False):
     """A one-process session holding what update() uses: the real accelerator, micro-batch plan,
     accumulation and optimiser step. SGD at lr 0 leaves the model as it is; a hook keeps each
     optimiser step's gradients."""
@@ -208,6 +208,7 @@ def update_session(model, micro_batch_size: int = 3):
         accelerator=accelerator, device=torch.device("cpu"), world=1, mode=parallel_mode(accelerator), model=model,
         optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), guard=UpdateGuard(0),
         grad_clip=1e9, micro_batch_size=micro_batch_size, max_tokens_per_micro_batch=0, skipped_this_step=False,
+        padding_free=padding_free,
     )  # fmt: skip
     return s, grads
 
@@ -230,10 +231,12 @@ def flat_groups_batch(model, G=3, groups=4, seed=0):
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 @pytest.mark.parametrize("beta", [0.0, 0.1])
-def test_rows_with_zero_advantage_are_left_out_and_the_update_is_unchanged(tiny_random_model, agg, beta):
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_rows_with_zero_advantage_are_left_out_and_the_update_is_unchanged(tiny_random_model, agg, beta, padding_free):
     """Groups 0 and 2 are flat (A = 0): without a KL term their rows are not forwarded, yet the loss and
-    the gradient equal one pass over the whole batch with the method's denominators (all G * groups
-    sequences, all tokens). With --beta > 0 the KL term acts on every row: nothing is left out."""
+    the gradient equal one padded pass over the whole batch with the method's denominators (all G * groups
+    sequences, all tokens). With --beta > 0 the KL term acts on every row: nothing is left out.
+    --padding_free: the same, with each micro-batch packed into one row."""
     import grpo_base
 
     model, _ = tiny_random_model
