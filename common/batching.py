@@ -50,30 +50,34 @@ def micro_batches(
     micro_batch_size: int,
     max_tokens: int = 0,
     count: int = 0,
+    memory_tokens: int = 0,
 ) -> list[list[int]]:
     """Split `rows` (indices into the batch) into the micro-batches of one forward/backward each.
 
-    - `max_tokens == 0`: consecutive runs of `micro_batch_size` rows, in order.
+    - `max_tokens == 0`: consecutive runs of up to `micro_batch_size` rows, in order; with
+      `memory_tokens > 0` a run also ends before its padded size, rows x (its longest prompt +
+      its longest completion), would pass `memory_tokens` (a longer sequence goes alone).
     - `max_tokens > 0`: rows sorted by length (longest first) and packed greedily so that each
-      micro-batch's padded size, rows x (its longest prompt + its longest completion), stays
-      within `max_tokens` (a longer sequence goes alone): similar lengths share a micro-batch,
-      so little compute goes to padding whatever the length distribution.
+      micro-batch's padded size stays within `max_tokens` (a longer sequence goes alone):
+      similar lengths share a micro-batch, so little compute goes to padding whatever the
+      length distribution.
     - `count`: split the largest micro-batches until there are at least `count` (empty lists
       once every row is alone), for sharded models, where every rank must run as many forwards.
     Each micro-batch is then cut to its own longest prompt and completion (`select`).
     """
-    if max_tokens <= 0:
-        plan = [rows[i : i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
-    else:
-        plan, p_max, c_max = [], 0, 0
-        for r in sorted(rows, key=lambda r: (-completion_lens[r], -prompt_lens[r], r)):
-            p, c = max(p_max, prompt_lens[r]), max(c_max, completion_lens[r])
-            if plan and plan[-1] and (len(plan[-1]) + 1) * (p + c) <= max_tokens:
-                plan[-1].append(r)
-                p_max, c_max = p, c
-            else:
-                plan.append([r])
-                p_max, c_max = prompt_lens[r], completion_lens[r]
+    sized = max_tokens > 0  # sorted by length, packed under max_tokens; else in order, under memory_tokens
+    order = sorted(rows, key=lambda r: (-completion_lens[r], -prompt_lens[r], r)) if sized else rows
+    budget = max_tokens if sized else memory_tokens
+    plan, p_max, c_max = [], 0, 0
+    for r in order:
+        p, c = max(p_max, prompt_lens[r]), max(c_max, completion_lens[r])
+        fits = (len(plan[-1]) + 1) * (p + c) <= budget if plan and budget > 0 else bool(plan)
+        if fits and (sized or len(plan[-1]) < micro_batch_size):
+            plan[-1].append(r)
+            p_max, c_max = p, c
+        else:
+            plan.append([r])
+            p_max, c_max = prompt_lens[r], completion_lens[r]
     while len(plan) < count:
         largest = max(range(len(plan)), key=lambda i: len(plan[i]), default=None)
         if largest is None or len(plan[largest]) < 2:
@@ -82,6 +86,18 @@ def micro_batches(
             mb = plan.pop(largest)
             plan[largest:largest] = [mb[: len(mb) // 2], mb[len(mb) // 2 :]]
     return plan
+
+
+def activation_bytes_per_token(config, bytes_per_value: int, checkpointing: bool) -> int:
+    """Estimated activation memory a training forward keeps per token of a micro-batch, from the model's
+    shape: per decoder layer ~6 hidden-sized values (norms, attention projections and output, residual)
+    and ~3 MLP-sized ones (gate, up, their product); with gradient checkpointing each layer keeps its
+    input only, and one layer's activations are recomputed at a time."""
+    D = config.hidden_size
+    inner = getattr(config, "intermediate_size", None) or 4 * D
+    layers = config.num_hidden_layers
+    per_layer = 6 * D + 3 * inner
+    return bytes_per_value * (layers * D + per_layer if checkpointing else layers * per_layer)
 
 
 def rows_with_loss(advantages: torch.Tensor, mask: torch.Tensor, every_row: bool) -> list[bool]:

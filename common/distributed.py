@@ -159,7 +159,12 @@ def global_sum(accelerator: Accelerator, value):
 
 
 def micro_batch_plan(
-    accelerator: Accelerator, batch: dict, rows: list[int], micro_batch_size: int, max_tokens: int
+    accelerator: Accelerator,
+    batch: dict,
+    rows: list[int],
+    micro_batch_size: int,
+    max_tokens: int,
+    memory_tokens: int = 0,
 ) -> list[list[int]]:
     """`common.batching.micro_batches` of `rows`, at least one; when several processes train, as many
     micro-batches on every rank (the most any rank has: a rank short of work runs empty ones). Under
@@ -167,12 +172,12 @@ def micro_batch_plan(
     collective, unequal counts would hang. With no rows at all (every row's loss identically 0) one
     empty micro-batch still runs, so the optimiser steps on zero gradients, as the full pass would."""
     lens = batch["prompt_lens"], batch["completion_lens"]
-    plan = micro_batches(*lens, rows, micro_batch_size, max_tokens)
+    plan = micro_batches(*lens, rows, micro_batch_size, max_tokens, memory_tokens=memory_tokens)
     count = len(plan)
     if accelerator.num_processes > 1:
         count = int(accelerator.reduce(torch.tensor(count, device=accelerator.device), reduction="max"))
     if len(plan) < max(1, count):
-        plan = micro_batches(*lens, rows, micro_batch_size, max_tokens, count=max(1, count))
+        plan = micro_batches(*lens, rows, micro_batch_size, max_tokens, max(1, count), memory_tokens)
     return plan
 
 

@@ -108,6 +108,12 @@ class RunFlags:
     max_tokens_per_micro_batch: int = arg(
         0, "if > 0: micro-batches of length-sorted sequences, each within this many (padded) tokens", at_least=0
     )
+    micro_batch_memory_gb: float = arg(
+        0.0,
+        "activation memory a micro-batch may take, estimated from the model's shape: caps --micro_batch_size's "
+        "sequences by their padded tokens (0: 1/8 of the device's memory)",
+        at_least=0,
+    )
     gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
     attn_implementation: str = arg(
         "auto",

@@ -113,7 +113,9 @@ class Session:
         when several processes train, every rank runs as many (the most any rank has)."""
         from common.distributed import micro_batch_plan
 
-        return micro_batch_plan(self.accelerator, batch, rows, self.micro_batch_size, self.max_tokens_per_micro_batch)
+        return micro_batch_plan(
+            self.accelerator, batch, rows, self.micro_batch_size, self.max_tokens_per_micro_batch, self.memory_tokens
+        )
 
     def accumulate(self, last: bool):
         """Context of one micro-batch's forward/backward; gradients are reduced over ranks on the `last`."""
@@ -376,6 +378,10 @@ def start_session(
         if run.attn_implementation != "auto":
             m.set_attn_implementation(run.attn_implementation)
     padding_free = packed_passes(run.padding_free, policy.config._attn_implementation)
+    memory_tokens = micro_batch_tokens(
+        policy.config, run, 2 if run.precision == "bf16" or (gpu and run.precision != "fp32") else 4, prompt_len=max_prompt_len + extra_context,
+        completion_len=max_completion_len, say=print if is_main else lambda _: None,
+    )  # fmt: skip
     opt = optimizer(policy.parameters())
     total_steps = math.ceil(epochs * len(rows) / prompts_per_step) if epochs else steps
     # The schedule counts optimiser steps (--mu x --num_minibatches a step), as the scheduler is stepped.
@@ -433,6 +439,7 @@ def start_session(
         logger=logger, run_dir=run_dir, lock=lock, reward_terms=terms, custom_rewards=custom,
         guard=UpdateGuard(run.max_nonfinite_steps, run.grad_spike_factor, say=say), watch=SignalWatch(run.warn_flat_steps, say=say),
         stop=StopSignal(), grad_clip=grad_clip, micro_batch_size=run.micro_batch_size, padding_free=padding_free,
+        memory_tokens=memory_tokens,
         max_tokens_per_micro_batch=run.max_tokens_per_micro_batch, save_steps=run.save_steps, save_minutes=run.save_minutes,
         keep_last=run.keep_last, eval_steps=run.eval_steps, eval_sets=eval_sets, eval_benchmarks=run.eval_benchmarks,
         eval_n=run.eval_n, eval_temperature=run.eval_temperature, template=template, seed=seed, top_p=top_p,
@@ -446,6 +453,38 @@ def start_session(
         logger.eval_line(0, summary)
         logger.log(0, summary, advance=False)  # the same on every rank: the evaluation gathers its records
     return session
+
+
+def micro_batch_tokens(config, run: RunFlags, bytes_per_value: int, prompt_len: int, completion_len: int, say) -> int:
+    """The padded tokens a micro-batch may hold under --micro_batch_memory_gb (0: 1/8 of the device's
+    memory, per local process), from the model's activation memory per token; 0 when
+    --max_tokens_per_micro_batch plans by tokens itself. Says so when the cap binds: when
+    --micro_batch_size sequences at the longest would pass it."""
+    from common.batching import activation_bytes_per_token
+
+    if run.max_tokens_per_micro_batch:
+        return 0
+    per_token = activation_bytes_per_token(config, bytes_per_value, run.gradient_checkpointing)
+    budget = run.micro_batch_memory_gb * 2**30 or device_memory_bytes() / 8
+    tokens = max(1, int(budget // per_token))
+    longest = prompt_len + completion_len
+    if tokens < run.micro_batch_size * longest:
+        say(
+            f"micro-batches: up to {run.micro_batch_size} sequences and {tokens:,} padded tokens each ("
+            f"{budget / 2**30:.1f} GiB of activations at ~{per_token / 2**20:.2f} MiB a token for this model; "
+            f"{max(1, tokens // longest)} sequences at the longest): --micro_batch_memory_gb sets the budget"
+        )
+    return tokens
+
+
+def device_memory_bytes() -> int:
+    """This process's share of its device: the GPU's memory, or the machine's RAM over its local processes."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return ram // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
 # Attention that runs packed sequences without computing across them (varlen / block-sparse kernels).

@@ -208,7 +208,7 @@ def update_session(model, micro_batch_size: int = 3, padding_free: bool = False)
         accelerator=accelerator, device=torch.device("cpu"), world=1, mode=parallel_mode(accelerator), model=model,
         optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), guard=UpdateGuard(0),
         grad_clip=1e9, micro_batch_size=micro_batch_size, max_tokens_per_micro_batch=0, skipped_this_step=False,
-        padding_free=padding_free,
+        padding_free=padding_free, memory_tokens=0,
     )  # fmt: skip
     return s, grads
 
