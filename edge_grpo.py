@@ -112,7 +112,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from common.batching import pack, select  # noqa: E402
+from common.batching import pack, rows_with_loss, select  # noqa: E402
 from common.distributed import global_sum  # noqa: E402
 from common.logprobs import masked_mean, sequence_logprobs  # noqa: E402
 from common.rewards import accuracy_reward  # noqa: E402
@@ -229,7 +229,7 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
     this rank's share of the mini-batch's sequences / tokens (the global count / the ranks), so
     that the micro-batches' losses, summed and averaged over ranks, are exactly the mini-batch's.
     --tis_cap C > 0: each token's surrogate is weighted by min(pi_old / pi_rollout, C).
-    Returns the loss and token sums for the step's metrics.
+    Returns the loss and token sums for the step's metrics (0-dim tensors, left on the device).
     """
     C = logp.shape[1]
     adv = adv[:, None] if adv.dim() == 1 else adv[:, :C]
@@ -253,11 +253,11 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
         loss = masked.sum() / (num_seqs * args.max_completion_len)
     with torch.no_grad():
         sums = {
-            "clip_low": (((ratio < 1 - args.eps_low) & (adv < 0)) * mask).sum().item(),  # the clip bounds a decrease
-            "clip_high": (((ratio > 1 + args.eps_high) & (adv > 0)) * mask).sum().item(),  # ... an increase
-            "approx_kl": ((ratio - 1 - (logp - old_logp)) * mask).sum().item(),  # k3 KL(pi_old || pi_theta)
-            "tis_capped": ((tis >= args.tis_cap) * mask).sum().item() if args.tis_cap > 0 else 0.0,
-            "tokens": mask.sum().item(),
+            "clip_low": (((ratio < 1 - args.eps_low) & (adv < 0)) * mask).sum(),  # the clip bounds a decrease
+            "clip_high": (((ratio > 1 + args.eps_high) & (adv > 0)) * mask).sum(),  # ... an increase
+            "approx_kl": ((ratio - 1 - (logp - old_logp)) * mask).sum(),  # k3 KL(pi_old || pi_theta)
+            "tis_capped": ((tis >= args.tis_cap) * mask).sum() if args.tis_cap > 0 else 0.0,
+            "tokens": mask.sum(),
         }
     return loss, sums
 
@@ -271,27 +271,34 @@ def old_logprobs(s, batch: dict, args: Args) -> dict:
             mb = select(batch, idx)
             C = mb["completion_mask"].shape[1]
             ids, attn = mb["input_ids"], mb["attention_mask"]
-            logp, ent = sequence_logprobs(s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True)
+            logp, ent = sequence_logprobs(
+                s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True, padding_free=s.padding_free
+            )
             out["logp"][idx, :C], out["entropy"][idx, :C] = logp[: len(idx)], ent[: len(idx)]
             if s.ref_model is not None:
-                ref_logp, _ = sequence_logprobs(s.ref_model, ids, attn, args.temperature, logits_to_keep=C)
+                ref_logp, _ = sequence_logprobs(
+                    s.ref_model, ids, attn, args.temperature, logits_to_keep=C, padding_free=s.padding_free
+                )
                 out["ref_logp"][idx, :C] = ref_logp[: len(idx)]
     return out
 
 
 def update(s, batch: dict, old: dict, advantages: torch.Tensor, args: Args, step: int) -> Counter:
     """Clipped-surrogate updates: --mu passes over the rollout batch, each in --num_minibatches optimiser
-    steps, each over micro-batches whose gradients accumulate. Returns sums for the step's metrics."""
+    steps, each over micro-batches whose gradients accumulate. Returns sums for the step's metrics, over
+    all ranks. A row whose loss is identically 0 (advantage 0 everywhere, no KL term) is left out of the
+    micro-batches; the denominators still count it. Statistics stay on the device until the optimiser step."""
     n = len(batch["input_ids"])
     size = n // args.num_minibatches
-    sums = Counter()
+    live = rows_with_loss(advantages, batch["completion_mask"], every_row=args.beta > 0)
+    sums = Counter(skipped_rows=n - sum(live))
     s.model.train()
     for _ in range(args.mu):
         order = torch.randperm(n).tolist() if args.num_minibatches > 1 else list(range(n))
         for first in range(0, n, size):
             rows = order[first : first + size]
-            num_tokens = global_sum(s.accelerator, batch["completion_mask"][rows].sum().item()) / s.world
-            plan, loss_sum = s.micro_batch_plan(batch, rows), 0.0
+            num_tokens = global_sum(s.accelerator, sum(batch["completion_lens"][r] for r in rows)) / s.world
+            plan, local = s.micro_batch_plan(batch, [r for r in rows if live[r]]), Counter()
             for i, idx in enumerate(plan):
                 mb = select(batch, idx)
                 r = mb["rows"]
@@ -299,8 +306,9 @@ def update(s, batch: dict, old: dict, advantages: torch.Tensor, args: Args, step
                     C = mb["completion_mask"].shape[1]
                     ids, attn, mask = mb["input_ids"], mb["attention_mask"], mb["completion_mask"]
                     logp, ent = sequence_logprobs(
-                        s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=args.eda_entropy_grad
-                    )
+                        s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=args.eda_entropy_grad,
+                        padding_free=s.padding_free,
+                    )  # fmt: skip
                     adv = advantages[r]
                     if (
                         args.eda_entropy_grad
@@ -315,10 +323,9 @@ def update(s, batch: dict, old: dict, advantages: torch.Tensor, args: Args, step
                         old["ref_logp"][r], batch["rollout_logp"][r],
                     )  # fmt: skip
                     s.accelerator.backward(loss)
-                loss_sum += loss.item()
-                sums.update(stats)
-            opt = s.optimizer_step(step + 1, loss_sum)  # clip; a NaN/inf or spiking update is skipped
-            sums.update(loss=opt.loss, skipped=not opt.applied, optimizer_steps=1)
+                local.update(stats | {"loss": loss.detach()})
+            opt = s.optimizer_step(step + 1, local)  # clip; a NaN/inf or spiking update is skipped
+            sums.update(opt.sums | {"loss": opt.loss, "skipped": not opt.applied, "optimizer_steps": 1})
             sums["grad_norm"] = opt.grad_norm
     return sums
 
@@ -328,12 +335,8 @@ def step_metrics(s, scores, batch: dict, old: dict, advantages: torch.Tensor, su
     mask, rollout_logp = batch["completion_mask"], batch["rollout_logp"]
     r = scores.reward.view(-1, G)
     per_seq_adv = advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)
-    tok = global_sum(
-        s.accelerator,
-        {k: sums[k] for k in ("clip_low", "clip_high", "approx_kl", "tis_capped", "tokens")}
-        | {"entropy": (old["entropy"] * mask).sum().item(), "mask": mask.sum().item()},
-    )
-    per_token = lambda k: tok[k] / max(tok["tokens"], 1)  # noqa: E731
+    tok = global_sum(s.accelerator, {"entropy": (old["entropy"] * mask).sum(), "mask": mask.sum()})
+    per_token = lambda k: sums[k] / max(sums["tokens"], 1)  # noqa: E731
     return {
         "train/reward": scores.reward.mean(),
         "train/accuracy": scores.accuracy.mean(),
@@ -352,6 +355,7 @@ def step_metrics(s, scores, batch: dict, old: dict, advantages: torch.Tensor, su
         "train/tis_capped_frac": per_token("tis_capped"),
         "train/loss": sums["loss"] / sums["optimizer_steps"],
         "train/skipped_steps": sums["skipped"],
+        "train/skipped_rows": sums["skipped_rows"],
         "time/tokens_per_s": mask.sum() / sum(timer.seconds.values()),
     }
 

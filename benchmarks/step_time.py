@@ -10,6 +10,10 @@ Then the update phase alone against a bare forward/backward over the same tokens
 the scripts' path (length-bucketed micro-batches, the chunked log-prob head, the
 clipped surrogate) vs the model's own cross-entropy loss on the same micro-batches.
 Target: within 1.1x.
+
+`--flat_groups`: the update alone (grpo_base.update, one process) on a demo-sized batch whose
+share of flat groups (advantage 0) varies: their rows are left out of the micro-batches, so the
+update's time falls with the share; 0% flat is what every step cost before.
 """
 
 import argparse
@@ -54,9 +58,12 @@ def main() -> None:
     p.add_argument("--rollout", default="vllm", choices=["vllm", "hf"])
     p.add_argument("--scripts", default=",".join(SCRIPTS))
     p.add_argument("--update_only", action="store_true", help="only the update-overhead measurement")
+    p.add_argument("--flat_groups", action="store_true", help="only the update's time against the share of flat groups")
     a = p.parse_args()
     if a.update_only:
         return update_overhead()
+    if a.flat_groups:
+        return flat_groups()
     table = {}
     with tempfile.TemporaryDirectory() as tmp:
         for script in a.scripts.split(","):
@@ -130,6 +137,70 @@ def update_overhead(repeats: int = 5) -> None:
         f"\nupdate of 128 demo-sized sequences ({len(plan)} micro-batches): scripts' path {times['ours']:.3f} s, "
         f"bare forward/backward {times['bare']:.3f} s, ratio {times['ours'] / times['bare']:.2f}x (target <= 1.1x)"
     )
+
+
+def update_session(model, micro_batch_size: int, max_tokens: int = 0):
+    """A one-process session holding what the scripts' update() uses (accelerator, micro-batch plan,
+    accumulation, optimiser step), over `model`; AdamW at lr 0, so that every repeat sees the same model."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from common.distributed import make_accelerator, parallel_mode
+    from common.health import UpdateGuard
+    from common.session import Session
+
+    accelerator = make_accelerator("no", grad_clip=1.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+    return Session(
+        accelerator=accelerator, device=torch.device("cpu"), world=1, mode=parallel_mode(accelerator), model=model,
+        optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), guard=UpdateGuard(0),
+        grad_clip=1.0, micro_batch_size=micro_batch_size, max_tokens_per_micro_batch=max_tokens,
+        skipped_this_step=False, padding_free=False, memory_tokens=0,
+    )  # fmt: skip
+
+
+def flat_groups(repeats: int = 5, G: int = 8, groups: int = 16) -> None:
+    """Seconds per grpo_base.update() on G * groups demo-sized sequences, by share of flat groups."""
+    import random
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(ROOT))
+    import grpo_base
+    from common.batching import pack
+    from common.rollout import Completion
+    from common.tiny_model import ensure_tiny_model
+
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model())
+    V, n = model.config.vocab_size, G * groups
+    prompts = [[rng.randrange(3, V) for _ in range(rng.randint(20, 40))] for _ in range(n)]  # the demo's shapes
+    completions = [[rng.randrange(3, V) for _ in range(rng.randint(4, 48))] for _ in range(n)]
+    batch = pack(prompts, [Completion(c, [0.0] * len(c), True) for c in completions], 0)
+    old = {"logp": -torch.rand(batch["completion_mask"].shape)}
+    old["ref_logp"] = torch.zeros_like(old["logp"])
+    s = update_session(model, micro_batch_size=32)
+    args = grpo_base.Args(group_size=G)
+    shares = [0.0, 0.25, 0.5, 0.75, 1.0]
+    times = {}
+    for _ in range(2):  # the second round counted
+        for share in shares:
+            rewards = torch.randint(0, 2, (groups, G)).float()
+            rewards[:, 0], rewards[:, 1] = 0.0, 1.0  # every group mixed ...
+            rewards[: round(share * groups)] = 1.0  # ... but the first share of them: all correct, advantage 0
+            adv = grpo_base.group_advantages(rewards.view(-1), G)
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                sums = grpo_base.update(s, batch, old, adv, args, step=0)
+            times[share] = (time.perf_counter() - t0) / repeats, sums["skipped_rows"]
+    print(f"\ngrpo_base.update() on {n} demo-sized sequences (G = {G}, micro-batches of 32, one process, CPU)\n")
+    print("| flat groups | rows left out | update s | vs 0% flat |\n|---|---|---|---|")
+    for share in shares:
+        t, skipped = times[share]
+        print(f"| {share:.0%} | {skipped:.0f} | {t:.3f} | {t / times[0.0][0]:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ COLLECTIVE_TIMEOUT = timedelta(hours=2)
 ZERO_BF16_GRADIENTS = {"data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "fp32"}
 
 # How reduce_metrics combines a metric over ranks (anything else: the mean).
-SUM_METRICS = {"time/tokens_per_s", "reward/timeouts"}  # the run's throughput and counts, all ranks together
+# The run's throughput and counts, all ranks together.
+SUM_METRICS = {"time/tokens_per_s", "reward/timeouts", "train/skipped_rows"}
 MAX_METRICS = {"time/peak_mem_gb"}  # the rank closest to running out
 
 
@@ -160,30 +161,48 @@ def micro_batch(accelerator: Accelerator, model: torch.nn.Module, mode: Parallel
 
 
 def global_sum(accelerator: Accelerator, value):
-    """Sum over all ranks of a per-rank number, or of each value of a dict of numbers,
-    in one collective (token counts for loss denominators, token-weighted metrics)."""
+    """Sum over all ranks of a per-rank number, or of each value of a dict of numbers, in one
+    collective (token counts for loss denominators, token-weighted metrics). The numbers may be
+    0-dim tensors on the device: the host then waits for the device once, for all of them."""
     values = value if isinstance(value, dict) else {"": value}
-    t = torch.tensor([float(v) for v in values.values()], device=accelerator.device, dtype=torch.float64)
-    if accelerator.num_processes > 1:
-        t = accelerator.reduce(t, reduction="sum")
-    out = dict(zip(values, t.tolist()))
+    if accelerator.num_processes == 1 and not any(torch.is_tensor(v) for v in values.values()):
+        out = {k: float(v) for k, v in values.items()}
+    else:
+        device = accelerator.device
+        t = torch.stack(
+            [
+                v.detach().to(device, torch.float64).reshape(())
+                if torch.is_tensor(v)
+                else torch.full((), float(v), device=device, dtype=torch.float64)
+                for v in values.values()
+            ]
+        )
+        if accelerator.num_processes > 1:
+            t = accelerator.reduce(t, reduction="sum")
+        out = dict(zip(values, t.tolist()))
     return out if isinstance(value, dict) else out[""]
 
 
 def micro_batch_plan(
-    accelerator: Accelerator, batch: dict, rows: list[int], micro_batch_size: int, max_tokens: int
+    accelerator: Accelerator,
+    batch: dict,
+    rows: list[int],
+    micro_batch_size: int,
+    max_tokens: int,
+    memory_tokens: int = 0,
 ) -> list[list[int]]:
-    """`common.batching.micro_batches` of `rows`; when several processes train, as many micro-batches on
-    every rank (the most any rank has: a rank short of work runs empty ones). Under DDP that costs a
-    little idle compute; under FSDP2 and ZeRO-2/3, whose every micro-batch is a collective, unequal
-    counts would hang."""
-    lens = (batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist())
-    plan = micro_batches(*lens, rows, micro_batch_size, max_tokens)
+    """`common.batching.micro_batches` of `rows`, at least one; when several processes train, as many
+    micro-batches on every rank (the most any rank has: a rank short of work runs empty ones). Under
+    DDP that costs a little idle compute; under FSDP2 and ZeRO-2/3, whose every micro-batch is a
+    collective, unequal counts would hang. With no rows at all (every row's loss identically 0) one
+    empty micro-batch still runs, so the optimiser steps on zero gradients, as the full pass would."""
+    lens = batch["prompt_lens"], batch["completion_lens"]
+    plan = micro_batches(*lens, rows, micro_batch_size, max_tokens, memory_tokens=memory_tokens)
+    count = len(plan)
     if accelerator.num_processes > 1:
-        count = torch.tensor(len(plan), device=accelerator.device)
-        plan = micro_batches(
-            *lens, rows, micro_batch_size, max_tokens, count=int(accelerator.reduce(count, reduction="max"))
-        )
+        count = int(accelerator.reduce(torch.tensor(count, device=accelerator.device), reduction="max"))
+    if len(plan) < max(1, count):
+        plan = micro_batches(*lens, rows, micro_batch_size, max_tokens, max(1, count), memory_tokens)
     return plan
 
 

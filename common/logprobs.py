@@ -239,14 +239,18 @@ def sequence_logprobs(
     logits_to_keep: int | None = None,
     with_entropy: bool = False,
     chunk_rows: int | None = None,
+    padding_free: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Score `input_ids` [B, L] with a causal LM, without ever materialising its logits.
 
     Returns fp32 logp (and entropy) of shape [B, L - 1] for tokens 1..L-1, or
     [B, K] for the last K tokens when `logits_to_keep=K` (the completion part of
-    a prompt + completion batch).
+    a prompt + completion batch). `padding_free`: run the model on the real tokens
+    only, packed into one row (`_packed`); the values at padded positions are then 0.
     """
     K = input_ids.shape[1] - 1 if logits_to_keep is None else logits_to_keep
+    if padding_free:
+        return _packed(model, input_ids, attention_mask, temperature, K, with_entropy, chunk_rows)
     # position_ids from the mask so that left-padded prompts get the same
     # positions as the unpadded prompt had in the rollout engine.
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -260,6 +264,37 @@ def sequence_logprobs(
         ).logits
     out = out[:, :-1].float()  # [B, K, 2], a few bytes per token
     return out[..., 0], out[..., 1] if with_entropy else None
+
+
+def _packed(model, input_ids, attention_mask, temperature, K, with_entropy, chunk_rows):
+    """`sequence_logprobs` padding-free (TRL's padding_free, verl's remove-padding): the real tokens
+    of every row, one sequence after another in a single row [1, T], with position ids restarting
+    at 0 per sequence and no attention mask. transformers (>= 5) reads the restarts as sequence
+    boundaries (`masking_utils.find_packed_sequence_indices`): flash-attention runs its varlen kernel
+    on them and flex-attention a block-sparse mask, so no compute goes to padding; SDPA and eager
+    get a dense [T, T] block-diagonal causal mask instead, correct but with attention over all T^2
+    pairs. The output layer runs only on the positions that predict a kept token.
+    Each row's real tokens must be contiguous (`common.batching.pack`'s layout)."""
+    B, L = input_ids.shape
+    real = attention_mask.bool()
+    position_ids = attention_mask.long().cumsum(-1) - 1
+    where = real.flatten().cumsum(0).view(B, L) - 1  # each real token's place in the packed row
+    # A kept token (one of the last K columns) is scored if it and the token before it are real.
+    kept = real[:, L - K :] & real[:, L - K - 1 : L - 1]
+    source = where[:, L - K - 1 : L - 1][kept]  # the packed positions that predict them
+    # The output layer's swapped forward drops its last position (it predicts past the sequence): one extra.
+    keep = torch.cat([source, source[-1:]]) if source.numel() else source.new_zeros(1)
+    with _head_returns_logprobs(model, input_ids[:, L - K :][kept][None], temperature, with_entropy, chunk_rows):
+        out = model(
+            input_ids=input_ids[real][None],
+            position_ids=position_ids[real][None],
+            use_cache=False,
+            logits_to_keep=keep,
+        ).logits
+    out = out[0, : source.numel()].float()  # [M, 2]
+    logp = out.new_zeros(B, K).masked_scatter(kept, out[:, 0])
+    ent = out.new_zeros(B, K).masked_scatter(kept, out[:, 1]) if with_entropy else None
+    return logp, ent
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

@@ -110,7 +110,23 @@ class RunFlags:
     max_tokens_per_micro_batch: int = arg(
         0, "if > 0: micro-batches of length-sorted sequences, each within this many (padded) tokens", at_least=0
     )
+    micro_batch_memory_gb: float = arg(
+        0.0,
+        "activation memory a micro-batch may take, estimated from the model's shape: caps --micro_batch_size's "
+        "sequences by their padded tokens (0: 1/8 of the device's memory)",
+        at_least=0,
+    )
     gradient_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
+    attn_implementation: str = arg(
+        "auto",
+        "the trainer's attention (auto: transformers' default, SDPA); flash_attention_2 needs the flash-attn package",
+        ["auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"],
+    )
+    padding_free: str = arg(
+        "auto",
+        "training and scoring passes on the real tokens only, packed into one row (auto: with flash or flex attention)",
+        ["auto", "on", "off"],
+    )
     vllm_gpu_memory_utilization: float = arg(
         0.3, "share of GPU memory vLLM may take (weights + KV cache)", above=0, at_most=1
     )

@@ -4,7 +4,7 @@
     with s:                                     # closes on any exit: the final line, or the error's
         for step in s.steps():                  # stops early, after saving, on SIGTERM / Ctrl-C
             ...                                 # the algorithm: rollout, rewards, pi_old, advantages
-            s.optimizer_step(step + 1, loss)    # inside the update: clip, skip a bad update, step
+            s.optimizer_step(step + 1, sums)    # inside the update: clip, skip a bad update, step
             s.sync_weights()                    # the rollout engine gets the new weights
             s.end_step(step + 1, metrics, timer)  # evaluate, log, save
 
@@ -51,12 +51,14 @@ class OptimizerStep:
     loss: float  # the mini-batch's loss, over all ranks
     grad_norm: float  # before clipping (NaN when DeepSpeed clips inside its own step)
     applied: bool  # False: skipped (not finite, or a gradient-norm spike)
+    sums: dict  # the micro-batches' sums over all ranks, as floats (the loss summed, not averaged)
 
 
 class Session:
     """What `start_session` built. Fields: accelerator, device, rank, world, mode (how the model is
-    laid out over ranks), model, ref_model, tokenizer, optimizer, scheduler, engine, verifier,
-    sampler, opens_think, start_step, total_steps, logger, run_dir."""
+    laid out over ranks), model, ref_model, padding_free (score packed sequences: `common.logprobs`),
+    tokenizer, optimizer, scheduler, engine, verifier, sampler, opens_think, start_step, total_steps,
+    logger, run_dir."""
 
     def __init__(self, **fields):
         self.__dict__.update(fields)
@@ -115,7 +117,9 @@ class Session:
         when several processes train, every rank runs as many (the most any rank has)."""
         from common.distributed import micro_batch_plan
 
-        return micro_batch_plan(self.accelerator, batch, rows, self.micro_batch_size, self.max_tokens_per_micro_batch)
+        return micro_batch_plan(
+            self.accelerator, batch, rows, self.micro_batch_size, self.max_tokens_per_micro_batch, self.memory_tokens
+        )
 
     def accumulate(self, last: bool):
         """Context of one micro-batch's forward/backward; gradients are reduced over ranks on the `last`."""
@@ -123,22 +127,30 @@ class Session:
 
         return micro_batch(self.accelerator, self.model, self.mode, last)
 
-    def optimizer_step(self, step: int, local_loss: float) -> OptimizerStep:
+    def optimizer_step(self, step: int, local_sums: dict) -> OptimizerStep:
         """Clip the accumulated gradient, then apply the update unless its loss or gradient norm is not
         finite or spikes (`common.health`), step the schedule, and clear the gradients. Every rank
-        must call it (the loss is summed over ranks, so all ranks decide alike)."""
+        must call it (the loss is summed over ranks, so all ranks decide alike). `local_sums`: this
+        rank's sums over the optimiser step's micro-batches ("loss" and any statistics), numbers or
+        0-dim tensors left on the device: they are summed over ranks and read, with the gradient
+        norm, in one wait for the device."""
         from common.distributed import global_sum
 
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        grad_norm = math.nan if grad_norm is None else float(grad_norm)  # None: DeepSpeed clips in its own step
-        loss = global_sum(self.accelerator, local_loss) / self.world
+        if grad_norm is None:  # DeepSpeed clips in its own step
+            grad_norm = math.nan
+        elif hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+            grad_norm = grad_norm.full_tensor()
+        # The norm is the same on every rank: each rank's share of the sum is norm / world.
+        sums = global_sum(self.accelerator, dict(local_sums) | {"grad_norm": grad_norm / self.world})
+        grad_norm, loss = sums.pop("grad_norm"), sums["loss"] / self.world
         applied = self.guard.check(step, loss, grad_norm, self.scheduler.get_last_lr()[0])
         if applied:
             self.optimizer.step()
             self.scheduler.step()
         self.optimizer.zero_grad()
         self.skipped_this_step |= not applied
-        return OptimizerStep(loss, grad_norm, applied)
+        return OptimizerStep(loss, grad_norm, applied, sums)
 
     def sync_weights(self) -> None:
         """Push the policy's weights into the rollout engine (a no-op for the HF engine)."""
@@ -393,6 +405,14 @@ def start_session(
     ref_model = None
     if reference_model:  # only then: all four papers train without it
         ref_model = load_reference_model(model_path, torch.bfloat16 if gpu else torch.float32, accelerator.device)
+    for m in filter(None, (policy, ref_model)):
+        if run.attn_implementation != "auto":
+            m.set_attn_implementation(run.attn_implementation)
+    padding_free = packed_passes(run.padding_free, policy.config._attn_implementation)
+    memory_tokens = micro_batch_tokens(
+        policy.config, run, 2 if run.precision == "bf16" or (gpu and run.precision != "fp32") else 4, prompt_len=max_prompt_len + extra_context,
+        completion_len=max_completion_len, say=print if is_main else lambda _: None,
+    )  # fmt: skip
     opt = optimizer(policy.parameters())
     # The schedule counts optimiser steps (--mu x --num_minibatches a step), as the scheduler is stepped.
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -451,7 +471,8 @@ def start_session(
         verifier=verifier, sampler=sampler, opens_think=opens_think, start_step=start_step, total_steps=total_steps,
         logger=logger, run_dir=run_dir, lock=lock, reward_terms=terms, custom_rewards=custom,
         guard=UpdateGuard(run.max_nonfinite_steps, run.grad_spike_factor, say=say), watch=SignalWatch(run.warn_flat_steps, say=say),
-        stop=StopSignal(), grad_clip=grad_clip, micro_batch_size=run.micro_batch_size,
+        stop=StopSignal(), grad_clip=grad_clip, micro_batch_size=run.micro_batch_size, padding_free=padding_free,
+        memory_tokens=memory_tokens,
         max_tokens_per_micro_batch=run.max_tokens_per_micro_batch, save_steps=run.save_steps, save_minutes=run.save_minutes,
         keep_last=run.keep_last, eval_steps=run.eval_steps, eval_sets=eval_sets, eval_benchmarks=run.eval_benchmarks,
         eval_n=run.eval_n, eval_temperature=run.eval_temperature, template=template, seed=seed, top_p=top_p,
@@ -467,6 +488,48 @@ def start_session(
         logger.eval_line(0, summary)
         logger.log(0, summary, advance=False)  # the same on every rank: the evaluation gathers its records
     return session
+
+
+def micro_batch_tokens(config, run: RunFlags, bytes_per_value: int, prompt_len: int, completion_len: int, say) -> int:
+    """The padded tokens a micro-batch may hold under --micro_batch_memory_gb (0: 1/8 of the device's
+    memory, per local process), from the model's activation memory per token; 0 when
+    --max_tokens_per_micro_batch plans by tokens itself. Says so when the cap binds: when
+    --micro_batch_size sequences at the longest would pass it."""
+    from common.batching import activation_bytes_per_token
+
+    if run.max_tokens_per_micro_batch:
+        return 0
+    per_token = activation_bytes_per_token(config, bytes_per_value, run.gradient_checkpointing)
+    budget = run.micro_batch_memory_gb * 2**30 or device_memory_bytes() / 8
+    tokens = max(1, int(budget // per_token))
+    longest = prompt_len + completion_len
+    if tokens < run.micro_batch_size * longest:
+        say(
+            f"micro-batches: up to {run.micro_batch_size} sequences and {tokens:,} padded tokens each ("
+            f"{budget / 2**30:.1f} GiB of activations at ~{per_token / 2**20:.2f} MiB a token for this model; "
+            f"{max(1, tokens // longest)} sequences at the longest): --micro_batch_memory_gb sets the budget"
+        )
+    return tokens
+
+
+def device_memory_bytes() -> int:
+    """This process's share of its device: the GPU's memory, or the machine's RAM over its local processes."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return ram // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+# Attention that runs packed sequences without computing across them (varlen / block-sparse kernels).
+PACKED_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def packed_passes(padding_free: str, attn_implementation: str | None) -> bool:
+    """--padding_free: "auto" packs where the attention skips the pairs across sequences; SDPA and eager
+    would attend over the whole packed row (correct, but quadratic in its length)."""
+    return padding_free == "on" or (padding_free == "auto" and attn_implementation in PACKED_ATTENTION)
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:

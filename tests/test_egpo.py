@@ -172,3 +172,13 @@ def test_span_after_marker():
     # After the FIRST marker (the authors' EntropyMaskGenerator), so the third row keeps its second
     # "</think>"; no marker: the whole completion.
     assert span.tolist() == [[0, 0, 0, 1, 1], [1, 1, 1, 0, 0], [0, 0, 1, 1, 1]]
+
+
+def test_update_trains_the_all_wrong_groups_and_skips_only_all_right_ones():
+    """NSR gives an entirely-incorrect group A = -w != 0: the update keeps its rows; an entirely-correct
+    group (A = 0) is the only one whose rows are left out of the micro-batches."""
+    from common.batching import rows_with_loss
+
+    adv, _ = run(NSR_R + [1, 1, 1, 1] + MIXED_R, NSR_H + [1.0] * 4 + MIXED_H)
+    _, mask = rollout(NSR_H + [1.0] * 4 + MIXED_H)
+    assert rows_with_loss(adv, mask, every_row=False) == [True] * 4 + [False] * 4 + [True] * 4

@@ -209,3 +209,94 @@ def test_loss_and_gradients_equal_one_unbucketed_pass(tiny_random_model, agg):
     for k in whole[1]:
         torch.testing.assert_close(bucketed[1][k], whole[1][k], rtol=1e-4, atol=1e-6, msg=k)
     model.zero_grad(set_to_none=True)
+
+
+def update_session(model, micro_batch_size: int = 3, padding_free: bool = False):
+    """A one-process session holding what update() uses: the real accelerator, micro-batch plan,
+    accumulation and optimiser step. SGD at lr 0 leaves the model as it is; a hook keeps each
+    optimiser step's gradients."""
+    from common.distributed import make_accelerator, parallel_mode
+    from common.health import UpdateGuard
+    from common.session import Session
+
+    accelerator = make_accelerator("no", grad_clip=1e9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    grads = []
+    opt.register_step_pre_hook(lambda o, a, k: grads.append({n: p.grad.clone() for n, p in model.named_parameters()}))
+    s = Session(
+        accelerator=accelerator, device=torch.device("cpu"), world=1, mode=parallel_mode(accelerator), model=model,
+        optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), guard=UpdateGuard(0),
+        grad_clip=1e9, micro_batch_size=micro_batch_size, max_tokens_per_micro_batch=0, skipped_this_step=False,
+        padding_free=padding_free, memory_tokens=0,
+    )  # fmt: skip
+    return s, grads
+
+
+def flat_groups_batch(model, G=3, groups=4, seed=0):
+    """`groups` groups of G random completions; old / rollout log-probs near the model's own."""
+    g = torch.Generator().manual_seed(seed)
+    V, n = model.config.vocab_size, G * groups
+    prompts = [
+        torch.randint(3, V, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
+    comps = [
+        torch.randint(3, V, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
+    batch = pack(prompts, as_completions(comps), pad_id=0)
+    mask = batch["completion_mask"]
+    old = {"logp": -torch.rand(mask.shape, generator=g), "ref_logp": -torch.rand(mask.shape, generator=g)}
+    return batch, old
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_rows_with_zero_advantage_are_left_out_and_the_update_is_unchanged(tiny_random_model, agg, beta, padding_free):
+    """Groups 0 and 2 are flat (A = 0): without a KL term their rows are not forwarded, yet the loss and
+    the gradient equal one padded pass over the whole batch with the method's denominators (all G * groups
+    sequences, all tokens). With --beta > 0 the KL term acts on every row: nothing is left out.
+    --padding_free: the same, with each micro-batch packed into one row."""
+    import grpo_base
+
+    model, _ = tiny_random_model
+    batch, old = flat_groups_batch(model)
+    mask, n = batch["completion_mask"], len(batch["input_ids"])
+    rewards = torch.tensor([0.0, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0, 1])
+    adv = group_advantages(rewards, 3)
+    args = Args(loss_agg=agg, max_completion_len=mask.shape[1], beta=beta, group_size=3)
+
+    model.zero_grad(set_to_none=True)
+    logp, _ = sequence_logprobs(model, batch["input_ids"], batch["attention_mask"], 1.0, logits_to_keep=mask.shape[1])
+    full, _ = policy_loss(logp, old["logp"], adv, mask, args, n, mask.sum(), old["ref_logp"], batch["rollout_logp"])
+    full.backward()
+    want = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+
+    s, grads = update_session(model)
+    forwarded = []
+    hook = model.register_forward_pre_hook(
+        lambda m, a, kw: forwarded.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        sums = grpo_base.update(s, batch, old, adv, args, step=0)
+    finally:
+        hook.remove()
+    skipped = 0 if beta > 0 else 6
+    assert sums["skipped_rows"] == skipped and sum(forwarded) == n - skipped
+    assert sums["loss"] == pytest.approx(full.item(), rel=1e-5, abs=1e-7)
+    assert sums["tokens"] == mask[adv != 0].sum().item() if beta == 0 else mask.sum().item()  # the rows trained on
+    for k, g in grads[0].items():
+        torch.testing.assert_close(g, want[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_all_flat_update_still_steps_on_zero_gradients(tiny_random_model):
+    """Every advantage 0: one empty micro-batch runs, so the optimiser steps on zero gradients (AdamW's
+    momentum and weight decay act) exactly as after a full pass, never on missing ones."""
+    import grpo_base
+
+    model, _ = tiny_random_model
+    batch, old = flat_groups_batch(model)
+    s, grads = update_session(model)
+    sums = grpo_base.update(s, batch, old, torch.zeros(12), Args(group_size=3), step=0)
+    assert sums["skipped_rows"] == 12 and sums["loss"] == 0.0 and sums["optimizer_steps"] == 1
+    assert all(g is not None and not g.any() for g in grads[0].values())

@@ -1,6 +1,8 @@
 """Chunked log-probs / entropy / NLL against the plain full-tensor computation."""
 
+import pytest
 import torch
+from train_utils import as_completions
 
 from common.logprobs import masked_mean, sequence_logprobs, token_logprobs
 
@@ -191,3 +193,45 @@ def test_bf16_output_layer_gradient_is_as_exact_as_the_unchunked_pass():
     unchunked = error(head_grad(torch.float32, True, None))
     chunked = error(head_grad(torch.float32, True, 2))
     assert 1e-4 < unchunked and chunked <= 1.1 * unchunked, (chunked, unchunked)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("keep", ["completion", "all"])
+def test_padding_free_equals_the_padded_pass(tiny_random_dir, attn, keep):
+    """--padding_free: the real tokens of every row packed into one row, position ids restarting per
+    sequence, give the padded pass's log-probs, entropies and gradients (transformers builds the
+    block-diagonal causal mask from the position ids: per attention implementation)."""
+    from transformers import AutoModelForCausalLM
+
+    from common.batching import pack
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir, attn_implementation=attn)
+    g = torch.Generator().manual_seed(0)
+    V = model.config.vocab_size
+    prompts = [torch.randint(3, V, (p,), generator=g).tolist() for p in (3, 9, 5, 1, 7)]
+    batch = pack(prompts, as_completions([torch.randint(3, V, (c,), generator=g).tolist() for c in (4, 1, 9, 6, 2)]), 0)
+    ids, attn_mask, C = batch["input_ids"], batch["attention_mask"], batch["completion_mask"].shape[1]
+    K = C if keep == "completion" else None
+    # The positions whose values mean something: a real token predicted from a real one.
+    real = attn_mask.float()
+    valid = (real[:, 1:] * real[:, :-1])[:, -C:] if K else real[:, 1:] * real[:, :-1]
+
+    def run(padding_free):
+        model.zero_grad(set_to_none=True)
+        logp, ent = sequence_logprobs(model, ids, attn_mask, 0.7, K, with_entropy=True, padding_free=padding_free)
+        ((logp * valid).sum() + (ent * valid).sum()).backward()
+        return logp * valid, ent * valid, {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    padded, packed = run(False), run(True)
+    torch.testing.assert_close(packed[0], padded[0], rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(packed[1], padded[1], rtol=1e-5, atol=2e-5)
+    for k in padded[2]:
+        torch.testing.assert_close(packed[2][k], padded[2][k], rtol=1e-4, atol=1e-4, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_padding_free_by_default_only_where_attention_skips_other_sequences():
+    from common.session import packed_passes
+
+    assert not packed_passes("auto", "sdpa") and not packed_passes("auto", "eager")  # a dense T x T mask
+    assert packed_passes("auto", "flash_attention_2") and packed_passes("auto", "flex_attention")
+    assert packed_passes("on", "sdpa") and not packed_passes("off", "flash_attention_2")

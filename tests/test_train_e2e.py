@@ -12,7 +12,8 @@ from common.run_flags import vllm_available
 REQUIRED_METRICS = {
     *(f"train/{k}" for k in ("reward", "accuracy", "response_len", "entropy", "zero_adv_group_frac")),
     *(f"train/{k}" for k in ("adv_var_within_group", "clip_frac_low", "clip_frac_high", "approx_kl", "grad_norm")),
-    *(f"train/{k}" for k in ("lr", "rollout_logp_gap", "skipped_steps", "loss", "epoch", "truncated_frac")),
+    *(f"train/{k}" for k in ("lr", "rollout_logp_gap", "skipped_steps", "skipped_rows", "loss", "epoch")),
+    "train/truncated_frac",
     *(f"time/{k}" for k in ("rollout_s", "scoring_s", "old_logp_s", "update_s", "sync_s", "tokens_per_s")),
     "reward/timeouts",
     "reward/unchecked",

@@ -1,0 +1,119 @@
+"""Host syncs per optimiser step of the update: how often the host waits for the device.
+
+    python benchmarks/host_syncs.py
+
+On a GPU, reading a device value on the host (`.item()`, `.tolist()`, `bool(t)`, `float(t)`,
+...) and a blocking host-to-device copy (`torch.tensor(list, device=...)`, indexing a device
+tensor with a Python list) wait until the device has finished all queued work: the GPU then
+idles while Python prepares the next kernel. torch's own detector
+(`torch.cuda.set_sync_debug_mode`) works on CUDA only, so this counts the calls themselves, by
+patching them, on CPU: every one of them would be a sync on CUDA. (On CPU they also catch host
+tensors, so the count is an upper bound.) It runs grpo_base.update() (one process, the demo
+model, one optimiser step) over the same rows cut into 2, 4 and 8 micro-batches and splits the
+count into a fixed part per optimiser step and a part per micro-batch, by where each call is made.
+"""
+
+import collections
+import functools
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+READS = ["item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy"]
+COUNTS: collections.Counter = collections.Counter()
+
+
+def caller() -> str | None:
+    """The first frame outside torch and this file: the line that asked for the sync. None inside
+    torch.optim: its step counters are host tensors on CUDA too (no sync)."""
+    stack = traceback.extract_stack()[:-2]
+    if any("/torch/optim/" in frame.filename for frame in stack):
+        return None
+    for frame in reversed(stack):
+        path = frame.filename
+        if "/torch/" in path or path == __file__:
+            continue
+        where = Path(path)
+        where = where.relative_to(ROOT) if where.is_relative_to(ROOT) else Path(*where.parts[-2:])
+        return f"{where}:{frame.name}"
+    return "?"
+
+
+def patch() -> None:
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        @functools.wraps(original)
+        def counted(self, *a, __original=original, **k):
+            if where := caller():
+                COUNTS[where] += 1
+            return __original(self, *a, **k)
+
+        setattr(torch.Tensor, name, counted)
+    getitem, tensor = torch.Tensor.__getitem__, torch.tensor
+
+    def counted_getitem(self, index):  # a Python list as an index is copied to the device first
+        listed = isinstance(index, list) or (isinstance(index, tuple) and any(isinstance(i, list) for i in index))
+        if listed and (where := caller()):
+            COUNTS[where] += 1
+        return getitem(self, index)
+
+    def counted_tensor(data, *a, **k):  # host data copied to a device, blocking
+        if k.get("device") is not None and (where := caller()):
+            COUNTS[where] += 1
+        return tensor(data, *a, **k)
+
+    torch.Tensor.__getitem__ = counted_getitem
+    torch.tensor = counted_tensor
+
+
+def main() -> None:
+    import random
+
+    from step_time import update_session
+    from transformers import AutoModelForCausalLM
+
+    import grpo_base
+    from common.batching import pack
+    from common.rollout import Completion
+    from common.tiny_model import ensure_tiny_model
+
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model())
+    V, n, G = model.config.vocab_size, 64, 8
+    prompts = [[rng.randrange(3, V) for _ in range(rng.randint(20, 40))] for _ in range(n)]
+    completions = [[rng.randrange(3, V) for _ in range(rng.randint(4, 48))] for _ in range(n)]
+    batch = pack(prompts, [Completion(c, [0.0] * len(c), True) for c in completions], 0)
+    old = {"logp": -torch.rand(batch["completion_mask"].shape)}
+    old["ref_logp"] = torch.zeros_like(old["logp"])
+    rewards = torch.randint(0, 2, (n,)).float()
+    rewards[::G], rewards[1::G] = 0.0, 1.0  # every group mixed: every row is trained
+    adv = grpo_base.group_advantages(rewards, G)
+    patch()
+    totals = {}
+    for micro_batches in (2, 4, 8):
+        s = update_session(model, micro_batch_size=n // micro_batches)
+        grpo_base.update(s, batch, old, adv, grpo_base.Args(group_size=G), step=0)  # warm-up
+        COUNTS.clear()
+        grpo_base.update(s, batch, old, adv, grpo_base.Args(group_size=G), step=0)
+        totals[micro_batches] = dict(COUNTS)
+    where = sorted(set().union(*totals.values()))
+    print(f"host syncs in one grpo_base.update() of {n} rows, one optimiser step (demo model, CPU-counted)\n")
+    print("| called from | 2 micro-batches | 4 | 8 | per micro-batch | per optimiser step |")
+    print("|---|---|---|---|---|---|")
+    rows = []
+    for w in where + ["total"]:
+        c = [sum(totals[m].values()) if w == "total" else totals[m].get(w, 0) for m in (2, 4, 8)]
+        per_mb = (c[2] - c[0]) / 6
+        rows.append(f"| {w} | {c[0]} | {c[1]} | {c[2]} | {per_mb:g} | {c[0] - 2 * per_mb:g} |")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
