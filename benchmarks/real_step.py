@@ -226,9 +226,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "sums.jsonl"
         write_data(data)
-        results = {f"ours ({r})": ours(a, data, r, Path(tmp) / r) for r in a.rollout.split(",") if r}
+        results = {}
+        for r in filter(None, a.rollout.split(",")):
+            results[f"ours ({r})"] = ours(a, data, r, Path(tmp) / r)
+            print(f"ours ({r}):", json.dumps({k: round(v, 2) for k, v in results[f"ours ({r})"].items()}), flush=True)
         b = bare(a, data) if "bare" not in a.skip else None
-        t = trl(a, data) if "trl" not in a.skip else None
+        print("bare:", json.dumps({k: round(v, 2) for k, v in (b or {}).items()}), flush=True)
+        t = None
+        if "trl" not in a.skip:
+            try:
+                t = trl(a, data)
+            except Exception as e:  # noqa: BLE001 - a TRL version this benchmark does not fit: say so, keep the rest
+                print(f"TRL: failed ({type(e).__name__}: {str(e)[:300]})", file=sys.stderr)
     n = a.prompts * a.group
     print(f"\none GRPO step on SmolLM2-135M-Instruct (fp32, CPU, {os.cpu_count()} cores): {a.prompts} prompts x "
           f"{a.group} completions of <= {a.max_completion_len} tokens, micro-batch {a.micro_batch_size}\n")  # fmt: skip
