@@ -175,6 +175,14 @@ class RunFlags:
                 importlib.util.find_spec(package) is not None,
                 f"--report_to {name}: the {package} package is not installed (pip install {package})",
             )
+        package = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}.get(
+            self.attn_implementation
+        )
+        require(
+            package is None or importlib.util.find_spec(package) is not None,
+            f"--attn_implementation {self.attn_implementation}: the {package} package is not installed "
+            "(pip install flash-attn --no-build-isolation on a CUDA machine), or use flex_attention or sdpa",
+        )
         require(
             "wandb" not in self.report_to.split(",") or wandb_ready(),
             "--report_to wandb: not logged in to Weights & Biases; run `wandb login`, set WANDB_API_KEY, "

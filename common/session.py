@@ -409,9 +409,10 @@ def start_session(
         if run.attn_implementation != "auto":
             m.set_attn_implementation(run.attn_implementation)
     padding_free = packed_passes(run.padding_free, policy.config._attn_implementation)
+    activation_bytes = 2 if run.precision == "bf16" or (gpu and run.precision != "fp32") else 4
     memory_tokens = micro_batch_tokens(
-        policy.config, run, 2 if run.precision == "bf16" or (gpu and run.precision != "fp32") else 4, prompt_len=max_prompt_len + extra_context,
-        completion_len=max_completion_len, say=print if is_main else lambda _: None,
+        policy.config, run, activation_bytes, max_prompt_len + extra_context, max_completion_len,
+        say=print if is_main else lambda _: None,
     )  # fmt: skip
     opt = optimizer(policy.parameters())
     # The schedule counts optimiser steps (--mu x --num_minibatches a step), as the scheduler is stepped.

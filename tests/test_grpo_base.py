@@ -300,3 +300,40 @@ def test_all_flat_update_still_steps_on_zero_gradients(tiny_random_model):
     sums = grpo_base.update(s, batch, old, torch.zeros(12), Args(group_size=3), step=0)
     assert sums["skipped_rows"] == 12 and sums["loss"] == 0.0 and sums["optimizer_steps"] == 1
     assert all(g is not None and not g.any() for g in grads[0].values())
+
+
+def test_update_reads_nothing_from_the_device_per_micro_batch(tiny_random_model, monkeypatch):
+    """The host waits for the device (a value read: .item(), .tolist(), bool(t), ...) a fixed number of
+    times per optimiser step, however many micro-batches it takes: the micro-batches' sums stay on
+    the device (benchmarks/host_syncs.py counts the blocking copies too, and transformers' own)."""
+    import sys
+    from pathlib import Path
+
+    import grpo_base
+
+    root = str(Path(grpo_base.__file__).parent)
+    reads = []
+
+    def ours():  # called from this repository's code (scripts, common/), not through torch.optim's host counters
+        frame = sys._getframe(2)
+        while frame and "/torch/" in frame.f_code.co_filename:
+            if "/torch/optim/" in frame.f_code.co_filename:
+                return False
+            frame = frame.f_back
+        return frame and frame.f_code.co_filename.startswith(root) and "/tests/" not in frame.f_code.co_filename
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda t, *a, _o=original, **k: (reads.append(1) if ours() else None, _o(t, *a, **k))[1]
+        )
+    model, _ = tiny_random_model
+    batch, old = flat_groups_batch(model)
+    adv = torch.randn(12)
+    counts = []
+    for micro_batch_size in (6, 2):  # 2 and 6 micro-batches
+        s, _ = update_session(model, micro_batch_size=micro_batch_size)
+        reads.clear()
+        grpo_base.update(s, batch, old, adv, Args(group_size=3), step=0)
+        counts.append(len(reads))
+    assert counts[0] == counts[1] <= 2, counts  # the rows to train, and the optimiser step's sums

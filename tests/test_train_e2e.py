@@ -182,6 +182,7 @@ def test_bad_inputs_stop_with_a_message_naming_the_flag(flags, message, tiny_ran
         (["--max_steps", "10"], "this project calls it --steps"),
         (["--grup_size", "8"], "did you mean --group_size"),
         (["--rollout", "sglang"], "invalid choice"),
+        (["--attn_implementation", "flash_attention_2"], "the flash_attn package is not installed"),
     ],
 )
 def test_flag_errors_are_one_line_before_anything_loads(argv, message, tmp_path):
