@@ -205,7 +205,7 @@ def test_bf16_gradients_are_no_worse_than_the_unchunked_bf16_pass(tmp_path):
     yardstick's error) and DeepSpeed summed and reduced gradients in bf16."""
     bench = _bf16_grads()
     bench.build_model(tmp_path / "model")
-    rows = {r["config"]: r for r in bench.measure(list(bench.ENGINES), [0], tmp_path / "model")}
+    rows = {r["config"]: r for r in bench.measure(list(bench.ENGINES), [0], tmp_path / "model", before=False)}
     autocast = rows["bf16 autocast, unchunked (yardstick)"]
     bf16_weights = rows["bf16 weights, unchunked (yardstick)"]
     assert rows["fp32, chunked head"]["head"] < 1e-5
