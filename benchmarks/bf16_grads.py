@@ -228,7 +228,8 @@ def run_engine(engine: str, model_dir: Path, seed: int, zero_defaults: bool = Fa
 # ---------------------------------------------------------------- the table
 
 
-def measure(engines: list[str], seeds: list[int], model_dir: Path) -> list[dict]:
+def measure(engines: list[str], seeds: list[int], model_dir: Path, before: bool = True) -> list[dict]:
+    """The table's rows; `before`: also the old chunked head and DeepSpeed's own bf16 dtypes."""
     rows = []
     refs = {s: one_process_grads(model_dir, s, torch.float64, False, unchunked_logp) for s in seeds}
 
@@ -250,9 +251,13 @@ def measure(engines: list[str], seeds: list[int], model_dir: Path) -> list[dict]
         ("bf16 autocast, chunked, fp32 sum (now)", torch.float32, True, chunked_logp),
     ]
     for name, dtype, autocast, fn in one:
+        if "(before)" in name and not before:
+            continue
         add(name, 1, {s: one_process_grads(model_dir, s, dtype, autocast, fn) for s in seeds})
     for engine in engines:
-        variants = [(False, "")] + ([(True, ", DeepSpeed's bf16 dtypes (before)")] if engine.startswith("zero") else [])
+        variants = [(False, "")] + (
+            [(True, ", DeepSpeed's bf16 dtypes (before)")] if engine[:4] == "zero" and before else []
+        )
         for zero_defaults, suffix in variants:
             facts = run_engine(engine, model_dir, seeds[0], zero_defaults)
             grads = facts.pop("grads", None)

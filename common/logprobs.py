@@ -15,9 +15,9 @@ never exist, in either pass:
   and recomputes each chunk's logits; peak memory is a few chunk-sized fp32
   tensors (`CHUNK_BYTES` each), whatever the sequence length. The output
   layer's weight gradient (tied to the embedding on some models) is summed over
-  the chunks in one fp32 buffer and cast once: summed in bf16, as autograd would
-  sum the chunks' gradients of a bf16 weight, 150 chunks' roundings made it 10x
-  less exact than the unchunked bf16 pass (`benchmarks/bf16_grads.py`).
+  the chunks in one fp32 buffer and cast once: summed in bf16, as autograd sums
+  the chunks' gradients of a bf16 weight, it was less exact than the unchunked
+  bf16 pass (`benchmarks/bf16_grads.py`, docs/SCALING.md#bf16-precision).
 - log-softmax and entropy are computed in fp32, autocast or not.
 
 Values and gradients equal the direct computation (tests/test_logprobs.py);

@@ -192,8 +192,8 @@ def _bf16_grads():
     return module
 
 
-# Measured spread (benchmarks/bf16_grads.py, docs/SCALING.md): over data seeds, an error moves by up to
-# MARGIN of its mean; an engine's rounding differs from one process's by the order of its sums.
+# An engine rounds in another order than one process; the table in docs/SCALING.md#bf16-precision (seed 0)
+# puts every engine at or up to 17% below its yardstick, the chunked head's old bf16 sum 1.95x above its own.
 MARGIN = 1.15
 
 
@@ -205,7 +205,7 @@ def test_bf16_gradients_are_no_worse_than_the_unchunked_bf16_pass(tmp_path):
     yardstick's error) and DeepSpeed summed and reduced gradients in bf16."""
     bench = _bf16_grads()
     bench.build_model(tmp_path / "model")
-    rows = {r["config"]: r for r in bench.measure(list(bench.ENGINES), [0], tmp_path / "model")}
+    rows = {r["config"]: r for r in bench.measure(list(bench.ENGINES), [0], tmp_path / "model", before=False)}
     autocast = rows["bf16 autocast, unchunked (yardstick)"]
     bf16_weights = rows["bf16 weights, unchunked (yardstick)"]
     assert rows["fp32, chunked head"]["head"] < 1e-5

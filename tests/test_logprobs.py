@@ -235,3 +235,13 @@ def test_padding_free_by_default_only_where_attention_skips_other_sequences():
     assert not packed_passes("auto", "sdpa") and not packed_passes("auto", "eager")  # a dense T x T mask
     assert packed_passes("auto", "flash_attention_2") and packed_passes("auto", "flex_attention")
     assert packed_passes("on", "sdpa") and not packed_passes("off", "flash_attention_2")
+
+
+def test_entropy_is_fp32_under_autocast():
+    """autocast runs bmm (the entropy's row-wise product) in bf16: ~3 significant digits of H."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 6, 2000) * 3
+    tokens = torch.randint(0, 2000, (4, 6))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, ent = token_logprobs(logits, tokens, 1.0, with_entropy=True)
+    torch.testing.assert_close(ent.double(), reference(logits, tokens, 1.0)[1], atol=1e-5, rtol=1e-5)
