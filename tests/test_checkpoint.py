@@ -245,6 +245,8 @@ if acc.is_main_process:  # a flipped byte in the file rank 1 hashes: every rank 
 acc.wait_for_everyone()
 report["flipped"] = ck.manifest_problem(root, accelerator=acc)
 (out / f"rank{acc.process_index}.json").write_text(json.dumps(report))
+acc.wait_for_everyone()
+acc.end_training()
 """
 
 
