@@ -305,10 +305,9 @@ class VLLMEngine:
         seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
             raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
-        if not self.per_prompt_seeds or not torch.cuda.is_available():
+        if not self.per_prompt_seeds:
             # Unseeded requests draw from the engine's generator, seeded at construction: the same
-            # layout samples the same (--per_prompt_seeds false: docs/SCALING.md). vLLM 0.32 CPU: a
-            # seeded request that is split by chunked prefill crashes (CPU generators have no offset).
+            # layout samples the same (--per_prompt_seeds false: docs/SCALING.md).
             seeds = [None] * len(prompts)
         params = [
             SamplingParams(
