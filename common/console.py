@@ -26,6 +26,7 @@ BENIGN = (
     "Using None for EOS token id because tokenizer is not initialized",  # stop tokens are passed per request
     "Removed shared tensor",  # accelerate: tied embeddings are saved once, as intended
     "Setting accelerator to CPU",  # DeepSpeed, imported by a library on a machine without a GPU: expected
+    "does not officially support disabling chunked prefill",  # vLLM on CPU: whole prompts, for per-prompt seeds
 )
 
 
