@@ -230,7 +230,11 @@ def test_a_successful_run_prints_our_lines_only(tiny_random_dir, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [line for line in (proc.stdout + proc.stderr).replace("\r", "\n").splitlines() if line.strip()]
-    ours = [line for line in lines if re.match(rf"({tmp_path.name}:|done: |eval at step \d+: pass@1)", line)]
+    # The start lines (how many steps and why; what is loading; the evaluation before training), the bar, the end.
+    start = (
+        r"grpo_base: 2 steps \(--steps\), 4 prompts x 8 completions a step|loading .*: the policy and the |evaluating "
+    )
+    ours = [line for line in lines if re.match(rf"({start}|{tmp_path.name}:|done: |eval at step \d+: pass@1)", line)]
     other = [line for line in lines if line not in ours and "NUMA binding" not in line]
     assert not other, "\n".join(other)
     assert len([line for line in ours if line.startswith("eval at step")]) == 2  # before the first step, after the last
