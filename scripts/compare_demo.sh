@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The comparison recipe on the CPU demo: all five algorithms on the same data
 # and seed, evaluated every 10 steps, then one figure and one results table.
-# Regenerates docs/compare_demo.png, docs/results_demo.md and the README's demo table (8 runs of ~2 min on 2 cores).
+# Regenerates docs/compare_demo.png, docs/results_demo.md and the README's demo table (8 runs, 1-2.5 min each on 2 shared cores).
 #   bash scripts/compare_demo.sh [RUNS_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."

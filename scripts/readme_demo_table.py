@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.jsonl import read_jsonl  # noqa: E402
 
-BEGIN = "<!-- demo table: written by scripts/readme_demo_table.py from runs of `python grpo_base.py --eval_steps 10 --seed S` -->"
+BEGIN = "<!-- demo table: written by scripts/readme_demo_table.py from runs of `python grpo_base.py --eval_steps 10`, one per --seed -->"
 MARK = "<!-- demo table:"  # BEGIN's start: the marker line is rewritten whole
 END = "<!-- end of demo table -->"
 STEPS = (0, 10, 20, 30)
