@@ -43,27 +43,6 @@ def bytes_per_parameter(mode: str, world: int, precision: str) -> float:
     return (weights if mode == "zero2" else weights / world) + sharded / world
 
 
-def memory_plan(
-    parameters: int,
-    *,
-    mode: str,
-    world: int,
-    precision: str,
-    reference_model: bool,
-    vllm_utilization: float,
-    total_gib: float,
-    margin_gib: float = MARGIN_GIB,
-) -> dict[str, float]:
-    """GiB per item resident on one GPU at the rollout after the first optimiser step (module docstring).
-    `vllm_utilization`: 0 when the rollout engine is not vLLM."""
-    return {
-        "training state": parameters * bytes_per_parameter(mode, world, precision) / GIB,
-        "reference model": parameters * 2 / GIB if reference_model else 0.0,
-        "vLLM": vllm_utilization * total_gib,
-        "margin": margin_gib,
-    }
-
-
 def check_plan(
     parameters: int,
     *,
@@ -75,11 +54,15 @@ def check_plan(
     total_gib: float,
     margin_gib: float = MARGIN_GIB,
 ) -> dict[str, float]:
-    """Stop with one line (the figures and the fix) if `memory_plan` exceeds `total_gib`; else return it."""
-    plan = memory_plan(
-        parameters, mode=mode, world=world, precision=precision, reference_model=reference_model,
-        vllm_utilization=vllm_utilization, total_gib=total_gib, margin_gib=margin_gib,
-    )  # fmt: skip
+    """GiB per item resident on one GPU at the rollout after the first optimiser step (module docstring);
+    `vllm_utilization`: 0 when the rollout engine is not vLLM. Stop with one line (the figures and the
+    fix) if they exceed `total_gib`; else return them."""
+    plan = {
+        "training state": parameters * bytes_per_parameter(mode, world, precision) / GIB,
+        "reference model": parameters * 2 / GIB if reference_model else 0.0,
+        "vLLM": vllm_utilization * total_gib,
+        "margin": margin_gib,
+    }
     need = sum(plan.values())
     if need <= total_gib:
         return plan

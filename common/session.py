@@ -388,7 +388,6 @@ def start_session(
     rank, world = accelerator.process_index, accelerator.num_processes
     check_shared(run_dir, accelerator)  # multi-node: every rank sees what rank 0 writes (before minutes of loading)
     mode = parallel_mode(accelerator)  # decided once, from accelerate's state; passed to what depends on it
-    mode = parallel_mode(accelerator)
     require(
         not (reference_model and mode.kind == "zero3"),
         "--beta > 0 under DeepSpeed ZeRO-3: the reference model would be partitioned and never wrapped; "
@@ -411,7 +410,9 @@ def start_session(
     padding_free = packed_passes(run.padding_free, policy.config._attn_implementation)
     activation_bytes = 2 if run.precision == "bf16" or (gpu and run.precision != "fp32") else 4
     memory_tokens = micro_batch_tokens(
-        policy.config, run, activation_bytes, max_prompt_len + extra_context, max_completion_len,
+        policy.config, activation_bytes, max_prompt_len + extra_context, max_completion_len,
+        memory_gb=run.micro_batch_memory_gb, micro_batch_size=run.micro_batch_size,
+        max_tokens_per_micro_batch=run.max_tokens_per_micro_batch, gradient_checkpointing=run.gradient_checkpointing,
         say=print if is_main else lambda _: None,
     )  # fmt: skip
     opt = optimizer(policy.parameters())
@@ -491,22 +492,25 @@ def start_session(
     return session
 
 
-def micro_batch_tokens(config, run: RunFlags, bytes_per_value: int, prompt_len: int, completion_len: int, say) -> int:
-    """The padded tokens a micro-batch may hold under --micro_batch_memory_gb (0: 1/8 of the device's
-    memory, per local process), from the model's activation memory per token; 0 when
+def micro_batch_tokens(
+    config, bytes_per_value: int, prompt_len: int, completion_len: int, *, memory_gb: float, micro_batch_size: int,
+    max_tokens_per_micro_batch: int, gradient_checkpointing: bool, say,
+) -> int:  # fmt: skip
+    """The padded tokens a micro-batch may hold under --micro_batch_memory_gb `memory_gb` (0: 1/8 of the
+    device's memory, per local process), from the model's activation memory per token; 0 when
     --max_tokens_per_micro_batch plans by tokens itself. Says so when the cap binds: when
-    --micro_batch_size sequences at the longest would pass it."""
+    `micro_batch_size` sequences at the longest would pass it."""
     from common.batching import activation_bytes_per_token
 
-    if run.max_tokens_per_micro_batch:
+    if max_tokens_per_micro_batch:
         return 0
-    per_token = activation_bytes_per_token(config, bytes_per_value, run.gradient_checkpointing)
-    budget = run.micro_batch_memory_gb * 2**30 or device_memory_bytes() / 8
+    per_token = activation_bytes_per_token(config, bytes_per_value, gradient_checkpointing)
+    budget = memory_gb * 2**30 or device_memory_bytes() / 8
     tokens = max(1, int(budget // per_token))
     longest = prompt_len + completion_len
-    if tokens < run.micro_batch_size * longest:
+    if tokens < micro_batch_size * longest:
         say(
-            f"micro-batches: up to {run.micro_batch_size} sequences and {tokens:,} padded tokens each ("
+            f"micro-batches: up to {micro_batch_size} sequences and {tokens:,} padded tokens each ("
             f"{budget / 2**30:.1f} GiB of activations at ~{per_token / 2**20:.2f} MiB a token for this model; "
             f"{max(1, tokens // longest)} sequences at the longest): --micro_batch_memory_gb sets the budget"
         )

@@ -74,18 +74,17 @@ def test_micro_batch_tokens_from_the_models_activation_memory():
     from types import SimpleNamespace
 
     from common.batching import activation_bytes_per_token
-    from common.run_flags import RunFlags
     from common.session import micro_batch_tokens
 
     smollm2 = SimpleNamespace(num_hidden_layers=30, hidden_size=576, intermediate_size=1536)
     assert activation_bytes_per_token(smollm2, 4, False) == 30 * (6 * 576 + 3 * 1536) * 4
     assert activation_bytes_per_token(smollm2, 4, True) < activation_bytes_per_token(smollm2, 4, False) / 9
     said = []
-    run = RunFlags(micro_batch_memory_gb=3.0)
-    tokens = micro_batch_tokens(smollm2, run, 4, prompt_len=125, completion_len=48, say=said.append)
+    run = dict(memory_gb=3.0, micro_batch_size=32, max_tokens_per_micro_batch=0, gradient_checkpointing=False)
+    tokens = micro_batch_tokens(smollm2, 4, 125, 48, **run, say=said.append)
     assert tokens == int(3 * 2**30 // (30 * 8064 * 4)) and tokens // 173 == 19
     assert len(said) == 1 and "up to 32 sequences and 3,328 padded tokens each" in said[0]
     tiny = SimpleNamespace(num_hidden_layers=4, hidden_size=128, intermediate_size=512)
-    assert micro_batch_tokens(tiny, run, 4, prompt_len=512, completion_len=48, say=said.append) > 32 * 560
+    assert micro_batch_tokens(tiny, 4, 512, 48, **run, say=said.append) > 32 * 560
     assert len(said) == 1  # silent: 32 sequences at the longest fit
-    assert micro_batch_tokens(smollm2, RunFlags(max_tokens_per_micro_batch=4096), 4, 125, 48, said.append) == 0
+    assert micro_batch_tokens(smollm2, 4, 125, 48, **run | {"max_tokens_per_micro_batch": 4096}, say=said.append) == 0
