@@ -230,17 +230,15 @@ def old_logprobs(s, batch: dict, args: Args) -> dict:
     P = batch["prompt_mask"].shape[1]
     with torch.no_grad():
         for idx in s.micro_batch_plan(batch, list(range(len(batch["input_ids"])))):
-            mb = select(batch, idx)
+            mb = select(batch, idx, s.layout)
             p, C = mb["prompt_mask"].shape[1], mb["completion_mask"].shape[1]
             ids, attn = mb["input_ids"], mb["attention_mask"]
-            logp, ent = sequence_logprobs(
-                s.model, ids, attn, args.temperature, with_entropy=True, padding_free=s.padding_free
-            )
+            logp, ent = sequence_logprobs(s.model, ids, attn, args.temperature, with_entropy=True, layout=mb["layout"])
             out["logp"][idx, :C], out["entropy"][idx, :C] = logp[: len(idx), p - 1 :], ent[: len(idx), p - 1 :]
             out["prompt_logp"][idx, P - p : P - 1] = logp[: len(idx), : p - 1]
             if s.ref_model is not None:
                 ref_logp, _ = sequence_logprobs(
-                    s.ref_model, ids, attn, args.temperature, logits_to_keep=C, padding_free=s.padding_free
+                    s.ref_model, ids, attn, args.temperature, logits_to_keep=C, layout=mb["layout"]
                 )
                 out["ref_logp"][idx, :C] = ref_logp[: len(idx)]
     return out
@@ -263,13 +261,13 @@ def update(s, batch: dict, old: dict, advantages: torch.Tensor, args: Args, step
             num_tokens = global_sum(s.accelerator, sum(batch["completion_lens"][r] for r in rows)) / s.world
             plan, local = s.micro_batch_plan(batch, [r for r in rows if live[r]]), Counter()
             for i, idx in enumerate(plan):
-                mb = select(batch, idx)
+                mb = select(batch, idx, s.layout)
                 r = mb["rows"]
                 with s.accumulate(last=i == len(plan) - 1):
                     C = mb["completion_mask"].shape[1]
                     logp, _ = sequence_logprobs(
                         s.model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C,
-                        padding_free=s.padding_free,
+                        layout=mb["layout"],
                     )  # fmt: skip
                     loss, stats = policy_loss(
                         logp, old["logp"][r], advantages[r], mb["completion_mask"], args, len(rows), num_tokens,

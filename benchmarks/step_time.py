@@ -155,7 +155,7 @@ def update_session(model, micro_batch_size: int, max_tokens: int = 0):
         accelerator=accelerator, device=torch.device("cpu"), world=1, mode=parallel_mode(accelerator), model=model,
         optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), guard=UpdateGuard(0),
         grad_clip=1.0, micro_batch_size=micro_batch_size, max_tokens_per_micro_batch=max_tokens,
-        skipped_this_step=False, padding_free=False, memory_tokens=0,
+        skipped_this_step=False, layout="padded", memory_tokens=0,
     )  # fmt: skip
 
 

@@ -1,5 +1,7 @@
 """A rollout -> padded training tensors, and its split into micro-batches."""
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -12,7 +14,8 @@ def pack(prompts: list[list[int]], completions: list, pad_id: int, device=None) 
     the engine's log-probs of the sampled tokens ("rollout_logp" [N, C]; NaN for tokens the engine
     did not sample), whether each completion ended on a stop token ("finished" [N]), and each row's
     prompt and completion lengths as host lists ("prompt_lens", "completion_lens"): micro-batch plans
-    and cuts read them without waiting for the device.
+    and cuts read them without waiting for the device. "prompt_group" (host list) numbers each row's
+    prompt: consecutive rows with the same prompt (a rollout group) share it (`shared_prefix`).
     """
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
@@ -33,7 +36,16 @@ def pack(prompts: list[list[int]], completions: list, pad_id: int, device=None) 
         "finished": torch.tensor([c.finished for c in completions], device=device, dtype=torch.bool),
         "prompt_lens": [len(p) for p in prompts],
         "completion_lens": [len(c.token_ids) for c in completions],
+        "prompt_group": prompt_groups(prompts),
     }
+
+
+def prompt_groups(prompts: list[list[int]]) -> list[int]:
+    """Per row, the index of the first row of its run of identical consecutive prompts."""
+    groups = []
+    for i, p in enumerate(prompts):
+        groups.append(groups[-1] if i and p == prompts[i - 1] else i)
+    return groups
 
 
 def pad_right(rows: list[list[float]], width: int, value: float = 0.0, device=None) -> torch.Tensor:
@@ -111,7 +123,74 @@ def rows_with_loss(advantages: torch.Tensor, mask: torch.Tensor, every_row: bool
     return ((adv != 0) & (mask > 0)).any(-1).tolist()  # NaN != 0: a NaN row is trained and shows up
 
 
-def select(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Tensor]:
+@dataclass
+class SharedPrefix:
+    """A micro-batch laid out one row per prompt: [prompt | its completions, one after another | pad].
+
+    Each prompt is computed once instead of once per completion (Prefix Grouper, Liu et al. 2025, arXiv
+    2506.05433): a completion attends to its prompt and to its own earlier tokens (`mask`), and its
+    positions continue from the prompt's, so its hidden states, log-probs and gradients equal the
+    padded layout's. `source` maps the padded micro-batch back: for each row and each column t of
+    its [n, L] layout, the flat position (in [R * T]) of the token that predicts column t + 1, or -1
+    where column t + 1 is padding or has no real token before it.
+    """
+
+    input_ids: torch.Tensor  # [R, T]
+    position_ids: torch.Tensor  # [R, T]
+    mask: torch.Tensor  # [R, 1, T, T] bool: query attends key
+    source: torch.Tensor  # [n, L - 1] long
+
+
+def shared_prefix(batch: dict, idx: list[int], device) -> SharedPrefix | None:
+    """The `SharedPrefix` layout of the rows `idx` of a `pack`ed batch, or None where it would not
+    compute less than the padded one: it must take fewer token positions (rows x length) and no
+    more attention pairs (rows x length^2), so long completions, whose concatenation would make the
+    attention quadratic in G x C, keep the padded layout."""
+    groups: dict[int, list[int]] = {}
+    for j, r in enumerate(idx):
+        groups.setdefault(batch["prompt_group"][r], []).append(j)
+    p_lens = [batch["prompt_lens"][r] for r in idx]
+    c_lens = [batch["completion_lens"][r] for r in idx]
+    n, L = len(idx), max(p_lens) + max(1, max(c_lens))
+    lengths = [p_lens[js[0]] + sum(c_lens[j] for j in js) for js in groups.values()]
+    R, T = len(lengths), max(lengths)
+    if len(groups) == n or R * T >= n * L or R * T * T > n * L * L:
+        return None
+    P, width = batch["prompt_mask"].shape[1], batch["input_ids"].shape[1]
+    take = torch.zeros(R, T, dtype=torch.long)  # flat index into the batch's input_ids
+    pos = torch.zeros(R, T, dtype=torch.long)
+    segment = torch.full((R, T), -1, dtype=torch.long)  # 0: prompt, j + 1: completion j, -1: pad
+    source = torch.full((n, L - 1), -1, dtype=torch.long)
+    for g, js in enumerate(groups.values()):
+        p, first = p_lens[js[0]], idx[js[0]]
+        take[g, :p] = first * width + P - p + torch.arange(p)
+        pos[g, :p] = torch.arange(p)
+        segment[g, :p] = 0
+        flat = g * T
+        for j in js:  # the prompt's own tokens, as seen from row j's left-padded columns L - ...
+            lead = L - max(1, max(c_lens)) - p  # row j's prompt starts at column lead
+            source[j, lead : lead + p - 1] = flat + torch.arange(p - 1)
+        start = p
+        for j in js:
+            c, r = c_lens[j], idx[j]
+            take[g, start : start + c] = r * width + P + torch.arange(c)
+            pos[g, start : start + c] = p + torch.arange(c)
+            segment[g, start : start + c] = j + 1
+            first_col = L - max(1, max(c_lens)) - 1  # the column of the prompt's last token
+            if c and p:  # the completion's first token is predicted by the prompt's last one
+                source[j, first_col] = flat + p - 1
+                source[j, first_col + 1 : first_col + c] = flat + start + torch.arange(c - 1)
+            start += c
+    seg = segment.to(device)
+    order = torch.arange(T, device=device)
+    causal = order[None, :, None] >= order[None, None, :]  # [1, q, k]: k <= q
+    same = (seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None])
+    mask = (causal & same & (seg[:, :, None] >= 0) & (seg[:, None, :] >= 0)) | (order[:, None] == order)
+    ids = batch["input_ids"].view(-1)[take.to(device)].masked_fill(seg < 0, 0)
+    return SharedPrefix(ids, pos.to(device), mask[:, None], source.to(device))
+
+
+def select(batch: dict[str, torch.Tensor], idx: list[int], layout: str = "padded") -> dict[str, torch.Tensor]:
     """The rows `idx` of a `pack`ed batch, cut to their own longest prompt and completion.
 
     Prompts are left-padded and completions right-padded, so the cut keeps columns
@@ -119,6 +198,9 @@ def select(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Te
     its peers) gives row 0 with nothing to train on: the forward runs, its loss is 0.
     The lengths come from the batch's host lists and the row indices go to the device
     without blocking: cutting a micro-batch never waits for the device.
+    "layout", how `common.logprobs.sequence_logprobs` runs the rows: `layout` ("padded", or "packed":
+    the real tokens in one row), or for `layout="shared"` the rows' `shared_prefix` where it computes
+    less than the padded rows (else "padded").
     """
     device = batch["input_ids"].device
     rows = torch.tensor(idx or [0])
@@ -133,4 +215,6 @@ def select(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Te
         "attention_mask": batch["attention_mask"][rows, cols],
         "completion_mask": batch["completion_mask"][rows, :c_max] * (1.0 if idx else 0.0),
         "prompt_mask": batch["prompt_mask"][rows, P - p_max :],
+        "layout": (layout == "shared" and idx and shared_prefix(batch, idx, device))
+        or layout.replace("shared", "padded"),
     }

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from common.batching import SharedPrefix
+
 # Rows per chunk: 64 MiB of fp32 logits at Qwen2.5's vocabulary (110 rows). A chunk holds
 # about four such tensors at once (logits / T, log-softmax, probabilities, a gradient).
 CHUNK_BYTES = 2**26
@@ -187,12 +189,10 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @contextlib.contextmanager
-def _head_returns_logprobs(
-    model: torch.nn.Module, targets: torch.Tensor, temperature: float, with_entropy: bool, chunk_rows
-):
-    """Within the block, the model's output layer maps hidden states [B, K+1, D] to [B, K+1, 2]
-    (log-prob of `targets` [B, K], entropy; the last position, which predicts past the
-    sequence, gives zeros) instead of logits [B, K+1, V].
+def _head_returns_logprobs(model: torch.nn.Module, targets: torch.Tensor, pick, temperature, with_entropy, chunk_rows):
+    """Within the block, the model's output layer maps its hidden states [B, K, D] to [M, 2]: (log-prob of
+    `targets` [M], entropy) of the M rows that `pick(hidden)` -> [M, D] takes (the positions that predict
+    the scored tokens), instead of logits [B, K, V].
 
     The layer is still called as a module (its forward is swapped, not bypassed), so the
     hooks that DeepSpeed ZeRO-3 and FSDP2 put on it gather its weight as usual.
@@ -206,8 +206,7 @@ def _head_returns_logprobs(
     chunk = chunk_rows or _chunk_rows(head.out_features)
 
     def scoring_forward(hidden: torch.Tensor) -> torch.Tensor:
-        B, K1, D = hidden.shape
-        rows = hidden[:, : K1 - 1].reshape(-1, D)  # hidden states only: D values per row, not V
+        rows = pick(hidden)  # hidden states only: D values per row, not V
         # Under autocast (bf16 compute over fp32 master weights) the weight is cast once, here, for both
         # passes: a cast per chunk would copy the whole V x D weight ~190 times per micro-batch at 7B.
         compute = None
@@ -215,10 +214,7 @@ def _head_returns_logprobs(
             dtype = torch.get_autocast_dtype(hidden.device.type)
             if head.weight.dtype != dtype:
                 compute = tuple(None if p is None else p.detach().to(dtype) for p in (head.weight, head.bias))
-        out = _ChunkedHead.apply(
-            rows, targets.reshape(-1), head.weight, head.bias, compute, temperature, with_entropy, chunk
-        ).view(B, K1 - 1, 2)
-        return F.pad(out, (0, 0, 0, 1))
+        return _ChunkedHead.apply(rows, targets, head.weight, head.bias, compute, temperature, with_entropy, chunk)
 
     saved = head.__dict__.get("forward")  # a wrapper's own patched forward, if any
     head.forward = scoring_forward
@@ -239,22 +235,28 @@ def sequence_logprobs(
     logits_to_keep: int | None = None,
     with_entropy: bool = False,
     chunk_rows: int | None = None,
-    padding_free: bool = False,
+    layout: str | SharedPrefix = "padded",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Score `input_ids` [B, L] with a causal LM, without ever materialising its logits.
 
     Returns fp32 logp (and entropy) of shape [B, L - 1] for tokens 1..L-1, or
     [B, K] for the last K tokens when `logits_to_keep=K` (the completion part of
-    a prompt + completion batch). `padding_free`: run the model on the real tokens
-    only, packed into one row (`_packed`); the values at padded positions are then 0.
+    a prompt + completion batch). `layout` (a micro-batch's, `common.batching.select`):
+    "padded" runs the rows as they are; two layouts compute less, and give 0 at padded positions:
+    - "packed": the real tokens only, in one row (`_packed`);
+    - a `common.batching.SharedPrefix`: each prompt computed once for all its completions (`_shared`).
     """
     K = input_ids.shape[1] - 1 if logits_to_keep is None else logits_to_keep
-    if padding_free:
+    if isinstance(layout, SharedPrefix):
+        return _shared(model, input_ids, layout, temperature, K, with_entropy, chunk_rows)
+    if layout == "packed":
         return _packed(model, input_ids, attention_mask, temperature, K, with_entropy, chunk_rows)
     # position_ids from the mask so that left-padded prompts get the same
     # positions as the unpadded prompt had in the rollout engine.
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    with _head_returns_logprobs(model, input_ids[:, -K:], temperature, with_entropy, chunk_rows):
+    B, D = input_ids.shape[0], _unwrap(model).config.hidden_size
+    pick = lambda hidden: hidden[:, :-1].reshape(-1, D)  # noqa: E731  (the last position predicts past the row)
+    with _head_returns_logprobs(model, input_ids[:, -K:].reshape(-1), pick, temperature, with_entropy, chunk_rows):
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -262,8 +264,40 @@ def sequence_logprobs(
             use_cache=False,
             logits_to_keep=K + 1,
         ).logits
-    out = out[:, :-1].float()  # [B, K, 2], a few bytes per token
+    out = out.view(B, K, 2).float()  # a few bytes per token
     return out[..., 0], out[..., 1] if with_entropy else None
+
+
+def _scatter(out: torch.Tensor, kept: torch.Tensor, with_entropy: bool):
+    """[M, 2] scores of the kept positions -> logp (and entropy) [B, K], 0 elsewhere."""
+    out = out.float()
+    logp = out.new_zeros(kept.shape).masked_scatter(kept, out[:, 0])
+    ent = out.new_zeros(kept.shape).masked_scatter(kept, out[:, 1]) if with_entropy else None
+    return logp, ent
+
+
+def _shared(model, input_ids, prefix: SharedPrefix, temperature, K, with_entropy, chunk_rows):
+    """`sequence_logprobs` in the shared-prefix layout: one forward over [R, T] rows with the layout's
+    4D mask (SDPA takes it as it is; eager attention adds it, so it becomes 0 / -inf there), then the
+    output layer on the positions that `prefix.source` names, in the padded rows' order."""
+    source = prefix.source[:, -K:]
+    kept = source >= 0
+    where = source[kept]
+    mask = prefix.mask
+    if _unwrap(model).config._attn_implementation == "eager":
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+    D = _unwrap(model).config.hidden_size
+    pick = lambda hidden: hidden.reshape(-1, D)[where]  # noqa: E731
+    with _head_returns_logprobs(model, input_ids[:, -K:][kept], pick, temperature, with_entropy, chunk_rows):
+        out = model(
+            input_ids=prefix.input_ids,
+            attention_mask=mask,
+            position_ids=prefix.position_ids,
+            use_cache=False,
+            logits_to_keep=0,
+        ).logits
+    return _scatter(out, kept, with_entropy)
 
 
 def _packed(model, input_ids, attention_mask, temperature, K, with_entropy, chunk_rows):
@@ -282,19 +316,18 @@ def _packed(model, input_ids, attention_mask, temperature, K, with_entropy, chun
     # A kept token (one of the last K columns) is scored if it and the token before it are real.
     kept = real[:, L - K :] & real[:, L - K - 1 : L - 1]
     source = where[:, L - K - 1 : L - 1][kept]  # the packed positions that predict them
-    # The output layer's swapped forward drops its last position (it predicts past the sequence): one extra.
-    keep = torch.cat([source, source[-1:]]) if source.numel() else source.new_zeros(1)
-    with _head_returns_logprobs(model, input_ids[:, L - K :][kept][None], temperature, with_entropy, chunk_rows):
+    M = source.numel()
+    keep = source if M else source.new_zeros(1)  # transformers keeps these positions only
+    with _head_returns_logprobs(
+        model, input_ids[:, L - K :][kept], lambda h: h[0, :M], temperature, with_entropy, chunk_rows
+    ):
         out = model(
             input_ids=input_ids[real][None],
             position_ids=position_ids[real][None],
             use_cache=False,
             logits_to_keep=keep,
         ).logits
-    out = out[0, : source.numel()].float()  # [M, 2]
-    logp = out.new_zeros(B, K).masked_scatter(kept, out[:, 0])
-    ent = out.new_zeros(B, K).masked_scatter(kept, out[:, 1]) if with_entropy else None
-    return logp, ent
+    return _scatter(out, kept, with_entropy)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

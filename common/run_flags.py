@@ -127,6 +127,11 @@ class RunFlags:
         "training and scoring passes on the real tokens only, packed into one row (auto: with flash or flex attention)",
         ["auto", "on", "off"],
     )
+    share_prompts: bool = arg(
+        True,
+        "training and scoring passes compute each prompt once for all its completions (one row per group, "
+        "a 4D attention mask) where that computes less (docs/SCALING.md#shared-prompts); SDPA and eager attention",
+    )
     vllm_gpu_memory_utilization: float = arg(
         0.3, "share of GPU memory vLLM may take (weights + KV cache)", above=0, at_most=1
     )

@@ -56,7 +56,7 @@ class OptimizerStep:
 
 class Session:
     """What `start_session` built. Fields: accelerator, device, rank, world, mode (how the model is
-    laid out over ranks), model, ref_model, padding_free (score packed sequences: `common.logprobs`),
+    laid out over ranks), model, ref_model, layout (how passes run a micro-batch: `common.batching.select`),
     tokenizer, optimizer, scheduler, engine, verifier, sampler, opens_think, start_step, total_steps,
     logger, run_dir."""
 
@@ -407,7 +407,7 @@ def start_session(
     for m in filter(None, (policy, ref_model)):
         if run.attn_implementation != "auto":
             m.set_attn_implementation(run.attn_implementation)
-    padding_free = packed_passes(run.padding_free, policy.config._attn_implementation)
+    layout = pass_layout(run.padding_free, run.share_prompts, policy.config._attn_implementation)
     activation_bytes = 2 if run.precision == "bf16" or (gpu and run.precision != "fp32") else 4
     memory_tokens = micro_batch_tokens(
         policy.config, activation_bytes, max_prompt_len + extra_context, max_completion_len,
@@ -473,7 +473,7 @@ def start_session(
         verifier=verifier, sampler=sampler, opens_think=opens_think, start_step=start_step, total_steps=total_steps,
         logger=logger, run_dir=run_dir, lock=lock, reward_terms=terms, custom_rewards=custom,
         guard=UpdateGuard(run.max_nonfinite_steps, run.grad_spike_factor, say=say), watch=SignalWatch(run.warn_flat_steps, say=say),
-        stop=StopSignal(), grad_clip=grad_clip, micro_batch_size=run.micro_batch_size, padding_free=padding_free,
+        stop=StopSignal(), grad_clip=grad_clip, micro_batch_size=run.micro_batch_size, layout=layout,
         memory_tokens=memory_tokens,
         max_tokens_per_micro_batch=run.max_tokens_per_micro_batch, save_steps=run.save_steps, save_minutes=run.save_minutes,
         keep_last=run.keep_last, eval_steps=run.eval_steps, eval_sets=eval_sets, eval_benchmarks=run.eval_benchmarks,
@@ -529,12 +529,17 @@ def device_memory_bytes() -> int:
 
 # Attention that runs packed sequences without computing across them (varlen / block-sparse kernels).
 PACKED_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
+# Attention that takes any [B, 1, T, T] mask as it is (the shared-prefix layout's).
+MASKED_ATTENTION = ("sdpa", "eager")
 
 
-def packed_passes(padding_free: str, attn_implementation: str | None) -> bool:
-    """--padding_free: "auto" packs where the attention skips the pairs across sequences; SDPA and eager
-    would attend over the whole packed row (correct, but quadratic in its length)."""
-    return padding_free == "on" or (padding_free == "auto" and attn_implementation in PACKED_ATTENTION)
+def pass_layout(padding_free: str, share_prompts: bool, attn_implementation: str | None) -> str:
+    """The micro-batches' layout (`common.batching.select`). --padding_free: "auto" packs where the attention
+    skips the pairs across sequences; SDPA and eager would attend over the whole packed row (correct, but
+    quadratic in its length). Otherwise --share_prompts, with attention that takes a 4D mask."""
+    if padding_free == "on" or (padding_free == "auto" and attn_implementation in PACKED_ATTENTION):
+        return "packed"
+    return "shared" if share_prompts and attn_implementation in MASKED_ATTENTION else "padded"
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:

@@ -211,7 +211,7 @@ def test_loss_and_gradients_equal_one_unbucketed_pass(tiny_random_model, agg):
     model.zero_grad(set_to_none=True)
 
 
-def update_session(model, micro_batch_size: int = 3, padding_free: bool = False):
+def update_session(model, micro_batch_size: int = 3, layout: str = "padded"):
     """A one-process session holding what update() uses: the real accelerator, micro-batch plan,
     accumulation and optimiser step. SGD at lr 0 leaves the model as it is; a hook keeps each
     optimiser step's gradients."""
@@ -227,18 +227,20 @@ def update_session(model, micro_batch_size: int = 3, padding_free: bool = False)
         accelerator=accelerator, device=torch.device("cpu"), world=1, mode=parallel_mode(accelerator), model=model,
         optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), guard=UpdateGuard(0),
         grad_clip=1e9, micro_batch_size=micro_batch_size, max_tokens_per_micro_batch=0, skipped_this_step=False,
-        padding_free=padding_free, memory_tokens=0,
+        layout=layout, memory_tokens=0,
     )  # fmt: skip
     return s, grads
 
 
 def flat_groups_batch(model, G=3, groups=4, seed=0):
-    """`groups` groups of G random completions; old / rollout log-probs near the model's own."""
+    """`groups` groups of G random completions of one random prompt each; old / rollout log-probs near the
+    model's own."""
     g = torch.Generator().manual_seed(seed)
     V, n = model.config.vocab_size, G * groups
     prompts = [
-        torch.randint(3, V, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+        torch.randint(3, V, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist() for _ in range(groups)
     ]
+    prompts = [p for p in prompts for _ in range(G)]
     comps = [
         torch.randint(3, V, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
     ]
@@ -250,12 +252,13 @@ def flat_groups_batch(model, G=3, groups=4, seed=0):
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 @pytest.mark.parametrize("beta", [0.0, 0.1])
-@pytest.mark.parametrize("padding_free", [False, True])
-def test_rows_with_zero_advantage_are_left_out_and_the_update_is_unchanged(tiny_random_model, agg, beta, padding_free):
+@pytest.mark.parametrize("layout", ["padded", "packed", "shared"])
+def test_rows_with_zero_advantage_are_left_out_and_the_update_is_unchanged(tiny_random_model, agg, beta, layout):
     """Groups 0 and 2 are flat (A = 0): without a KL term their rows are not forwarded, yet the loss and
     the gradient equal one padded pass over the whole batch with the method's denominators (all G * groups
     sequences, all tokens). With --beta > 0 the KL term acts on every row: nothing is left out.
-    --padding_free: the same, with each micro-batch packed into one row."""
+    The same with each micro-batch packed into one row (--padding_free) and with one row per prompt
+    (--share_prompts)."""
     import grpo_base
 
     model, _ = tiny_random_model
@@ -272,17 +275,20 @@ def test_rows_with_zero_advantage_are_left_out_and_the_update_is_unchanged(tiny_
     want = {k: p.grad.clone() for k, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
 
-    s, grads = update_session(model)
-    forwarded = []
+    s, grads = update_session(model, layout=layout)
+    forwarded = []  # the real tokens of each forward
     hook = model.register_forward_pre_hook(
-        lambda m, a, kw: forwarded.append(kw["input_ids"].shape[0]), with_kwargs=True
+        lambda m, a, kw: forwarded.append(int((kw["input_ids"] != 0).sum())), with_kwargs=True
     )
     try:
         sums = grpo_base.update(s, batch, old, adv, args, step=0)
     finally:
         hook.remove()
     skipped = 0 if beta > 0 else 6
-    assert sums["skipped_rows"] == skipped and sum(forwarded) == n - skipped
+    live = [r for r in range(n) if beta > 0 or adv[r] != 0]
+    tokens = sum(batch["prompt_lens"][r] + batch["completion_lens"][r] for r in live)
+    assert sums["skipped_rows"] == skipped
+    assert sum(forwarded) < tokens if layout == "shared" else sum(forwarded) == tokens  # some prompts computed once
     assert sums["loss"] == pytest.approx(full.item(), rel=1e-5, abs=1e-7)
     assert sums["tokens"] == mask[adv != 0].sum().item() if beta == 0 else mask.sum().item()  # the rows trained on
     for k, g in grads[0].items():

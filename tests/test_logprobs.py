@@ -216,25 +216,95 @@ def test_padding_free_equals_the_padded_pass(tiny_random_dir, attn, keep):
     real = attn_mask.float()
     valid = (real[:, 1:] * real[:, :-1])[:, -C:] if K else real[:, 1:] * real[:, :-1]
 
-    def run(padding_free):
+    def run(layout):
         model.zero_grad(set_to_none=True)
-        logp, ent = sequence_logprobs(model, ids, attn_mask, 0.7, K, with_entropy=True, padding_free=padding_free)
+        logp, ent = sequence_logprobs(model, ids, attn_mask, 0.7, K, with_entropy=True, layout=layout)
         ((logp * valid).sum() + (ent * valid).sum()).backward()
         return logp * valid, ent * valid, {k: p.grad.clone() for k, p in model.named_parameters()}
 
-    padded, packed = run(False), run(True)
+    padded, packed = run("padded"), run("packed")
     torch.testing.assert_close(packed[0], padded[0], rtol=1e-5, atol=2e-5)
     torch.testing.assert_close(packed[1], padded[1], rtol=1e-5, atol=2e-5)
     for k in padded[2]:
         torch.testing.assert_close(packed[2][k], padded[2][k], rtol=1e-4, atol=1e-4, msg=lambda m, k=k: f"{k}: {m}")
 
 
-def test_padding_free_by_default_only_where_attention_skips_other_sequences():
-    from common.session import packed_passes
+# Groups of rows sharing a prompt: (prompt length, completion lengths), varied so that the padded layout
+# left-pads prompts, right-pads completions, and holds empty completions and a one-token prompt.
+SHARED_GROUPS = [(6, [4, 1, 0, 3]), (2, [5, 5]), (1, [2]), (9, [1, 3, 2])]
 
-    assert not packed_passes("auto", "sdpa") and not packed_passes("auto", "eager")  # a dense T x T mask
-    assert packed_passes("auto", "flash_attention_2") and packed_passes("auto", "flex_attention")
-    assert packed_passes("on", "sdpa") and not packed_passes("off", "flash_attention_2")
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("keep", ["completion", "all"])
+def test_shared_prefix_equals_the_padded_pass(tiny_random_dir, attn, keep):
+    """Each prompt computed once for all its completions (one row, a 4D mask) gives the padded pass's
+    log-probs, entropies and parameter gradients, for the completion columns and for the whole
+    sequence (Pro-GRPO scores the prompt too). SDPA runs an fp64 model, so that only the output layer's
+    fp32 log-softmax (summed in another order) separates the two; eager runs fp32 (transformers' fp64
+    eager attention turns the padded rows' fully masked pad queries into NaN)."""
+    from transformers import AutoModelForCausalLM
+
+    from common.batching import pack, select
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir, attn_implementation=attn)
+    model, tol = (model.double(), 1e-6) if attn == "sdpa" else (model, 2e-5)
+    g = torch.Generator().manual_seed(0)
+    V = model.config.vocab_size
+    prompts, completions = [], []
+    for p, cs in SHARED_GROUPS:
+        prompt = torch.randint(3, V, (p,), generator=g).tolist()
+        for c in cs:
+            prompts.append(prompt)
+            completions.append(torch.randint(3, V, (c,), generator=g).tolist())
+    batch = pack(prompts, as_completions(completions), 0)
+    rows = list(range(len(prompts)))
+    padded, shared = select(batch, rows), select(batch, rows, "shared")
+    assert padded["layout"] == "padded" and shared["layout"].input_ids.shape[0] == len(SHARED_GROUPS)
+    ids, attn_mask, C = padded["input_ids"], padded["attention_mask"], padded["completion_mask"].shape[1]
+    K = C if keep == "completion" else None
+    real = attn_mask.double()
+    valid = (real[:, 1:] * real[:, :-1])[:, -C:] if K else real[:, 1:] * real[:, :-1]
+
+    def run(layout):
+        model.zero_grad(set_to_none=True)
+        logp, ent = sequence_logprobs(model, ids, attn_mask, 0.7, K, with_entropy=True, layout=layout)
+        assert logp.dtype == torch.float32
+        ((logp * valid).sum() + (ent * valid).sum()).backward()
+        return logp * valid, ent * valid, {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    want, got = run("padded"), run(shared["layout"])
+    torch.testing.assert_close(got[0], want[0], rtol=tol, atol=tol)
+    torch.testing.assert_close(got[1], want[1], rtol=tol, atol=tol)
+    assert (got[0] == 0).sum() == (valid == 0).sum()  # nothing scored outside the real tokens
+    for k in want[2]:
+        torch.testing.assert_close(got[2][k], want[2][k], rtol=10 * tol, atol=2 * tol, msg=lambda m, k=k: f"{k}: {m}")
+
+
+@pytest.mark.parametrize(
+    "prompt, completions, shared",
+    [
+        (100, [10] * 8, True),  # a long prompt, short completions: computed once instead of 8 times
+        (10, [100] * 8, False),  # long completions: one row of 810 tokens would attend over 810^2 pairs
+        (20, [20], False),  # a group of one: nothing to share
+        (50, [0, 0], True),  # empty completions: the prompt once
+    ],
+)
+def test_shared_prefix_only_where_it_computes_less(prompt, completions, shared):
+    from common.batching import pack, select
+
+    batch = pack([[1] * prompt] * len(completions), as_completions([[2] * c for c in completions]), 0)
+    layout = select(batch, list(range(len(completions))), "shared")["layout"]
+    assert layout != "padded" if shared else layout == "padded"
+
+
+def test_padding_free_by_default_only_where_attention_skips_other_sequences():
+    from common.session import pass_layout
+
+    # SDPA and eager would attend over a dense T x T mask: they share prompts instead (a 4D mask they take)
+    assert pass_layout("auto", True, "sdpa") == pass_layout("auto", True, "eager") == "shared"
+    assert pass_layout("auto", True, "flash_attention_2") == pass_layout("auto", True, "flex_attention") == "packed"
+    assert pass_layout("on", True, "sdpa") == "packed" and pass_layout("off", True, "flash_attention_2") == "padded"
+    assert pass_layout("off", False, "sdpa") == "padded"
 
 
 def test_entropy_is_fp32_under_autocast():

@@ -74,7 +74,7 @@ def as_completions(token_lists: list[list[int]], finished: bool = True) -> list:
     return [Completion(list(t), [0.0] * len(t), finished) for t in token_lists]
 
 
-def scoring_session(model, micro_batch_size: int = 8, ref_model=None, padding_free: bool = False):
+def scoring_session(model, micro_batch_size: int = 8, ref_model=None, layout: str = "padded"):
     """What the scripts' old_logprobs() reads of a session, for a model alone (one process, fixed micro-batches)."""
     from types import SimpleNamespace
 
@@ -84,4 +84,4 @@ def scoring_session(model, micro_batch_size: int = 8, ref_model=None, padding_fr
         lens = batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist()
         return micro_batches(*lens, rows, micro_batch_size)
 
-    return SimpleNamespace(model=model, ref_model=ref_model, micro_batch_plan=plan, padding_free=padding_free)
+    return SimpleNamespace(model=model, ref_model=ref_model, micro_batch_plan=plan, layout=layout)
