@@ -5,7 +5,8 @@ compute and beside TRL's GRPOTrainer on the same model, batch and lengths.
     python benchmarks/real_step.py --memory [--micro_batch_size 8]    # what the peak RSS is made of
 
 - ours: `grpo_base.py --model smollm2` with each rollout engine (--rollout hf,vllm), the mean of
-  time/*_s over steps 2..--steps (step 1 warms up), and its peak RSS.
+  time/*_s over steps 2..--steps (step 1 warms up), and its peak RSS; `vllm:padded` is the vLLM
+  run with `--share_prompts false` (every completion's row recomputes its prompt, as bare and TRL do).
 - bare: what any GRPO step must compute, with nothing around it: HF `generate` of the same
   prompts x G completions (sampling, same lengths), then one forward/backward of the model's own
   cross-entropy over the generated batch, in the scripts' micro-batches.
@@ -41,18 +42,21 @@ def write_data(path: Path) -> None:
             f.write(json.dumps(r) + "\n")
 
 
-def ours(a, data: Path, rollout: str, out: Path) -> dict:
-    """grpo_base.py on smollm2 for --steps steps: mean phase seconds over steps 2.., and peak RSS."""
+def ours(a, data: Path, config: str, out: Path) -> dict:
+    """grpo_base.py on smollm2 for --steps steps: mean phase seconds over steps 2.., and peak RSS.
+    `config`: the rollout engine, with ":padded" for the padded layout (`--share_prompts false`)."""
+    rollout, _, layout = config.partition(":")
     cmd = [
         sys.executable, str(ROOT / "grpo_base.py"), "--model", "smollm2", "--dataset", str(data), "--few_shot", "2",
         "--steps", str(a.steps), "--prompts_per_step", str(a.prompts), "--group_size", str(a.group),
         "--max_completion_len", str(a.max_completion_len), "--lr", "1e-5", "--rollout", rollout,
         "--micro_batch_size", str(a.micro_batch_size), "--output_dir", str(out), "--save_minutes", "0",
+        "--share_prompts", str(layout != "padded").lower(),
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode:
-        raise SystemExit(f"grpo_base.py --rollout {rollout} failed:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"grpo_base.py ({config}) failed:\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in rows if r["step"] >= 2]
     t = {k: sum(r.get(f"time/{k}", 0.0) for r in timed) / len(timed) for k in PHASES}
@@ -215,7 +219,11 @@ def main() -> None:
     p.add_argument("--max_completion_len", type=int, default=32)
     p.add_argument("--micro_batch_size", type=int, default=8, help="sequences per forward/backward (ours and bare)")
     p.add_argument("--steps", type=int, default=3, help="steps per run; the first warms up")
-    p.add_argument("--rollout", default="hf,vllm", help="our engines to time, comma-separated")
+    p.add_argument(
+        "--rollout",
+        default="hf,vllm,vllm:padded",
+        help="our engines to time, comma-separated (:padded: no shared prompts)",
+    )
     p.add_argument("--skip", default="", help="comma-separated parts to skip: bare, trl")
     p.add_argument("--memory", action="store_true", help="only the memory breakdown of a step, in one process")
     a = p.parse_args()
@@ -228,7 +236,7 @@ def main() -> None:
         write_data(data)
         results = {}
         for r in filter(None, a.rollout.split(",")):
-            results[f"ours ({r})"] = ours(a, data, r, Path(tmp) / r)
+            results[f"ours ({r})"] = ours(a, data, r, Path(tmp) / r.replace(":", "-"))
             print(f"ours ({r}):", json.dumps({k: round(v, 2) for k, v in results[f"ours ({r})"].items()}), flush=True)
         b = bare(a, data) if "bare" not in a.skip else None
         print("bare:", json.dumps({k: round(v, 2) for k, v in (b or {}).items()}), flush=True)
