@@ -160,6 +160,7 @@ def evaluate(
                 if group is None:
                     rec |= {"skipped": f"prompt of {len(prompts[i])} tokens > max_prompt_len={max_prompt_len}"}
                     rec |= {"completions": [""] * n, "num_tokens": [0] * n, "finished": [False] * n}
+                    rec["mean_logprob"] = [None] * n
                 else:
                     rec["completions"] = tokenizer.batch_decode([c.token_ids for c in group], skip_special_tokens=True)
                     rec |= {"num_tokens": [len(c.token_ids) for c in group], "finished": [c.finished for c in group]}
