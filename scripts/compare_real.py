@@ -517,12 +517,12 @@ def page(figures: dict, infos: dict) -> str:
 # -- the figure ----------------------------------------------------------------------------------------------------
 
 
-def draw(figures: dict, path: Path) -> None:
+def draw(figures: dict, model: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator, ScalarFormatter
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(2, 4, figsize=(18, 8))
     curves = [
@@ -549,7 +549,8 @@ def draw(figures: dict, path: Path) -> None:
                 color=COLORS[m], linestyle=style, marker="o", ms=3, capsize=2, alpha=1 if when == "after" else 0.5,
             )  # fmt: skip
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ks = figures[BASE][min(figures[BASE])]["ks_after"]
+    ax.set_xticks(ks, [str(k) for k in ks])
     ax.set(title="Held-out pass@k (dotted: before, solid: after)", xlabel="k", ylabel="pass@k")
     bars = [
         (axes[1][1], ("auroc_before", "auroc_after"), "AUROC of confidence, right vs wrong", "AUROC (before | after)"),
@@ -560,10 +561,22 @@ def draw(figures: dict, path: Path) -> None:
         width = 0.8 / len(keys)
         for i, m in enumerate(figures):
             for j, key in enumerate(keys):
-                vs = seeds_of(figures[m], key)
+                every = seeds_of(figures[m], key)
+                vs = [v for v in every if v is not None]  # an AUROC is undefined where all were right or all wrong
                 x = i + (j - (len(keys) - 1) / 2) * width
-                if any(v is None for v in vs):
-                    ax.text(x, 0, "undef.", rotation=90, ha="center", va="bottom", fontsize=7)
+                if len(vs) < len(every):
+                    note = f"undefined in {len(every) - len(vs)} of {len(every)} seeds"
+                    ax.text(
+                        x,
+                        0.02,
+                        note,
+                        rotation=90,
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                        transform=ax.get_xaxis_transform(),
+                    )
+                if not vs:
                     continue
                 ax.bar(
                     x, mean(vs), width, yerr=[[mean(vs) - min(vs)], [max(vs) - mean(vs)]], capsize=2,
@@ -573,7 +586,9 @@ def draw(figures: dict, path: Path) -> None:
         ax.set(title=title, ylabel=ylabel)
     axes[1][1].axhline(0.5, color="grey", lw=0.8, ls="--")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("Five methods on a real model: mean over seeds, band / bars: min-max")
+    fig.suptitle(
+        f"Five methods on --model {model}: mean over seeds, band / bars: min-max (AUROC: the seeds where it is defined)"
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90, metadata={"Software": None})
@@ -596,7 +611,7 @@ def write_readme(readme: Path, figures: dict, out: Path) -> None:
 def render(out: Path, readme: Path | None) -> None:
     figures, infos = load(out / STORE)
     (out / PAGE).write_text(page(figures, infos))
-    draw(figures, out / FIGURE)
+    draw(figures, infos[BASE][min(infos[BASE])]["model"], out / FIGURE)
     if readme is not None:
         write_readme(readme, figures, out)
     print(f"wrote {out / PAGE} and {out / FIGURE}" + (f", and the comparison block of {readme}" if readme else ""))
