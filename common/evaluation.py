@@ -11,7 +11,9 @@ weighted by problem count (EDGE-GRPO's "total correct / total problems"), and `m
 mean of the benchmark scores (the "Avg." column of CW-GRPO and Pro-GRPO). Summary keys are flat,
 ready to log beside the training metrics: `eval/<benchmark>/pass@<k>`, `.../num_problems`,
 `.../response_len`, `.../truncated_frac`, the same for `overall`, and `eval/mean/pass@<k>`.
-Per-problem records keep the completion texts, so `rescore` can re-check them without generating.
+Per-problem records keep the completion texts, so `rescore` can re-check them without generating, and
+each completion's `mean_logprob`: the mean log-prob of its tokens under logits / T, the stop token
+included (a sequence confidence: minus EGPO's entropy proxy, eq. 5 of docs/algorithms/egpo.md, at T = 1).
 """
 
 from __future__ import annotations
@@ -158,9 +160,11 @@ def evaluate(
                 if group is None:
                     rec |= {"skipped": f"prompt of {len(prompts[i])} tokens > max_prompt_len={max_prompt_len}"}
                     rec |= {"completions": [""] * n, "num_tokens": [0] * n, "finished": [False] * n}
+                    rec["mean_logprob"] = [None] * n
                 else:
                     rec["completions"] = tokenizer.batch_decode([c.token_ids for c in group], skip_special_tokens=True)
                     rec |= {"num_tokens": [len(c.token_ids) for c in group], "finished": [c.finished for c in group]}
+                    rec["mean_logprob"] = [sum(c.logprobs) / len(c.logprobs) if c.logprobs else None for c in group]
                 bench_records.append(rec)
             score_records(bench_records, verifier)
             bench_records = _gather(bench_records, accelerator)

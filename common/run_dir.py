@@ -3,6 +3,7 @@
     output_dir/
         run_config.json   {"flags": the run's flags, "history": one entry per start and resume}
         metrics.jsonl     one row per step; samples.jsonl: a few completions per step (common/metrics.py)
+        eval_results.json, eval_records.jsonl    the last evaluation (--eval_steps); eval-step-0/: the one before training
         checkpoint-<N>/   common/checkpoint.py
         model/            the final model, HF format (transformers and vLLM load it)
         .lock             pid, host and start time of the run using it (common/run_dir.py RunLock)
@@ -174,7 +175,9 @@ def start_run_dir(
     if path.is_dir() and not resumed and _holds_a_run(path):
         if not overwrite:
             print(f"note: {path} held a run with no usable checkpoint: starting over")
-        stale = [p.name for p in [*path.glob("checkpoint-*.tmp"), *path.glob("eval-checkpoint-*")]]
+        stale = [
+            p.name for p in [*path.glob("checkpoint-*.tmp"), *path.glob("eval-checkpoint-*"), *path.glob("eval-step-*")]
+        ]
         for name in _holds_a_run(path) + stale + list(LOGS):
             target = path / name
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)

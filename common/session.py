@@ -486,8 +486,12 @@ def start_session(
     session.guard.checkpoint_hint = lambda: session.saved_step
     if run.eval_steps and start_step == 0:  # step 0: the policy before training, every curve's starting point
         say(f"evaluating the policy before training (--eval_benchmarks {run.eval_benchmarks})")
-        summary, _ = session.evaluate()
+        summary, records = session.evaluate()
         logger.eval_line(0, summary)
+        if session.is_main:  # the per-sample records beside the final evaluation's: before vs after, sample by sample
+            from common.evaluation import write_results
+
+            write_results(run_dir / "eval-step-0", summary, records, {"step": 0, "benchmarks": run.eval_benchmarks})
         logger.log(0, summary, advance=False)  # the same on every rank: the evaluation gathers its records
     return session
 

@@ -68,7 +68,7 @@ def cli(name: str) -> tuple:
 
 @functools.cache
 def flags_of(name: str) -> frozenset[str]:
-    if name.startswith("benchmarks/"):  # plain argparse inside main(): its add_argument calls
+    if name.startswith(("benchmarks/", "scripts/")):  # plain argparse inside main(): its add_argument calls
         return frozenset(re.findall(r'add_argument\(\s*"--(\w+)"', (ROOT / name).read_text()))
     fields = [f for c in cli(name) for f in dataclasses.fields(c) if not f.metadata.get("positional")]
     return frozenset({f.name for f in fields} | {"config", "help"})
@@ -87,10 +87,11 @@ def accelerate_flags() -> frozenset[str]:
 
 
 def named_clis(text: str) -> set[str]:
-    """The CLIs a piece of text names: `egpo.py`, `tools.evaluate` / `tools/evaluate.py`, `benchmarks/x.py`."""
+    """The CLIs a piece of text names: `egpo.py`, `tools.evaluate` / `tools/evaluate.py`, `benchmarks/x.py`,
+    `scripts/x.py`."""
     out = {s for s in SCRIPTS if re.search(rf"(?<![\w/$]){s}\.py\b", text)}
     out |= {m for m in MODULES if re.search(rf"\b{m.replace('.', '[./]')}\b", text)}
-    out |= {f"benchmarks/{b}.py" for b in re.findall(r"\bbenchmarks/(\w+)\.py", text)}
+    out |= {f"{d}/{b}.py" for d, b in re.findall(r"(?<![\w/])(benchmarks|scripts)/(\w+)\.py", text)}
     return out
 
 
@@ -300,7 +301,7 @@ def check_command(argv: list[str]) -> str | None:
     if target.endswith(".py"):
         if not (ROOT / target).is_file():
             return f"no script {target}"
-        if target.startswith("benchmarks/"):
+        if target.startswith(("benchmarks/", "scripts/")):
             unknown = [t for t in rest if t.startswith("--") and t[2:].split("=")[0] not in flags_of(target)]
             return f"{target}: unknown flag(s) {unknown}" if unknown else None
         name = target.removesuffix(".py")

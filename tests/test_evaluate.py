@@ -222,7 +222,8 @@ def test_hub_unreachable_says_to_pass_a_local_file(monkeypatch):
 
 
 class ScriptedEngine:
-    """Returns fixed completion texts per prompt (cycled to n), as a rollout engine would."""
+    """Returns fixed completion texts per prompt (cycled to n), as a rollout engine would; the j-th completion's
+    every token has log-prob -(j + 1) / 10."""
 
     def __init__(self, tokenizer, texts_by_problem):
         self.tokenizer, self.texts = tokenizer, texts_by_problem
@@ -235,7 +236,7 @@ class ScriptedEngine:
             problem = next(k for k in self.texts if k in self.tokenizer.decode(p))
             texts = (self.texts[problem] * n)[:n]
             ids = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
-            out.append([Completion(i, [0.0] * len(i), finished=True) for i in ids])
+            out.append([Completion(i, [-(j + 1) / 10] * len(i), finished=True) for j, i in enumerate(ids)])
         return out
 
 
@@ -277,6 +278,7 @@ def test_evaluate_scores_and_records(tokenizer, verifier):
     assert first["predictions"] == ["2", "3", None, "2"]
     assert first["correct"] == [True, False, False, True]
     assert first["prompt_tokens"] > 0 and len(first["num_tokens"]) == 4
+    assert first["mean_logprob"] == pytest.approx([-0.1, -0.2, -0.3, -0.4])  # per completion, over its tokens
 
 
 def test_evaluate_counts_overlong_prompts_as_wrong(tokenizer, verifier):
@@ -296,6 +298,7 @@ def test_evaluate_counts_overlong_prompts_as_wrong(tokenizer, verifier):
     assert engine.calls[0][0] == 1  # only the short prompt was generated
     assert summary["eval/a/pass@1"] == 0.5 and summary["eval/a/num_problems"] == 2
     assert "max_prompt_len" in records[1]["skipped"] and records[1]["correct"] == [False, False]
+    assert records[1]["mean_logprob"] == [None, None]  # nothing generated: no confidence
     assert summary["eval/a/truncated_frac"] == 0.0  # lengths describe generated completions only
 
 

@@ -1,0 +1,653 @@
+"""The five methods side by side on a real model (issue 26): SmolLM2-135M-Instruct learns two-digit sums with
+each of grpo_base, edge_grpo, egpo, cw_grpo and pro_grpo, the same seeds and budget, evaluated before the first
+step and after the last on 100 held-out sums. Then docs/results_real.md and docs/compare_real.png, from the
+runs' stored metrics: each paper's claim beside plain GRPO, with a verdict by the rule the page states.
+
+    python scripts/compare_real.py                 # every (method, seed) run not stored yet, then the page
+    python scripts/compare_real.py --render_only   # the page, the figure and the README block from the stored runs
+    python scripts/compare_real.py --fresh         # forget the stored runs and run them all again
+
+Resumable: a run is done once its result is stored (docs/real_compare/<method>-seed<S>/run.json, written last);
+a run cut short is started over (--overwrite), the stored ones are kept. A stored result made with other
+settings (model, steps, flags) is refused: --fresh starts over, or --out keeps the new runs apart.
+
+The task is scripts/real_model_demo.py's (400 training sums, 100 held-out, two worked examples before each
+question) with its flags; every method keeps its own defaults otherwise (the page lists where they differ from
+grpo_base's). Each held-out sample's confidence is its mean token log-prob, `mean_logprob` of the evaluation
+records (common/evaluation.py): minus EGPO's entropy proxy (eq. 5, docs/algorithms/egpo.md) over the whole
+completion; at EVAL_TEMPERATURE = 1 it is that proxy under the policy itself, as EGPO trains at T = 1.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from common.evaluation import RECORDS_FILE, pass_at_k  # noqa: E402
+from common.jsonl import read_jsonl  # noqa: E402
+
+METHODS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")
+BASE = "grpo_base"
+SEEDS = (0, 1)
+STEPS = 8
+EVAL_N = 8  # samples per held-out sum: pass@1, 2, 4, 8
+EVAL_TEMPERATURE = 1.0  # the methods' training T (CW-GRPO's own is 0.7): mean_logprob is then EGPO's proxy itself
+BENCH = "sums"
+# scripts/real_model_demo.py's flags, less its length and evaluation schedule.
+FLAGS = [
+    "--few_shot", "2", "--prompts_per_step", "6", "--group_size", "8", "--max_completion_len", "32",
+    "--lr", "1e-5", "--micro_batch_size", "8", "--save_minutes", "0",
+]  # fmt: skip
+STORE, PAGE, FIGURE = "real_compare", "results_real.md", "compare_real.png"  # under --out
+RUN_FILE, METRICS_FILE, SAMPLES_FILE = "run.json", "metrics.jsonl", "eval_samples.jsonl"
+README_BEGIN = "<!-- real-model comparison: written by scripts/compare_real.py from docs/real_compare/ -->"
+README_END = "<!-- end of real-model comparison -->"
+# Flags that name this machine's paths or the run's bookkeeping, not what is trained: left out of the page.
+LOCAL_FLAGS = {"dataset", "eval_benchmarks", "output_dir", "overwrite", "resume", "seed"}
+NAMES = {
+    "grpo_base": "GRPO",
+    "edge_grpo": "EDGE-GRPO",
+    "egpo": "EGPO",
+    "cw_grpo": "CW-GRPO",
+    "pro_grpo": "Pro-GRPO",
+}
+COLORS = {
+    "grpo_base": "black",
+    "edge_grpo": "tab:blue",
+    "egpo": "tab:orange",
+    "cw_grpo": "tab:green",
+    "pro_grpo": "tab:red",
+}
+DASH = "–"
+
+# Each paper's claim: (method, what the paper says, the figure that measures it, the direction it claims).
+CLAIMS = [
+    ("edge_grpo", "GEC gives all-equal groups a signal: fewer groups with zero advantage", "zero_adv", "lower"),
+    ("edge_grpo", "EDA spreads the advantages: larger within-group advantage variance", "adv_var", "higher"),
+    ("edge_grpo", "higher accuracy", "pass1_after", "higher"),
+    ("egpo", "calibration: its confidence separates right from wrong answers better", "auroc_after", "higher"),
+    ("egpo", "higher accuracy", "pass1_after", "higher"),
+    ("cw_grpo", "stable entropy: a smaller entropy change over training", "entropy_drift", "lower"),
+    ("cw_grpo", "higher accuracy", "pass1_after", "higher"),
+    ("pro_grpo", "exploration: higher policy entropy", "entropy_late", "higher"),
+    ("pro_grpo", "diversity: higher pass@k at the largest k", "passmax_after", "higher"),
+    ("pro_grpo", "higher accuracy", "pass1_after", "higher"),
+]
+SUPPORTED, CONTRADICTED, UNDECIDED = "supported", "contradicted", "cannot decide at this scale"
+
+
+# -- the runs ------------------------------------------------------------------------------------------------------
+
+
+def settings(method: str, seed: int, model: str, steps: int) -> dict:
+    """What a stored run was made with; a stored run is reused only under the same."""
+    evals = ["--eval_steps", str(steps), "--eval_n", str(EVAL_N), "--eval_temperature", str(EVAL_TEMPERATURE)]
+    return {"method": method, "seed": seed, "model": model, "steps": steps, "flags": FLAGS + evals}
+
+
+def run_one(method: str, seed: int, model: str, steps: int, data: tuple[Path, Path], runs: Path, store: Path) -> None:
+    """Train one (method, seed) from scratch and store what the page needs; run.json last, as the mark of a
+    finished run."""
+    train, held_out = data
+    want = settings(method, seed, model, steps)
+    run_dir = runs / f"{method}-seed{seed}"
+    cmd = [sys.executable, f"{method}.py", "--model", model, "--steps", str(steps), "--seed", str(seed)]
+    cmd += [*want["flags"], "--dataset", str(train), "--eval_benchmarks", f"{BENCH}={held_out}"]
+    cmd += ["--output_dir", str(run_dir), "--overwrite"]
+    print(f"== {method}, seed {seed}: {' '.join(cmd[1:])}", flush=True)
+    start = time.monotonic()
+    if (code := subprocess.run(cmd, cwd=ROOT).returncode) != 0:
+        raise SystemExit(
+            f"error: {method}.py, seed {seed}, failed (exit {code}; its output is above): run the command again to "
+            "start that run over; the stored runs are kept"
+        )
+    wall_s = time.monotonic() - start
+    out = store / run_dir.name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    shutil.copyfile(run_dir / METRICS_FILE, out / METRICS_FILE)
+    lines = []
+    for when, folder in (("before", run_dir / "eval-step-0"), ("after", run_dir)):
+        for rec in read_jsonl(folder / RECORDS_FILE):
+            conf = [None if c is None else round(c, 6) for c in rec["mean_logprob"]]
+            lines.append(
+                {"eval": when, "index": rec["index"], "correct": [int(c) for c in rec["correct"]], "confidence": conf}
+            )
+    (out / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    flags = json.loads((run_dir / "run_config.json").read_text())["flags"]
+    flags = {k: v for k, v in flags.items() if k not in LOCAL_FLAGS}
+    sizes = {"train": len(read_jsonl(train)), "held_out": len(read_jsonl(held_out))}
+    info = want | {"data": sizes, "script_flags": flags, "wall_s": round(wall_s, 1)}
+    (out / RUN_FILE).write_text(json.dumps(info, indent=1) + "\n")
+
+
+def run_all(methods, seeds, model: str, steps: int, runs: Path, store: Path) -> None:
+    """Every (method, seed) whose result is not stored yet, seed by seed (a cut-short comparison has every method)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from real_model_demo import write_data
+
+    data = write_data(runs / "data")
+    for seed in seeds:
+        for method in methods:
+            done = store / f"{method}-seed{seed}" / RUN_FILE
+            if done.is_file():
+                stored = {
+                    k: v for k, v in json.loads(done.read_text()).items() if k in settings(method, seed, model, steps)
+                }
+                if stored != settings(method, seed, model, steps):
+                    raise SystemExit(
+                        f"error: {done.parent} was run with other settings ({stored} here, "
+                        f"{settings(method, seed, model, steps)} now): pass --fresh to run every method again, "
+                        "or --out another folder"
+                    )
+                print(f"== {method}, seed {seed}: stored in {done.parent}, skipped")
+                continue
+            run_one(method, seed, model, steps, data, runs, store)
+
+
+# -- the figures of a run ------------------------------------------------------------------------------------------
+
+
+def auroc(scores: list, labels: list) -> float | None:
+    """Area under the ROC curve of `scores` for telling labels 1 from 0: the chance that a random positive scores
+    above a random negative, a tie counting 1/2 (Mann-Whitney U over mid-ranks). None (undefined) when every label
+    is the same; a None score is left out."""
+    pairs = [(s, y) for s, y in zip(scores, labels) if s is not None]
+    pos = sum(1 for _, y in pairs if y)
+    neg = len(pairs) - pos
+    if pos == 0 or neg == 0:
+        return None
+    pairs.sort(key=lambda p: p[0])
+    rank_sum, i = 0.0, 0
+    while i < len(pairs):
+        j = i
+        while j < len(pairs) and pairs[j][0] == pairs[i][0]:
+            j += 1
+        mid = (i + 1 + j) / 2  # the mean of ranks i+1 .. j
+        rank_sum += mid * sum(1 for _, y in pairs[i:j] if y)
+        i = j
+    return (rank_sum - pos * (pos + 1) / 2) / (pos * neg)
+
+
+def verdict(method: list, base: list, direction: str) -> str:
+    """The page's rule: supported when every seed of the method lies beyond every seed of GRPO on the claimed
+    side, contradicted when every seed lies beyond on the other side, else it cannot be decided at this scale
+    (also when a figure is undefined)."""
+    if not method or not base or any(v is None for v in method + base):
+        return UNDECIDED
+    sign = 1 if direction == "higher" else -1
+    if min(sign * v for v in method) > max(sign * v for v in base):
+        return SUPPORTED
+    if max(sign * v for v in method) < min(sign * v for v in base):
+        return CONTRADICTED
+    return UNDECIDED
+
+
+def mean(vs: list) -> float | None:
+    vs = [v for v in vs if v is not None]
+    return sum(vs) / len(vs) if vs else None
+
+
+def run_figures(rows: list[dict], samples: list[dict], info: dict) -> dict:
+    """One run's figures: per-step curves and the scalars of the page."""
+    steps = info["steps"]
+    by_step = {r["step"]: r for r in rows}
+    train = [by_step[s] for s in range(1, steps + 1)]
+    # The policy's own accuracy: EDGE-GRPO's train/accuracy counts the answers GEC put in.
+    acc = [r["train/accuracy"] if r.get("gec/rollout_accuracy") is None else r["gec/rollout_accuracy"] for r in train]
+    entropy = [r["train/entropy"] for r in train]
+    # Zero advantage: a group whose rewards are all equal, but for EGPO's all-wrong groups (NSR trains them).
+    zero_adv = [r["train/zero_adv_group_frac"] - (r.get("egpo/nsr_group_frac") or 0.0) for r in train]
+    half = steps // 2
+    early, late = mean(entropy[:half] or entropy[:1]), mean(entropy[steps - half :] or entropy[-1:])
+    out = {
+        "acc": acc,
+        "entropy": entropy,
+        "zero_adv_curve": zero_adv,
+        "adv_var_curve": [r["train/adv_var_within_group"] for r in train],
+        "step_s_curve": [r["time/step_s"] for r in train],
+        "acc_mean": mean(acc),
+        "entropy_late": late,
+        "entropy_drift": abs(late - early) / early if early else None,
+        "entropy_change": (late - early) / early if early else None,
+        "zero_adv": mean(zero_adv),
+        "adv_var": mean([r["train/adv_var_within_group"] for r in train]),
+        "step_s": mean([r["time/step_s"] for r in train]),
+        "wall_s": info["wall_s"],
+    }
+    for when in ("before", "after"):
+        recs = [s for s in samples if s["eval"] == when]
+        out[f"problems_{when}"] = len(recs)
+        n = min(len(s["correct"]) for s in recs)
+        out[f"ks_{when}"] = [k for k in (2**i for i in range(n.bit_length())) if k <= n]
+        for k in out[f"ks_{when}"]:
+            out[f"pass{k}_{when}"] = mean([pass_at_k(len(s["correct"]), sum(s["correct"]), k) for s in recs])
+        out[f"passmax_{when}"] = out[f"pass{out[f'ks_{when}'][-1]}_{when}"]
+        flat_conf = [c for s in recs for c in s["confidence"]]
+        flat_correct = [y for s in recs for y in s["correct"]]
+        out[f"auroc_{when}"] = auroc(flat_conf, flat_correct)
+        scored = [y for c, y in zip(flat_conf, flat_correct) if c is not None]
+        out[f"right_{when}"], out[f"wrong_{when}"] = sum(scored), len(scored) - sum(scored)
+    # The eval logged in metrics.jsonl, for the check that the stored samples are that evaluation's.
+    out["logged_pass1"] = (by_step[0].get(f"eval/{BENCH}/pass@1"), by_step[steps].get(f"eval/{BENCH}/pass@1"))
+    return out
+
+
+def load(store: Path) -> tuple[dict, dict]:
+    """({method: {seed: figures}}, {method: {seed: run.json}}) of every stored run, methods in METHODS' order."""
+    figures, infos = {}, {}
+    for path in sorted(store.glob(f"*/{RUN_FILE}")):
+        info = json.loads(path.read_text())
+        rows = read_jsonl(path.parent / METRICS_FILE)
+        samples = read_jsonl(path.parent / SAMPLES_FILE)
+        figures.setdefault(info["method"], {})[info["seed"]] = run_figures(rows, samples, info)
+        infos.setdefault(info["method"], {})[info["seed"]] = info
+    if BASE not in figures:
+        raise SystemExit(f"error: {store} holds no {BASE} run: run `python scripts/compare_real.py` first")
+    order = [m for m in METHODS if m in figures]
+    return {m: figures[m] for m in order}, {m: infos[m] for m in order}
+
+
+# -- the page ------------------------------------------------------------------------------------------------------
+
+
+def seeds_of(runs: dict, key: str) -> list:
+    return [runs[s][key] for s in sorted(runs)]
+
+
+def fmt(v, digits: int = 3) -> str:
+    return "undefined" if v is None else f"{v:.{digits}f}"
+
+
+def cell(vs: list, digits: int = 3) -> str:
+    """mean (min–max over seeds); one seed: its value."""
+    if any(v is None for v in vs):
+        return " / ".join(fmt(v, digits) for v in vs) + " (per seed)"
+    if len(vs) == 1:
+        return fmt(vs[0], digits)
+    return f"{fmt(mean(vs), digits)} ({fmt(min(vs), digits)}{DASH}{fmt(max(vs), digits)})"
+
+
+def method_defaults(infos: dict) -> list[str]:
+    """The flags in which a method's runs differ from grpo_base's (its own defaults)."""
+    base = infos[BASE][min(infos[BASE])]["script_flags"]
+    lines = []
+    for m, runs in infos.items():
+        if m == BASE:
+            continue
+        flags = runs[min(runs)]["script_flags"]
+        diff = [f"`--{k} {flags[k]}` ({base[k]})" for k in flags if k in base and flags[k] != base[k]]
+        own = [f"`--{k} {flags[k]}`" for k in flags if k not in base]
+        lines.append(f"- {NAMES[m]}: " + "; ".join(diff + own))
+    return lines
+
+
+def claims(figures: dict) -> list[tuple]:
+    """(method, claim, figure key, direction, the method's seeds, GRPO's seeds, verdict) of the stored methods."""
+    out = []
+    for m, text, key, direction in CLAIMS:
+        if m in figures:
+            mine, base = seeds_of(figures[m], key), seeds_of(figures[BASE], key)
+            out.append((m, text, key, direction, mine, base, verdict(mine, base, direction)))
+    return out
+
+
+KEY_NAMES = {
+    "zero_adv": "groups with zero advantage, mean over steps",
+    "adv_var": "within-group advantage variance, mean over steps",
+    "pass1_after": "held-out pass@1 after training",
+    "auroc_after": "AUROC of the confidence for right vs wrong, held-out, after training",
+    "entropy_drift": "|relative entropy change|, first half of the steps to the second",
+    "entropy_late": "policy entropy, mean over the second half of the steps",
+}
+
+
+def key_name(key: str, figures: dict) -> str:
+    if key == "passmax_after":
+        k = next(iter(next(iter(figures.values())).values()))["ks_after"][-1]
+        return f"held-out pass@{k} after training"
+    return KEY_NAMES[key]
+
+
+def readme_block(figures: dict, docs: str = "docs") -> str:
+    """The README's lines: the links, and each claim's verdict. docs: the page's folder, from the README's."""
+    rows = [
+        f"[{docs}/{PAGE}]({docs}/{PAGE}), figure [{docs}/{FIGURE}]({docs}/{FIGURE}). The claims' verdicts:",
+        "",
+        "| method | claim | verdict |",
+        "|---|---|---|",
+    ]
+    rows += [f"| {NAMES[m]} | {text} | {v} |" for m, text, _, _, _, _, v in claims(figures)]
+    return "\n".join(rows)
+
+
+def page(figures: dict, infos: dict) -> str:
+    base_info = infos[BASE][min(infos[BASE])]
+    steps, model, flags = base_info["steps"], base_info["model"], base_info["flags"]
+    seeds = sorted({s for runs in infos.values() for s in runs})
+    first = figures[BASE][min(figures[BASE])]
+    ks = first["ks_after"]
+    n_methods = len(figures)
+    L = []
+    add = L.append
+    add("# The five methods side by side on a real model")
+    add("")
+    add(
+        "Written by `python scripts/compare_real.py` from the runs stored in [real_compare/](real_compare/) "
+        "(`--render_only` writes it again from them); nothing here is typed by hand. Figure: "
+        "[compare_real.png](compare_real.png)."
+    )
+    add("")
+    add("## Setup")
+    add("")
+    add(
+        f"- Model `--model {model}`; {n_methods} methods, seeds {', '.join(map(str, seeds))}, {steps} steps each; "
+        f"the task of `scripts/real_model_demo.py`: {base_info['data']['train']} training sums "
+        f'"What is a + b?" (a, b in 0..99), {base_info["data"]["held_out"]} held-out sums never trained on.'
+    )
+    add(f"- Every run: `{' '.join(flags)}` (the same data, seeds and budget for all).")
+    add(
+        "- Every method keeps its own defaults otherwise. Where they differ from GRPO's "
+        "(grpo_base's value in brackets):"
+    )
+    L.extend("  " + line for line in method_defaults(infos))
+    n, temp = flags[flags.index("--eval_n") + 1], flags[flags.index("--eval_temperature") + 1]
+    add(
+        f"- Evaluation before the first step and after the last on the {first['problems_after']} held-out sums, "
+        f"{n} samples each at T = {temp} for every method; pass@k unbiased (Chen et al. 2021)."
+    )
+    add(
+        "- Each held-out sample's confidence is its mean token log-prob under logits / T over the whole completion, "
+        "the stop token included: minus EGPO's entropy proxy H_i (eq. 5, [algorithms/egpo.md](algorithms/egpo.md), "
+        "`--entropy_span response`, its default). AUROC: the chance that a right sample is more confident than a "
+        "wrong one, ties 1/2, over all held-out samples of a run; undefined when all are right or all wrong."
+    )
+    add(
+        "- Each cell: the mean over seeds and, in brackets, the smallest and largest seed; a figure undefined "
+        "in some seed is given per seed."
+    )
+    add("")
+
+    add("## Held-out pass@k")
+    add("")
+    for when, title in (("before", "before the first step"), ("after", f"after step {steps}")):
+        add(f"{title.capitalize()}:")
+        add("")
+        add("| method | " + " | ".join(f"pass@{k}" for k in ks) + " |")
+        add("|---|" + "---|" * len(ks))
+        for m, runs in figures.items():
+            add(f"| {NAMES[m]} | " + " | ".join(cell(seeds_of(runs, f"pass{k}_{when}")) for k in ks) + " |")
+        add("")
+
+    add("## Training")
+    add("")
+    add(
+        "Training accuracy is the policy's own (for EDGE-GRPO before GEC's edits, `gec/rollout_accuracy`), "
+        f"on its {flags[flags.index('--prompts_per_step') + 1]} x {flags[flags.index('--group_size') + 1]} "
+        "samples a step at its own temperature. By step (mean over seeds):"
+    )
+    add("")
+    add("| method | " + " | ".join(str(s) for s in range(1, steps + 1)) + " |")
+    add("|---|" + "---|" * steps)
+    for m, runs in figures.items():
+        curves = [runs[s]["acc"] for s in sorted(runs)]
+        add(f"| {NAMES[m]} | " + " | ".join(fmt(mean(list(col)), 2) for col in zip(*curves)) + " |")
+    add("")
+    add(
+        "Policy entropy (`train/entropy`, nats per token under logits / T: at the method's own temperature) and "
+        "the advantage signal, each the mean over the steps unless named otherwise. Groups with zero advantage: "
+        "`train/zero_adv_group_frac` (all rewards equal; for EDGE-GRPO after GEC) less EGPO's all-wrong groups, "
+        "which NSR trains (`egpo/nsr_group_frac`). The entropy change compares the mean of the first half of the "
+        "steps with the second's."
+    )
+    add("")
+    cols = [
+        ("training accuracy", "acc_mean"),
+        ("entropy, second half", "entropy_late"),
+        ("entropy change", "entropy_change"),
+        ("zero-advantage groups", "zero_adv"),
+        ("advantage variance", "adv_var"),
+    ]
+    add("| method | " + " | ".join(c for c, _ in cols) + " |")
+    add("|---|" + "---|" * len(cols))
+    for m, runs in figures.items():
+        add(f"| {NAMES[m]} | " + " | ".join(cell(seeds_of(runs, k)) for _, k in cols) + " |")
+    add("")
+
+    add("## Calibration")
+    add("")
+    add("AUROC of the sequence confidence for right vs wrong held-out samples, and the samples right / wrong:")
+    add("")
+    add("| method | AUROC before | AUROC after | right / wrong before | right / wrong after |")
+    add("|---|---|---|---|---|")
+    for m, runs in figures.items():
+        counts = [
+            ", ".join(f"{runs[s][f'right_{w}']} / {runs[s][f'wrong_{w}']}" for s in sorted(runs))
+            for w in ("before", "after")
+        ]
+        add(
+            f"| {NAMES[m]} | {cell(seeds_of(runs, 'auroc_before'))} | {cell(seeds_of(runs, 'auroc_after'))} | "
+            f"{counts[0]} | {counts[1]} |"
+        )
+    add("")
+
+    add("## Cost")
+    add("")
+    add(
+        "Wall time per step (`time/step_s`: rollout, GEC, scoring, update and sync; the evaluations not counted), "
+        "the mean over the steps, and its ratio to GRPO's mean; the run's whole wall time, the model's loading "
+        "and both evaluations included. Measured on a shared machine: read the ratio, not the second digit."
+    )
+    add("")
+    add("| method | s / step | x GRPO | run wall time (min) |")
+    add("|---|---|---|---|")
+    base_step = mean(seeds_of(figures[BASE], "step_s"))
+    for m, runs in figures.items():
+        ratio = mean(seeds_of(runs, "step_s")) / base_step
+        add(
+            f"| {NAMES[m]} | {cell(seeds_of(runs, 'step_s'), 1)} | {ratio:.2f} | "
+            f"{cell([w / 60 for w in seeds_of(runs, 'wall_s')], 1)} |"
+        )
+    add("")
+
+    add("## The papers' claims")
+    add("")
+    add(
+        "Each claim is read off one figure in the direction the paper claims, and judged by a fixed rule: "
+        f"**{SUPPORTED}** when every seed of the method lies beyond every seed of GRPO on the claimed side, "
+        f"**{CONTRADICTED}** when every seed lies beyond GRPO's on the other side, otherwise (the ranges overlap, "
+        f"or a figure is undefined) **{UNDECIDED}**. The comparison uses the unrounded figures."
+    )
+    add("")
+    add("| method | claim | figure | claimed | method, per seed | GRPO, per seed | verdict |")
+    add("|---|---|---|---|---|---|---|")
+    for m, text, key, direction, mine, base, v in claims(figures):
+        per = lambda vs: ", ".join(fmt(x) for x in vs)  # noqa: E731
+        add(f"| {NAMES[m]} | {text} | {key_name(key, figures)} | {direction} | {per(mine)} | {per(base)} | {v} |")
+    add("")
+    counts = {v: sum(c[-1] == v for c in claims(figures)) for v in (SUPPORTED, CONTRADICTED, UNDECIDED)}
+    add(
+        f"Of {len(claims(figures))} claims: {counts[SUPPORTED]} supported, {counts[CONTRADICTED]} contradicted, "
+        f"{counts[UNDECIDED]} undecided."
+    )
+    add("")
+
+    add("## What this scale can and cannot show")
+    add("")
+    base_p1 = seeds_of(figures[BASE], "pass1_after")
+    n_samples = first["right_after"] + first["wrong_after"]
+    temps = {m: runs[min(runs)]["script_flags"]["temperature"] for m, runs in infos.items()}
+    other_t = [f"{NAMES[m]} (T = {temp})" for m, temp in temps.items() if temp != temps[BASE]]
+    if len(seeds) > 1:
+        seeds_line = (
+            f"GRPO's own {len(seeds)} seeds end {max(base_p1) - min(base_p1):.3f} apart in held-out pass@1 "
+            f"({n_samples} samples each): a method's difference from GRPO smaller than the seeds' spread cannot be "
+            f"told from chance here. With {len(seeds)} seeds a range is those seeds themselves: 'supported' means "
+            "every seed of the method beat every seed of GRPO, not a significant effect."
+        )
+    else:
+        seeds_line = "One seed: no spread to judge a difference by; every verdict is one run against one run."
+    add(
+        f"`--model {model}`, {steps} steps of {flags[flags.index('--prompts_per_step') + 1]} prompts. {seeds_line} "
+        "What it can show: whether each mechanism moves its own figure (zero-advantage groups, advantage "
+        "variance, entropy, the confidence's ranking) on this model, at what cost per step, and that none of "
+        "them breaks training. What it cannot: the papers' gains on their benchmarks, which come from hundreds of "
+        "steps on larger models with long reasoning; sums answered in one line leave little room for the entropy "
+        "and confidence signals these methods act on."
+        + (
+            f" {', '.join(other_t)} sample{'s' if len(other_t) == 1 else ''} at another temperature than GRPO's "
+            f"(T = {temps[BASE]}) in training, so their training accuracy and entropy are not measured at the same "
+            "T; the held-out evaluation uses one T for all."
+            if other_t
+            else ""
+        )
+    )
+    add("")
+    return "\n".join(L)
+
+
+# -- the figure ----------------------------------------------------------------------------------------------------
+
+
+def draw(figures: dict, model: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(2, 4, figsize=(18, 8))
+    curves = [
+        ("acc", "Training accuracy (policy's own)", "fraction correct"),
+        ("entropy", "Policy entropy", "nats per token"),
+        ("zero_adv_curve", "Groups with zero advantage", "fraction of groups"),
+        ("adv_var_curve", "Within-group advantage variance", "variance"),
+    ]
+    for ax, (key, title, ylabel) in zip(axes[0], curves):
+        for m, runs in figures.items():
+            cols = list(zip(*[runs[s][key] for s in sorted(runs)]))
+            x = list(range(1, len(cols) + 1))
+            ax.plot(x, [mean(list(c)) for c in cols], color=COLORS[m], label=NAMES[m])
+            ax.fill_between(x, [min(c) for c in cols], [max(c) for c in cols], color=COLORS[m], alpha=0.15)
+        ax.set(title=title, xlabel="step", ylabel=ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax = axes[1][0]
+    for m, runs in figures.items():
+        ks = runs[min(runs)]["ks_after"]
+        for when, style in (("before", ":"), ("after", "-")):
+            vals = [seeds_of(runs, f"pass{k}_{when}") for k in ks]
+            ax.errorbar(
+                ks, [mean(v) for v in vals], yerr=[[mean(v) - min(v) for v in vals], [max(v) - mean(v) for v in vals]],
+                color=COLORS[m], linestyle=style, marker="o", ms=3, capsize=2, alpha=1 if when == "after" else 0.5,
+            )  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ks = figures[BASE][min(figures[BASE])]["ks_after"]
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set(title="Held-out pass@k (dotted: before, solid: after)", xlabel="k", ylabel="pass@k")
+    bars = [
+        (axes[1][1], ("auroc_before", "auroc_after"), "AUROC of confidence, right vs wrong", "AUROC (before | after)"),
+        (axes[1][2], ("step_s",), "Wall time per step", "seconds"),
+        (axes[1][3], ("pass1_before", "pass1_after"), "Held-out pass@1", "pass@1 (before | after)"),
+    ]
+    for ax, keys, title, ylabel in bars:
+        width = 0.8 / len(keys)
+        for i, m in enumerate(figures):
+            for j, key in enumerate(keys):
+                every = seeds_of(figures[m], key)
+                vs = [v for v in every if v is not None]  # an AUROC is undefined where all were right or all wrong
+                x = i + (j - (len(keys) - 1) / 2) * width
+                if len(vs) < len(every):
+                    note = f"undefined in {len(every) - len(vs)} of {len(every)} seeds"
+                    ax.text(
+                        x,
+                        0.02,
+                        note,
+                        rotation=90,
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                        transform=ax.get_xaxis_transform(),
+                    )
+                if not vs:
+                    continue
+                ax.bar(
+                    x, mean(vs), width, yerr=[[mean(vs) - min(vs)], [max(vs) - mean(vs)]], capsize=2,
+                    color=COLORS[m], alpha=0.45 if j < len(keys) - 1 else 0.9,
+                )  # fmt: skip
+        ax.set_xticks(range(len(figures)), [NAMES[m] for m in figures], rotation=20)
+        ax.set(title=title, ylabel=ylabel)
+    axes[1][1].axhline(0.5, color="grey", lw=0.8, ls="--")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(
+        f"Five methods on --model {model}: mean over seeds, band / bars: min-max (AUROC: the seeds where it is defined)"
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+
+
+# -- writing -------------------------------------------------------------------------------------------------------
+
+
+def write_readme(readme: Path, figures: dict, out: Path) -> None:
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise SystemExit(f"error: {readme} has no real-model comparison markers")
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    docs = Path(os.path.relpath(out.resolve(), readme.resolve().parent)).as_posix()
+    readme.write_text(f"{head}{README_BEGIN}\n{readme_block(figures, docs)}\n{README_END}{tail}")
+
+
+def render(out: Path, readme: Path | None) -> None:
+    figures, infos = load(out / STORE)
+    (out / PAGE).write_text(page(figures, infos))
+    draw(figures, infos[BASE][min(infos[BASE])]["model"], out / FIGURE)
+    if readme is not None:
+        write_readme(readme, figures, out)
+    print(f"wrote {out / PAGE} and {out / FIGURE}" + (f", and the comparison block of {readme}" if readme else ""))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2", help="the model every run trains (tiny: the CPU demo's, for a check)")
+    p.add_argument("--steps", type=int, default=STEPS, help="steps of every run")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated scripts (grpo_base among them)")
+    p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds")
+    p.add_argument("--runs_dir", default="runs/compare_real", help="the run directories and the data")
+    p.add_argument("--out", default=str(ROOT / "docs"), help=f"where {STORE}/, {PAGE} and {FIGURE} go")
+    p.add_argument(
+        "--readme", default=str(ROOT / "README.md"), help="README whose comparison block is written ('' for none)"
+    )
+    p.add_argument("--render_only", action="store_true", help="only write the page, the figure and the README block")
+    p.add_argument("--fresh", action="store_true", help="delete the stored runs first and run them all again")
+    a = p.parse_args()
+    methods = [m for m in a.methods.split(",") if m]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or BASE not in methods:
+        raise SystemExit(f"error: --methods takes {', '.join(METHODS)}, {BASE} among them (got {a.methods!r})")
+    try:
+        seeds = [int(s) for s in a.seeds.split(",")]
+    except ValueError:
+        raise SystemExit(f"error: --seeds takes comma-separated whole numbers such as 0,1 (got {a.seeds!r})") from None
+    if a.steps < 1:
+        raise SystemExit(f"error: --steps must be at least 1 (got {a.steps})")
+    out, readme = Path(a.out), Path(a.readme) if a.readme else None
+    if not a.render_only:
+        if a.fresh and (out / STORE).exists():
+            shutil.rmtree(out / STORE)
+        run_all(methods, seeds, a.model, a.steps, Path(a.runs_dir), out / STORE)
+    render(out, readme)
+
+
+if __name__ == "__main__":
+    main()

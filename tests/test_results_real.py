@@ -1,0 +1,147 @@
+"""scripts/compare_real.py: the page of the five methods on a real model is what the script computes from the stored
+runs (docs/real_compare/), its AUROC and its verdict rule, and one end-to-end comparison on the tiny model."""
+
+import importlib.util
+import json
+import shutil
+
+import pytest
+from train_utils import ROOT, run_cli
+
+SPEC = importlib.util.spec_from_file_location("compare_real", ROOT / "scripts" / "compare_real.py")
+compare = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(compare)
+
+DOCS = ROOT / "docs"
+STORED = DOCS / compare.STORE
+
+
+@pytest.mark.skipif(
+    not STORED.is_dir(), reason=f"{STORED} not there yet: `python scripts/compare_real.py` (the real runs) writes it"
+)
+def test_page_and_readme_are_what_the_script_computes_from_the_stored_runs():
+    figures, infos = compare.load(STORED)
+    assert (DOCS / compare.PAGE).read_text() == compare.page(figures, infos)
+    assert (DOCS / compare.FIGURE).is_file()
+    readme = (ROOT / "README.md").read_text()
+    assert f"{compare.README_BEGIN}\n{compare.readme_block(figures)}\n{compare.README_END}" in readme
+    # The stored samples are the evaluations the runs logged: the same pass@1 before and after.
+    for runs in figures.values():
+        for f in runs.values():
+            assert f["logged_pass1"] == pytest.approx((f["pass1_before"], f["pass1_after"]), abs=1e-9)
+
+
+def test_readme_names_the_page_the_figure_and_the_command():
+    readme = (ROOT / "README.md").read_text()
+    assert "`docs/results_real.md`" in readme and "`docs/compare_real.png`" in readme
+    assert "python scripts/compare_real.py" in readme
+    assert compare.README_BEGIN in readme and compare.README_END in readme
+    assert "[docs/results_real.md](docs/results_real.md)" in compare.readme_block({})  # the links, once written
+
+
+# -- AUROC -------------------------------------------------------------------------------------------------------
+
+
+def test_auroc_known_cases():
+    assert compare.auroc([0.9, 0.8, 0.2, 0.1], [1, 1, 0, 0]) == 1.0  # every right one above every wrong one
+    assert compare.auroc([0.1, 0.2, 0.8, 0.9], [1, 1, 0, 0]) == 0.0
+    # 3 of the 4 (right, wrong) pairs ordered right: 0.8 > 0.5, 0.8 > 0.3, 0.4 > 0.3; 0.4 < 0.5.
+    assert compare.auroc([0.8, 0.4, 0.5, 0.3], [1, 1, 0, 0]) == 0.75
+    # Order of the input does not matter.
+    assert compare.auroc([0.3, 0.8, 0.5, 0.4], [0, 1, 0, 1]) == 0.75
+
+
+def test_auroc_ties_count_half():
+    assert compare.auroc([0.5, 0.5], [1, 0]) == 0.5
+    # Pairs: (0.7 vs 0.5) 1, (0.7 vs 0.7) 1/2, (0.5 vs 0.5) 1/2, (0.5 vs 0.7) 0 -> 2 / 4.
+    assert compare.auroc([0.7, 0.5, 0.5, 0.7], [1, 1, 0, 0]) == 0.5
+    assert compare.auroc([1.0, 1.0, 1.0, 0.0], [1, 1, 0, 0]) == 0.75  # (1 vs 1) 1/2 twice, (1 vs 0) 1 twice
+
+
+def test_auroc_matches_the_pair_count_on_random_data():
+    import random
+
+    rng = random.Random(0)
+    scores = [round(rng.random(), 1) for _ in range(60)]  # many ties
+    labels = [rng.random() < 0.4 for _ in scores]
+    pos = [s for s, y in zip(scores, labels) if y]
+    neg = [s for s, y in zip(scores, labels) if not y]
+    pairs = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p in pos for n in neg)
+    assert compare.auroc(scores, labels) == pytest.approx(pairs / (len(pos) * len(neg)))
+
+
+def test_auroc_is_undefined_when_all_right_or_all_wrong():
+    assert compare.auroc([0.1, 0.5, 0.9], [1, 1, 1]) is None
+    assert compare.auroc([0.1, 0.5, 0.9], [0, 0, 0]) is None
+    assert compare.auroc([], []) is None
+    # A sample without a confidence (a prompt too long to generate) is left out, not scored.
+    assert compare.auroc([None, 0.5, 0.2], [0, 1, 0]) == 1.0
+    assert compare.auroc([None, 0.5], [0, 1]) is None
+
+
+# -- the verdict rule --------------------------------------------------------------------------------------------
+
+
+def test_verdict_rule():
+    v = compare.verdict
+    assert v([0.6, 0.7], [0.4, 0.5], "higher") == compare.SUPPORTED  # both seeds above both of GRPO's
+    assert v([0.3, 0.35], [0.4, 0.5], "higher") == compare.CONTRADICTED
+    assert v([0.45, 0.7], [0.4, 0.5], "higher") == compare.UNDECIDED  # the ranges overlap
+    assert v([0.5, 0.7], [0.4, 0.5], "higher") == compare.UNDECIDED  # touching is not beyond
+    assert v([0.3, 0.35], [0.4, 0.5], "lower") == compare.SUPPORTED
+    assert v([0.6, 0.7], [0.4, 0.5], "lower") == compare.CONTRADICTED
+    assert v([0.6, None], [0.4, 0.5], "higher") == compare.UNDECIDED  # undefined in a seed: no verdict
+    assert v([0.6], [0.5], "higher") == compare.SUPPORTED
+
+
+def test_page_reports_an_undefined_auroc_as_undefined():
+    assert compare.cell([None, 0.7]) == "undefined / 0.700 (per seed)"
+    assert compare.cell([0.5, 0.7]) == "0.600 (0.500–0.700)"
+
+
+# -- one comparison end to end, on the tiny model -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
+    """Two methods, one seed, two steps: the runs, the stored results, the page and the figure; a second call
+    skips the stored run, runs the missing one; --render_only gives the same page."""
+    out, runs = tmp_path / "docs", tmp_path / "runs"
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{compare.README_BEGIN}\nold\n{compare.README_END}\nrest\n")
+    common = ["--model", "tiny", "--steps", "2", "--seeds", "0", "--out", str(out), "--runs_dir", str(runs)]
+    first = run_cli("scripts/compare_real.py", *common, "--methods", "grpo_base", "--readme", str(readme), timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    stored = out / compare.STORE / "grpo_base-seed0"
+    info = json.loads((stored / compare.RUN_FILE).read_text())
+    assert info["steps"] == 2 and info["model"] == "tiny" and info["data"] == {"train": 400, "held_out": 100}
+    samples = [json.loads(line) for line in (stored / compare.SAMPLES_FILE).read_text().splitlines()]
+    assert sorted({s["eval"] for s in samples}) == ["after", "before"] and len(samples) == 200
+    assert all(len(s["correct"]) == len(s["confidence"]) == compare.EVAL_N for s in samples)
+    assert all(c is None or c <= 0 for s in samples for c in s["confidence"])  # mean log-probs
+    mtime = (stored / compare.RUN_FILE).stat().st_mtime
+
+    second = run_cli("scripts/compare_real.py", *common, "--methods", "grpo_base,egpo", "--readme", "", timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "grpo_base, seed 0: stored in" in second.stdout and "skipped" in second.stdout
+    assert (stored / compare.RUN_FILE).stat().st_mtime == mtime
+    page = (out / compare.PAGE).read_text()
+    assert "| EGPO |" in page and (out / compare.FIGURE).stat().st_size > 10_000
+    figures, infos = compare.load(out / compare.STORE)
+    assert page == compare.page(figures, infos)
+    for runs_of in figures.values():  # the stored samples are the logged evaluations
+        for f in runs_of.values():
+            assert f["logged_pass1"] == pytest.approx((f["pass1_before"], f["pass1_after"]), abs=1e-9)
+    assert "Of 2 claims:" in page  # EGPO's two
+    assert readme.read_text().startswith(f"intro\n{compare.README_BEGIN}\n[docs/results_real.md](docs/results_real.md)")
+
+    (out / compare.PAGE).unlink()
+    shutil.rmtree(runs)  # render_only needs only the stored results
+    again = run_cli("scripts/compare_real.py", "--render_only", "--out", str(out), "--readme", "", timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / compare.PAGE).read_text() == page
+
+    # Other settings over stored results are refused, naming the fix.
+    other = run_cli("scripts/compare_real.py", *common[:2], "--steps", "3", *common[4:], "--methods", "grpo_base")
+    assert other.returncode != 0 and "--fresh" in other.stderr
