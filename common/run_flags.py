@@ -159,6 +159,7 @@ class RunFlags:
     )
     # Evaluation during training (logged as eval/<benchmark>/pass@k).
     eval_steps: int = arg(0, "evaluate every N steps, before the first and after the last (0: never)", at_least=0)
+    eval_before: bool = arg(True, "with --eval_steps: evaluate the policy before the first step too")
     eval_benchmarks: str = arg(
         "synthetic", "comma-separated benchmark names (python -m tools.evaluate --help) or name=FILE"
     )

@@ -484,7 +484,9 @@ def start_session(
         few_shot=few_shot, few_shot_pool=pool_of(rows, few_shot) if few_shot else None,
     )  # fmt: skip
     session.guard.checkpoint_hint = lambda: session.saved_step
-    if run.eval_steps and start_step == 0:  # step 0: the policy before training, every curve's starting point
+    if (
+        run.eval_steps and run.eval_before and start_step == 0
+    ):  # step 0: the policy before training, every curve's start
         say(f"evaluating the policy before training (--eval_benchmarks {run.eval_benchmarks})")
         summary, records = session.evaluate()
         logger.eval_line(0, summary)

@@ -89,6 +89,8 @@ SUPPORTED, CONTRADICTED, UNDECIDED = "supported", "contradicted", "cannot decide
 def settings(method: str, seed: int, model: str, steps: int) -> dict:
     """What a stored run was made with; a stored run is reused only under the same."""
     evals = ["--eval_steps", str(steps), "--eval_n", str(EVAL_N), "--eval_temperature", str(EVAL_TEMPERATURE)]
+    if method != BASE:  # the policy before training is every method's: evaluated once per seed, in BASE's run
+        evals += ["--eval_before", "false"]
     return {"method": method, "seed": seed, "model": model, "steps": steps, "flags": FLAGS + evals}
 
 
@@ -115,7 +117,11 @@ def run_one(method: str, seed: int, model: str, steps: int, data: tuple[Path, Pa
     out.mkdir(parents=True)
     shutil.copyfile(run_dir / METRICS_FILE, out / METRICS_FILE)
     lines = []
+    if method != BASE:  # the same seed's BASE run (run first) evaluated the policy before training
+        lines = [r for r in read_jsonl(store / f"{BASE}-seed{seed}" / SAMPLES_FILE) if r["eval"] == "before"]
     for when, folder in (("before", run_dir / "eval-step-0"), ("after", run_dir)):
+        if when == "before" and method != BASE:
+            continue
         for rec in read_jsonl(folder / RECORDS_FILE):
             conf = [None if c is None else round(c, 6) for c in rec["mean_logprob"]]
             lines.append(
@@ -237,7 +243,8 @@ def run_figures(rows: list[dict], samples: list[dict], info: dict) -> dict:
         scored = [y for c, y in zip(flat_conf, flat_correct) if c is not None]
         out[f"right_{when}"], out[f"wrong_{when}"] = sum(scored), len(scored) - sum(scored)
     # The eval logged in metrics.jsonl, for the check that the stored samples are that evaluation's.
-    out["logged_pass1"] = (by_step[0].get(f"eval/{BENCH}/pass@1"), by_step[steps].get(f"eval/{BENCH}/pass@1"))
+    # (Only BASE's runs log the evaluation before training: None in the others.)
+    out["logged_pass1"] = (by_step.get(0, {}).get(f"eval/{BENCH}/pass@1"), by_step[steps].get(f"eval/{BENCH}/pass@1"))
     return out
 
 
@@ -362,7 +369,9 @@ def page(figures: dict, infos: dict) -> str:
     n, temp = flags[flags.index("--eval_n") + 1], flags[flags.index("--eval_temperature") + 1]
     add(
         f"- Evaluation before the first step and after the last on the {first['problems_after']} held-out sums, "
-        f"{n} samples each at T = {temp} for every method; pass@k unbiased (Chen et al. 2021)."
+        f"{n} samples each at T = {temp} for every method; pass@k unbiased (Chen et al. 2021). The policy before "
+        "training is the same for every method: it is evaluated once per seed, in GRPO's run, and its samples "
+        'serve every method\'s "before".'
     )
     add(
         "- Each held-out sample's confidence is its mean token log-prob under logits / T over the whole completion, "
@@ -635,6 +644,7 @@ def main() -> None:
     unknown = [m for m in methods if m not in METHODS]
     if unknown or BASE not in methods:
         raise SystemExit(f"error: --methods takes {', '.join(METHODS)}, {BASE} among them (got {a.methods!r})")
+    methods = [m for m in METHODS if m in methods]  # BASE first: its run evaluates the policy before training
     try:
         seeds = [int(s) for s in a.seeds.split(",")]
     except ValueError:
