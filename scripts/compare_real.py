@@ -453,7 +453,8 @@ def page(figures: dict, infos: dict) -> str:
     add(
         "Wall time per step (`time/step_s`: rollout, GEC, scoring, update and sync; the evaluations not counted), "
         "the mean over the steps, and its ratio to GRPO's mean; the run's whole wall time, the model's loading "
-        "and both evaluations included. Measured on a shared machine: read the ratio, not the second digit."
+        "and its evaluations included (GRPO's run has one more: the policy before training). The runs ran one "
+        "after another on 2 CPU cores; one step's time varies by a few seconds: read the ratio, not the second digit."
     )
     add("")
     add("| method | s / step | x GRPO | run wall time (min) |")

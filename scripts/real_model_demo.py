@@ -3,7 +3,7 @@ on CPU. One fresh run, then the README table between the two marker lines below,
 metrics; the metrics file and the run's wall time are kept in docs/ (tests/test_real_model.py holds the
 table to them).
 
-    python scripts/real_model_demo.py                  # data, a fresh run (about 15 min on 2 cores), the table
+    python scripts/real_model_demo.py                  # data, a fresh run (minutes: the table says), the table
     python scripts/real_model_demo.py --table_only     # the table again from docs/real_demo_metrics.jsonl
 
 The task: 400 training sums "What is a + b?" with a, b in 0..99, and 100 held-out sums for the
@@ -29,6 +29,7 @@ END = "<!-- end of real-model table -->"
 METRICS = ROOT / "docs" / "real_demo_metrics.jsonl"
 RUN_INFO = ROOT / "docs" / "real_demo_run.json"
 STEPS, EVAL_STEPS = 10, 5
+PHASES = [("rollout", "rollout"), ("old_logp", "pi_old scoring"), ("update", "update"), ("sync", "weight sync")]
 FLAGS = [
     "--model", "smollm2", "--few_shot", "2", "--steps", str(STEPS), "--prompts_per_step", "6", "--group_size", "8",
     "--max_completion_len", "32", "--lr", "1e-5", "--eval_steps", str(EVAL_STEPS), "--eval_n", "2",
@@ -72,8 +73,22 @@ def table(rows: list[dict], wall_s: float) -> str:
             + " | ".join(cell(by_step[s]["eval/sums/pass@1"]) for s in marks)
             + " |",
             "",
-            f"Wall time of the run, model load and evaluations included: {wall_s / 60:.1f} min on 2 shared cores.",
+            f"Wall time of the run, model load and evaluations included: {wall_s / 60:.1f} min on 2 cores. "
+            + step_line(rows),
         ]
+    )
+
+
+def step_line(rows: list[dict]) -> str:
+    """The steps' time: its range, and the mean of each phase."""
+    steps = [r for r in rows if r["step"] >= 1]
+    total = [r["time/step_s"] for r in steps]
+    mean = lambda k: sum(r[f"time/{k}_s"] for r in steps) / len(steps)  # noqa: E731
+    phases = ", ".join(f"{name} {mean(k):.1f} s" for k, name in PHASES)
+    reward = [r["train/reward"] for r in steps]
+    return (
+        f"A step took {min(total):.0f}-{max(total):.0f} s (means: {phases}); one step's training reward ranged "
+        f"from {min(reward):.2f} to {max(reward):.2f}."
     )
 
 
