@@ -19,6 +19,8 @@ def pack(prompts: list[list[int]], completions: list, pad_id: int, device=None) 
     """
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    if not all(prompts):
+        raise ValueError("a prompt has no tokens: nothing would predict its completion's first token")
     P = max(map(len, prompts))
     C = max(1, max(len(c.token_ids) for c in completions))
     ids, attn, cmask = [], [], []
@@ -130,31 +132,43 @@ class SharedPrefix:
     Each prompt is computed once instead of once per completion (Prefix Grouper, Liu et al. 2025, arXiv
     2506.05433): a completion attends to its prompt and to its own earlier tokens (`mask`), and its
     positions continue from the prompt's, so its hidden states, log-probs and gradients equal the
-    padded layout's. `source` maps the padded micro-batch back: for each row and each column t of
-    its [n, L] layout, the flat position (in [R * T]) of the token that predicts column t + 1, or -1
-    where column t + 1 is padding or has no real token before it.
+    padded layout's. `source` (host) maps the padded micro-batch back: for each row and each column t
+    of its [n, L] layout, the flat position (in [R * T]) of the token that predicts column t + 1, or
+    -1 where column t + 1 is padding or has no real token before it.
     """
 
     input_ids: torch.Tensor  # [R, T]
     position_ids: torch.Tensor  # [R, T]
     mask: torch.Tensor  # [R, 1, T, T] bool: query attends key
-    source: torch.Tensor  # [n, L - 1] long
+    source: torch.Tensor  # [n, L - 1] long, on the host: index tensors are made from it without a device sync
+
+
+# The shared layout's [R, 1, T, T] mask, and the bias SDPA makes of it per layer, grow with T^2: beyond
+# this many mask bytes (T ~ 8k for one row) the padded layout, which may need no mask at all, is kept.
+MAX_MASK_BYTES = 2**26
+
+
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device` without blocking the host (pinned, asynchronous on CUDA)."""
+    return t.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else t.to(device)
 
 
 def shared_prefix(batch: dict, idx: list[int], device) -> SharedPrefix | None:
     """The `SharedPrefix` layout of the rows `idx` of a `pack`ed batch, or None where it would not
-    compute less than the padded one: it must take fewer token positions (rows x length) and no
-    more attention pairs (rows x length^2), so long completions, whose concatenation would make the
-    attention quadratic in G x C, keep the padded layout."""
+    compute less than the padded one: it must take fewer token positions (rows x length), no more
+    attention pairs (rows x length^2; long completions, whose concatenation would make the attention
+    quadratic in G x C, keep the padded layout), and a mask of at most MAX_MASK_BYTES. Built from the
+    host lists; the device gets its tensors without a sync."""
     groups: dict[int, list[int]] = {}
     for j, r in enumerate(idx):
         groups.setdefault(batch["prompt_group"][r], []).append(j)
     p_lens = [batch["prompt_lens"][r] for r in idx]
     c_lens = [batch["completion_lens"][r] for r in idx]
-    n, L = len(idx), max(p_lens) + max(1, max(c_lens))
+    n, C = len(idx), max(1, max(c_lens))
+    L = max(p_lens) + C
     lengths = [p_lens[js[0]] + sum(c_lens[j] for j in js) for js in groups.values()]
     R, T = len(lengths), max(lengths)
-    if len(groups) == n or R * T >= n * L or R * T * T > n * L * L:
+    if len(groups) == n or R * T >= n * L or R * T * T > min(n * L * L, MAX_MASK_BYTES):
         return None
     P, width = batch["prompt_mask"].shape[1], batch["input_ids"].shape[1]
     take = torch.zeros(R, T, dtype=torch.long)  # flat index into the batch's input_ids
@@ -166,28 +180,26 @@ def shared_prefix(batch: dict, idx: list[int], device) -> SharedPrefix | None:
         take[g, :p] = first * width + P - p + torch.arange(p)
         pos[g, :p] = torch.arange(p)
         segment[g, :p] = 0
-        flat = g * T
-        for j in js:  # the prompt's own tokens, as seen from row j's left-padded columns L - ...
-            lead = L - max(1, max(c_lens)) - p  # row j's prompt starts at column lead
-            source[j, lead : lead + p - 1] = flat + torch.arange(p - 1)
+        flat, lead = g * T, L - C - p  # row j's prompt starts at column lead of the padded micro-batch
         start = p
         for j in js:
+            source[j, lead : lead + p - 1] = flat + torch.arange(p - 1)  # the prompt's own tokens
             c, r = c_lens[j], idx[j]
             take[g, start : start + c] = r * width + P + torch.arange(c)
             pos[g, start : start + c] = p + torch.arange(c)
             segment[g, start : start + c] = j + 1
-            first_col = L - max(1, max(c_lens)) - 1  # the column of the prompt's last token
-            if c and p:  # the completion's first token is predicted by the prompt's last one
-                source[j, first_col] = flat + p - 1
-                source[j, first_col + 1 : first_col + c] = flat + start + torch.arange(c - 1)
+            if c:  # the completion's first token is predicted by the prompt's last one (column L - C - 1)
+                source[j, L - C - 1] = flat + p - 1
+                source[j, L - C : L - C + c - 1] = flat + start + torch.arange(c - 1)
             start += c
-    seg = segment.to(device)
+    seg = to_device(segment, device)
     order = torch.arange(T, device=device)
-    causal = order[None, :, None] >= order[None, None, :]  # [1, q, k]: k <= q
-    same = (seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None])
-    mask = (causal & same & (seg[:, :, None] >= 0) & (seg[:, None, :] >= 0)) | (order[:, None] == order)
-    ids = batch["input_ids"].view(-1)[take.to(device)].masked_fill(seg < 0, 0)
-    return SharedPrefix(ids, pos.to(device), mask[:, None], source.to(device))
+    mask = (seg[:, None, :] == seg[:, :, None]) | (seg[:, None, :] == 0)  # [R, q, k]: own segment or the prompt
+    mask &= order[:, None] >= order  # causal: k <= q
+    mask &= seg[:, :, None] >= 0  # no pad query attends anything ...
+    mask |= order[:, None] == order  # ... but itself (a fully masked row would be NaN)
+    ids = batch["input_ids"].view(-1)[to_device(take, device)].masked_fill(seg < 0, 0)
+    return SharedPrefix(ids, to_device(pos, device), mask[:, None], source)
 
 
 def select(batch: dict[str, torch.Tensor], idx: list[int], layout: str = "padded") -> dict[str, torch.Tensor]:
@@ -203,8 +215,7 @@ def select(batch: dict[str, torch.Tensor], idx: list[int], layout: str = "padded
     less than the padded rows (else "padded").
     """
     device = batch["input_ids"].device
-    rows = torch.tensor(idx or [0])
-    rows = rows.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else rows.to(device)
+    rows = to_device(torch.tensor(idx or [0]), device)
     P = batch["prompt_mask"].shape[1]
     p_max = max(batch["prompt_lens"][i] for i in idx or [0])
     c_max = max(1, max(batch["completion_lens"][i] for i in idx or [0]))

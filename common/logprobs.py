@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from common.batching import SharedPrefix
+from common.batching import SharedPrefix, to_device
 
 # Rows per chunk: 64 MiB of fp32 logits at Qwen2.5's vocabulary (110 rows). A chunk holds
 # about four such tensors at once (logits / T, log-softmax, probabilities, a gradient).
@@ -254,8 +254,8 @@ def sequence_logprobs(
     # position_ids from the mask so that left-padded prompts get the same
     # positions as the unpadded prompt had in the rollout engine.
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    B, D = input_ids.shape[0], _unwrap(model).config.hidden_size
-    pick = lambda hidden: hidden[:, :-1].reshape(-1, D)  # noqa: E731  (the last position predicts past the row)
+    B = input_ids.shape[0]
+    pick = lambda hidden: hidden[:, :-1].flatten(0, 1)  # noqa: E731  (the last position predicts past the row)
     with _head_returns_logprobs(model, input_ids[:, -K:].reshape(-1), pick, temperature, with_entropy, chunk_rows):
         out = model(
             input_ids=input_ids,
@@ -279,25 +279,29 @@ def _scatter(out: torch.Tensor, kept: torch.Tensor, with_entropy: bool):
 def _shared(model, input_ids, prefix: SharedPrefix, temperature, K, with_entropy, chunk_rows):
     """`sequence_logprobs` in the shared-prefix layout: one forward over [R, T] rows with the layout's
     4D mask (SDPA takes it as it is; eager attention adds it, so it becomes 0 / -inf there), then the
-    output layer on the positions that `prefix.source` names, in the padded rows' order."""
+    output layer on the positions that `prefix.source` names, in the padded rows' order. The indices
+    are made on the host (`prefix.source`) and sent without blocking: no device sync."""
+    B, device = input_ids.shape[0], input_ids.device
     source = prefix.source[:, -K:]
-    kept = source >= 0
-    where = source[kept]
+    kept = (source >= 0).flatten().nonzero().squeeze(1)  # host: flat places in [B, K]
+    where, columns = to_device(source.flatten()[kept], device), to_device(kept, device)
+    targets = input_ids[:, -K:].flatten()[columns]
     mask = prefix.mask
     if _unwrap(model).config._attn_implementation == "eager":
         dtype = next(model.parameters()).dtype
-        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
-    D = _unwrap(model).config.hidden_size
-    pick = lambda hidden: hidden.reshape(-1, D)[where]  # noqa: E731
-    with _head_returns_logprobs(model, input_ids[:, -K:][kept], pick, temperature, with_entropy, chunk_rows):
+        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
+    pick = lambda hidden: hidden.reshape(-1, hidden.shape[-1])[where]  # noqa: E731
+    with _head_returns_logprobs(model, targets, pick, temperature, with_entropy, chunk_rows):
         out = model(
             input_ids=prefix.input_ids,
             attention_mask=mask,
             position_ids=prefix.position_ids,
             use_cache=False,
             logits_to_keep=0,
-        ).logits
-    return _scatter(out, kept, with_entropy)
+        ).logits.float()
+    logp = out.new_zeros(B * K).index_put((columns,), out[:, 0]).view(B, K)
+    ent = out.new_zeros(B * K).index_put((columns,), out[:, 1]).view(B, K) if with_entropy else None
+    return logp, ent
 
 
 def _packed(model, input_ids, attention_mask, temperature, K, with_entropy, chunk_rows):

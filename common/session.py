@@ -407,7 +407,9 @@ def start_session(
     for m in filter(None, (policy, ref_model)):
         if run.attn_implementation != "auto":
             m.set_attn_implementation(run.attn_implementation)
-    layout = pass_layout(run.padding_free, run.share_prompts, policy.config._attn_implementation)
+    layout = pass_layout(
+        run.padding_free, run.share_prompts, policy.config._attn_implementation, sliding(policy.config)
+    )
     activation_bytes = 2 if run.precision == "bf16" or (gpu and run.precision != "fp32") else 4
     memory_tokens = micro_batch_tokens(
         policy.config, activation_bytes, max_prompt_len + extra_context, max_completion_len,
@@ -539,13 +541,22 @@ PACKED_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
 MASKED_ATTENTION = ("sdpa", "eager")
 
 
-def pass_layout(padding_free: str, share_prompts: bool, attn_implementation: str | None) -> str:
+def pass_layout(padding_free: str, share_prompts: bool, attn_implementation: str | None, sliding: bool) -> str:
     """The micro-batches' layout (`common.batching.select`). --padding_free: "auto" packs where the attention
     skips the pairs across sequences; SDPA and eager would attend over the whole packed row (correct, but
-    quadratic in its length). Otherwise --share_prompts, with attention that takes a 4D mask."""
+    quadratic in its length). Otherwise --share_prompts, with attention that takes a 4D mask, and not for
+    sliding-window attention: transformers uses a given 4D mask as it is, so the window would be lost."""
     if padding_free == "on" or (padding_free == "auto" and attn_implementation in PACKED_ATTENTION):
         return "packed"
-    return "shared" if share_prompts and attn_implementation in MASKED_ATTENTION else "padded"
+    return "shared" if share_prompts and attn_implementation in MASKED_ATTENTION and not sliding else "padded"
+
+
+def sliding(config) -> bool:
+    """Does any layer attend within a sliding window (Mistral's sliding_window; Qwen2's layer_types)?"""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        return "sliding_attention" in layer_types
+    return getattr(config, "sliding_window", None) is not None
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:

@@ -1,5 +1,6 @@
 """common/batching.py: packing, micro-batch plans (count or token budget), cutting, spans."""
 
+import pytest
 from train_utils import as_completions
 
 from common.batching import micro_batches, pack, select
@@ -88,3 +89,8 @@ def test_micro_batch_tokens_from_the_models_activation_memory():
     assert micro_batch_tokens(tiny, 4, 512, 48, **run, say=said.append) > 32 * 560
     assert len(said) == 1  # silent: 32 sequences at the longest fit
     assert micro_batch_tokens(smollm2, 4, 125, 48, **run | {"max_tokens_per_micro_batch": 4096}, say=said.append) == 0
+
+
+def test_an_empty_prompt_is_refused():
+    with pytest.raises(ValueError, match="a prompt has no tokens"):
+        pack([[1, 2], []], as_completions([[3], [4]]), pad_id=0)

@@ -236,7 +236,8 @@ SHARED_GROUPS = [(6, [4, 1, 0, 3]), (2, [5, 5]), (1, [2]), (9, [1, 3, 2])]
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("keep", ["completion", "all"])
-def test_shared_prefix_equals_the_padded_pass(tiny_random_dir, attn, keep):
+@pytest.mark.parametrize("order", ["grouped", "shuffled"])  # shuffled: the token-budget planner sorts rows by length
+def test_shared_prefix_equals_the_padded_pass(tiny_random_dir, attn, keep, order):
     """Each prompt computed once for all its completions (one row, a 4D mask) gives the padded pass's
     log-probs, entropies and parameter gradients, for the completion columns and for the whole
     sequence (Pro-GRPO scores the prompt too). SDPA runs an fp64 model, so that only the output layer's
@@ -258,6 +259,8 @@ def test_shared_prefix_equals_the_padded_pass(tiny_random_dir, attn, keep):
             completions.append(torch.randint(3, V, (c,), generator=g).tolist())
     batch = pack(prompts, as_completions(completions), 0)
     rows = list(range(len(prompts)))
+    if order == "shuffled":
+        rows = torch.randperm(len(rows), generator=g).tolist()
     padded, shared = select(batch, rows), select(batch, rows, "shared")
     assert padded["layout"] == "padded" and shared["layout"].input_ids.shape[0] == len(SHARED_GROUPS)
     ids, attn_mask, C = padded["input_ids"], padded["attention_mask"], padded["completion_mask"].shape[1]
@@ -301,10 +304,23 @@ def test_padding_free_by_default_only_where_attention_skips_other_sequences():
     from common.session import pass_layout
 
     # SDPA and eager would attend over a dense T x T mask: they share prompts instead (a 4D mask they take)
-    assert pass_layout("auto", True, "sdpa") == pass_layout("auto", True, "eager") == "shared"
-    assert pass_layout("auto", True, "flash_attention_2") == pass_layout("auto", True, "flex_attention") == "packed"
-    assert pass_layout("on", True, "sdpa") == "packed" and pass_layout("off", True, "flash_attention_2") == "padded"
-    assert pass_layout("off", False, "sdpa") == "padded"
+    assert pass_layout("auto", True, "sdpa", False) == pass_layout("auto", True, "eager", False) == "shared"
+    assert pass_layout("auto", True, "flash_attention_2", False) == "packed"
+    assert pass_layout("auto", True, "flex_attention", False) == "packed"
+    assert pass_layout("on", True, "sdpa", False) == "packed"
+    assert pass_layout("off", True, "flash_attention_2", False) == "padded"
+    assert pass_layout("off", False, "sdpa", False) == "padded"
+    assert pass_layout("auto", True, "sdpa", True) == "padded"  # a given 4D mask would drop the window
+
+
+def test_sliding_window_is_read_from_the_config():
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    from common.session import sliding
+
+    assert not sliding(LlamaConfig()) and not sliding(Qwen2Config())  # Qwen2: sliding_window set, not used
+    assert sliding(Qwen2Config(use_sliding_window=True, max_window_layers=1, num_hidden_layers=2))
+    assert sliding(MistralConfig()) and not sliding(MistralConfig(sliding_window=None))
 
 
 def test_entropy_is_fp32_under_autocast():
