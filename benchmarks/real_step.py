@@ -16,7 +16,8 @@ compute and beside TRL's GRPOTrainer on the same model, batch and lengths.
   TRL line is skipped with a note.
 
 The prompts are the real-model demo's: two-digit sums with two worked examples (`--few_shot 2`),
-about 125 prompt tokens each. Runs on CPU in about 10-15 minutes; run it alone (it measures time).
+about 125 prompt tokens each. Runs on CPU in about 9 minutes (--steps 3); run it alone: it measures time,
+and vLLM's CPU threads slow many-fold beside another busy process.
 """
 
 import argparse
