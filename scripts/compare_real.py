@@ -293,7 +293,7 @@ def method_defaults(infos: dict) -> list[str]:
         flags = runs[min(runs)]["script_flags"]
         diff = [f"`--{k} {flags[k]}` ({base[k]})" for k in flags if k in base and flags[k] != base[k]]
         own = [f"`--{k} {flags[k]}`" for k in flags if k not in base]
-        lines.append(f"- {NAMES[m]}: " + "; ".join(diff + own))
+        lines.append(f"- {NAMES[m]} (`{m}.py`): " + "; ".join(diff + own))
     return lines
 
 
