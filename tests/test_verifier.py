@@ -334,8 +334,11 @@ def test_a_niced_child_is_replaced_once_it_answers(verifier, monkeypatch):
     v._ensure_children()
     first = v._children[0].pid
     with monkeypatch.context() as m:
-        m.setattr(verifier_module, "NICE_AFTER_S", 0.0)  # every check counts as grinding
-        assert v.verify_batch(["\\sqrt{12}", "0.25"], ["2\\sqrt{3}", "1/4"]) == [True, True]
+        m.setattr(verifier_module, "NICE_AFTER_S", 0.0)  # every check counts as grinding once looked at
+        for _ in range(10):  # a check answered before its first look (a loaded machine) is never niced: again
+            assert v.verify_batch(["\\sqrt{12}", "0.25"], ["2\\sqrt{3}", "1/4"]) == [True, True]
+            if first not in [c.pid for c in v._children]:
+                break
     assert first not in [c.pid for c in v._children] and not _alive(first)
     assert v.verify("1/2", "0.5")  # by a fresh child, at the usual priority
     assert _nice(v._children[0].pid) == _nice(os.getpid())
