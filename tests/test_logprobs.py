@@ -195,6 +195,19 @@ def test_bf16_output_layer_gradient_is_as_exact_as_the_unchunked_pass():
     assert 1e-4 < unchunked and chunked <= 1.1 * unchunked, (chunked, unchunked)
 
 
+def layout_pass(model, ids, attn_mask, K, layout):
+    """logp and entropy at the positions whose values mean something (a real token predicted from a real
+    one), and every parameter's gradient of their sum, scoring `ids` in `layout` at T = 0.7."""
+    real = attn_mask.to(next(model.parameters()).dtype)
+    valid = real[:, 1:] * real[:, :-1]
+    valid = valid[:, -K:] if K else valid
+    model.zero_grad(set_to_none=True)
+    logp, ent = sequence_logprobs(model, ids, attn_mask, 0.7, K, with_entropy=True, layout=layout)
+    assert logp.dtype == torch.float32
+    ((logp * valid).sum() + (ent * valid).sum()).backward()
+    return logp * valid, ent * valid, {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("keep", ["completion", "all"])
 def test_padding_free_equals_the_padded_pass(tiny_random_dir, attn, keep):
@@ -212,17 +225,7 @@ def test_padding_free_equals_the_padded_pass(tiny_random_dir, attn, keep):
     batch = pack(prompts, as_completions([torch.randint(3, V, (c,), generator=g).tolist() for c in (4, 1, 9, 6, 2)]), 0)
     ids, attn_mask, C = batch["input_ids"], batch["attention_mask"], batch["completion_mask"].shape[1]
     K = C if keep == "completion" else None
-    # The positions whose values mean something: a real token predicted from a real one.
-    real = attn_mask.float()
-    valid = (real[:, 1:] * real[:, :-1])[:, -C:] if K else real[:, 1:] * real[:, :-1]
-
-    def run(layout):
-        model.zero_grad(set_to_none=True)
-        logp, ent = sequence_logprobs(model, ids, attn_mask, 0.7, K, with_entropy=True, layout=layout)
-        ((logp * valid).sum() + (ent * valid).sum()).backward()
-        return logp * valid, ent * valid, {k: p.grad.clone() for k, p in model.named_parameters()}
-
-    padded, packed = run("padded"), run("packed")
+    padded, packed = (layout_pass(model, ids, attn_mask, K, layout) for layout in ("padded", "packed"))
     torch.testing.assert_close(packed[0], padded[0], rtol=1e-5, atol=2e-5)
     torch.testing.assert_close(packed[1], padded[1], rtol=1e-5, atol=2e-5)
     for k in padded[2]:
@@ -265,19 +268,10 @@ def test_shared_prefix_equals_the_padded_pass(tiny_random_dir, attn, keep, order
     assert padded["layout"] == "padded" and shared["layout"].input_ids.shape[0] == len(SHARED_GROUPS)
     ids, attn_mask, C = padded["input_ids"], padded["attention_mask"], padded["completion_mask"].shape[1]
     K = C if keep == "completion" else None
-    real = attn_mask.double()
-    valid = (real[:, 1:] * real[:, :-1])[:, -C:] if K else real[:, 1:] * real[:, :-1]
-
-    def run(layout):
-        model.zero_grad(set_to_none=True)
-        logp, ent = sequence_logprobs(model, ids, attn_mask, 0.7, K, with_entropy=True, layout=layout)
-        assert logp.dtype == torch.float32
-        ((logp * valid).sum() + (ent * valid).sum()).backward()
-        return logp * valid, ent * valid, {k: p.grad.clone() for k, p in model.named_parameters()}
-
-    want, got = run("padded"), run(shared["layout"])
+    want, got = (layout_pass(model, ids, attn_mask, K, layout) for layout in ("padded", shared["layout"]))
     torch.testing.assert_close(got[0], want[0], rtol=tol, atol=tol)
     torch.testing.assert_close(got[1], want[1], rtol=tol, atol=tol)
+    valid = (attn_mask[:, 1:] * attn_mask[:, :-1])[:, -K:] if K else attn_mask[:, 1:] * attn_mask[:, :-1]
     assert (got[0] == 0).sum() == (valid == 0).sum()  # nothing scored outside the real tokens
     for k in want[2]:
         torch.testing.assert_close(got[2][k], want[2][k], rtol=10 * tol, atol=2 * tol, msg=lambda m, k=k: f"{k}: {m}")
