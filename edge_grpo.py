@@ -269,17 +269,18 @@ def old_logprobs(s, batch: dict, args: Args) -> dict:
     with torch.no_grad():
         for idx in s.micro_batch_plan(batch, list(range(len(batch["input_ids"])))):
             mb = select(batch, idx, s.layout)
+            r = mb["rows"][: len(idx)]  # on the device (a list index would be a blocking copy); none if idx is empty
             C = mb["completion_mask"].shape[1]
             ids, attn = mb["input_ids"], mb["attention_mask"]
             logp, ent = sequence_logprobs(
                 s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True, layout=mb["layout"]
             )
-            out["logp"][idx, :C], out["entropy"][idx, :C] = logp[: len(idx)], ent[: len(idx)]
+            out["logp"][r, :C], out["entropy"][r, :C] = logp[: len(idx)], ent[: len(idx)]
             if s.ref_model is not None:
                 ref_logp, _ = sequence_logprobs(
                     s.ref_model, ids, attn, args.temperature, logits_to_keep=C, layout=mb["layout"]
                 )
-                out["ref_logp"][idx, :C] = ref_logp[: len(idx)]
+                out["ref_logp"][r, :C] = ref_logp[: len(idx)]
     return out
 
 

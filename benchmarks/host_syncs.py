@@ -1,16 +1,17 @@
-"""Host syncs per optimiser step of the update: how often the host waits for the device.
+"""Host syncs of the scoring pass and of an optimiser step: how often the host waits for the device.
 
     python benchmarks/host_syncs.py
 
 On a GPU, reading a device value on the host (`.item()`, `.tolist()`, `bool(t)`, `float(t)`,
 ...) and a blocking host-to-device copy (`torch.tensor(list, device=...)`, indexing a device
-tensor with a Python list) wait until the device has finished all queued work: the GPU then
+tensor with a Python list, reading or writing) wait until the device has finished all queued work: the GPU then
 idles while Python prepares the next kernel. torch's own detector
 (`torch.cuda.set_sync_debug_mode`) works on CUDA only, so this counts the calls themselves, by
 patching them, on CPU: every one of them would be a sync on CUDA. (On CPU they also catch host
-tensors, so the count is an upper bound.) It runs grpo_base.update() (one process, the demo
-model, one optimiser step) over the same rows cut into 2, 4 and 8 micro-batches and splits the
-count into a fixed part per optimiser step and a part per micro-batch, by where each call is made.
+tensors, so the count is an upper bound.) It runs grpo_base.old_logprobs() (the no-grad scoring
+pass) and grpo_base.update() (one process, the demo model, one optimiser step) over the same rows
+cut into 2, 4 and 8 micro-batches and splits the count into a fixed part and a part per
+micro-batch, by where each call is made.
 """
 
 import collections
@@ -55,13 +56,20 @@ def patch() -> None:
             return __original(self, *a, **k)
 
         setattr(torch.Tensor, name, counted)
-    getitem, tensor = torch.Tensor.__getitem__, torch.tensor
+    getitem, setitem, tensor = torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.tensor
 
-    def counted_getitem(self, index):  # a Python list as an index is copied to the device first
-        listed = isinstance(index, list) or (isinstance(index, tuple) and any(isinstance(i, list) for i in index))
-        if listed and (where := caller()):
+    def listed(index) -> bool:  # a Python list as an index is copied to the device first
+        return isinstance(index, list) or (isinstance(index, tuple) and any(isinstance(i, list) for i in index))
+
+    def counted_getitem(self, index):
+        if listed(index) and (where := caller()):
             COUNTS[where] += 1
         return getitem(self, index)
+
+    def counted_setitem(self, index, value):
+        if listed(index) and (where := caller()):
+            COUNTS[where] += 1
+        return setitem(self, index, value)
 
     def counted_tensor(data, *a, **k):  # host data copied to a device, blocking
         if k.get("device") is not None and (where := caller()):
@@ -69,6 +77,7 @@ def patch() -> None:
         return tensor(data, *a, **k)
 
     torch.Tensor.__getitem__ = counted_getitem
+    torch.Tensor.__setitem__ = counted_setitem
     torch.tensor = counted_tensor
 
 
@@ -98,14 +107,18 @@ def main() -> None:
     patch()
     totals = {}
     for micro_batches in (2, 4, 8):
-        s = update_session(model, micro_batch_size=n // micro_batches)
-        grpo_base.update(s, batch, old, adv, grpo_base.Args(group_size=G), step=0)  # warm-up
+        s, args = update_session(model, micro_batch_size=n // micro_batches), grpo_base.Args(group_size=G)
+        s.ref_model = None
+        grpo_base.update(s, batch, old, adv, args, step=0)  # warm-up
         COUNTS.clear()
-        grpo_base.update(s, batch, old, adv, grpo_base.Args(group_size=G), step=0)
+        grpo_base.old_logprobs(s, batch, args)
+        grpo_base.update(s, batch, old, adv, args, step=0)
         totals[micro_batches] = dict(COUNTS)
     where = sorted(set().union(*totals.values()))
-    print(f"host syncs in one grpo_base.update() of {n} rows, one optimiser step (demo model, CPU-counted)\n")
-    print("| called from | 2 micro-batches | 4 | 8 | per micro-batch | per optimiser step |")
+    print(
+        f"host syncs in grpo_base.old_logprobs() + update() of {n} rows, one optimiser step (demo model, CPU-counted)\n"
+    )
+    print("| called from | 2 micro-batches | 4 | 8 | per micro-batch | fixed |")
     print("|---|---|---|---|---|---|")
     rows = []
     for w in where + ["total"]:

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from train_utils import as_completions, script_flags
+from train_utils import as_completions, scoring_session, script_flags
 
 from common.batching import micro_batches, pack, select
 from common.cli import parse_args
@@ -308,19 +308,20 @@ def test_all_flat_update_still_steps_on_zero_gradients(tiny_random_model):
     assert all(g is not None and not g.any() for g in grads[0].values())
 
 
-def test_update_reads_nothing_from_the_device_per_micro_batch(tiny_random_model, monkeypatch):
-    """The host waits for the device (a value read: .item(), .tolist(), bool(t), ...) a fixed number of
-    times per optimiser step, however many micro-batches it takes: the micro-batches' sums stay on
-    the device (benchmarks/host_syncs.py counts the blocking copies too, and transformers' own)."""
+def count_host_syncs(monkeypatch) -> list:
+    """Record each call from this repository's code (scripts, common/; not tests/, not torch.optim's host step
+    counters) that would make the host wait for a CUDA device: a value read (.item(), .tolist(), bool(t), ...)
+    or a Python list used as an index, read or written (a blocking host-to-device copy). As
+    benchmarks/host_syncs.py counts them, which also counts transformers' own."""
     import sys
     from pathlib import Path
 
     import grpo_base
 
     root = str(Path(grpo_base.__file__).parent)
-    reads = []
+    calls = []
 
-    def ours():  # called from this repository's code (scripts, common/), not through torch.optim's host counters
+    def ours():
         frame = sys._getframe(2)
         while frame and "/torch/" in frame.f_code.co_filename:
             if "/torch/optim/" in frame.f_code.co_filename:
@@ -331,15 +332,60 @@ def test_update_reads_nothing_from_the_device_per_micro_batch(tiny_random_model,
     for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
         original = getattr(torch.Tensor, name)
         monkeypatch.setattr(
-            torch.Tensor, name, lambda t, *a, _o=original, **k: (reads.append(1) if ours() else None, _o(t, *a, **k))[1]
+            torch.Tensor, name, lambda t, *a, _o=original, **k: (calls.append(1) if ours() else None, _o(t, *a, **k))[1]
         )
+    listed = lambda i: isinstance(i, list) or (isinstance(i, tuple) and any(isinstance(j, list) for j in i))  # noqa: E731
+    for name in ("__getitem__", "__setitem__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor,
+            name,
+            lambda t, i, *a, _o=original: (calls.append(1) if listed(i) and ours() else None, _o(t, i, *a))[1],
+        )
+    return calls
+
+
+def test_update_reads_nothing_from_the_device_per_micro_batch(tiny_random_model, monkeypatch):
+    """The host waits for the device a fixed number of times per optimiser step, however many micro-batches
+    it takes: the micro-batches' sums stay on the device."""
+    import grpo_base
+
+    syncs = count_host_syncs(monkeypatch)
     model, _ = tiny_random_model
     batch, old = flat_groups_batch(model)
     adv = torch.randn(12)
     counts = []
     for micro_batch_size in (6, 2):  # 2 and 6 micro-batches
         s, _ = update_session(model, micro_batch_size=micro_batch_size)
-        reads.clear()
+        syncs.clear()
         grpo_base.update(s, batch, old, adv, Args(group_size=3), step=0)
-        counts.append(len(reads))
+        counts.append(len(syncs))
     assert counts[0] == counts[1] <= 2, counts  # the rows to train, and the optimiser step's sums
+
+
+@pytest.mark.parametrize("script", ["grpo_base", "pro_grpo"])
+def test_old_logprobs_waits_for_the_device_never(tiny_random_model, monkeypatch, script):
+    """The scoring pass writes each micro-batch's log-probs at its rows' device index (`select`'s "rows"),
+    not at a Python list of them (a blocking copy per micro-batch); an empty micro-batch (a rank with fewer
+    rows than its peers) writes nothing."""
+    import importlib
+
+    from common.batching import micro_batches
+
+    module = importlib.import_module(script)
+    model, _ = tiny_random_model
+    batch, _ = flat_groups_batch(model)
+    plans = {"whole": [list(range(12))], "6": micro_batches(batch["prompt_lens"], batch["completion_lens"],
+             list(range(12)), 2) + [[]]}  # fmt: skip
+    outs = {}
+    for name, plan in plans.items():
+        s = scoring_session(model, ref_model=model)
+        s.micro_batch_plan = lambda batch, rows, plan=plan: plan
+        syncs = count_host_syncs(monkeypatch)
+        outs[name] = module.old_logprobs(s, batch, module.Args(group_size=3))
+        assert syncs == [], f"{len(syncs)} host syncs in {script}.old_logprobs over {len(plan)} micro-batches"
+        monkeypatch.undo()
+    for k, v in outs["whole"].items():  # at real tokens (a padded position's score depends on the cut)
+        prompt = batch["prompt_mask"]
+        real = prompt[:, 1:] * prompt[:, :-1] if k == "prompt_logp" else batch["completion_mask"]
+        torch.testing.assert_close(outs["6"][k] * real, v * real, rtol=1e-5, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
