@@ -148,20 +148,26 @@ class _Parser(argparse.ArgumentParser):
         self.flag_names = list(flag_names)
 
     def error(self, message: str):
-        hint = ""
-        if m := re.search(r"unrecognized arguments: (\S+)", message):
-            name = m.group(1).split("=")[0].lstrip("-").replace("-", "_")
-            if name in TRL_NAMES:
-                hint = f"; this project calls it --{TRL_NAMES[name]}"
-            elif close := difflib.get_close_matches(name, self.flag_names, n=1, cutoff=0.6):
-                hint = f"; did you mean --{close[0]}?"
+        hints = []
+        if m := re.search(r"unrecognized arguments: (.+)", message):  # every unknown flag, not the first only
+            for word in m.group(1).split():
+                if not word.startswith("-"):
+                    continue  # a value
+                name = word.split("=")[0].lstrip("-").replace("-", "_")
+                if name in TRL_NAMES:
+                    hints.append(f"--{name}: this project calls it --{TRL_NAMES[name]}")
+                elif close := difflib.get_close_matches(name, self.flag_names, n=1, cutoff=0.6):
+                    hints.append(f"--{name}: did you mean --{close[0]}?")
+        hint = "".join(f"; {h}" for h in hints)
         self.exit(2, f"error: {message}{hint} (see --help)\n" if _rank0() else None)
 
 
-def parse_args(*classes, argv: list[str] | None = None, description: str | None = None):
+def parse_args(*classes, argv: list[str] | None = None, description: str | None = None, given: set | None = None):
     """Parse `--field value` flags into one instance of each dataclass in `classes` (a tuple, or the
     instance itself for one class). Bools accept `--flag` (true) or `--flag false`; `X | None`
-    fields accept `none`. Every value is checked against its field's choices and range."""
+    fields accept `none`. Every value is checked against its field's choices and range. `given`: a set
+    filled with the names of the flags set explicitly (on the command line or by `--config`), for a tool
+    that takes a flag's default from elsewhere (tools/evaluate.py: from the run it evaluates)."""
     fields = [(cls, f) for cls in classes for f in dataclasses.fields(cls)]
     names = [f.name for _, f in fields]
     if len(set(names)) < len(names):
@@ -207,6 +213,7 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
     config = argparse.ArgumentParser(add_help=False)
     config.add_argument("--config", default=None)
     path = config.parse_known_args(argv)[0].config
+    recipe = {}
     if path:
         recipe = _recipe(path, converters, {f.name: f for _, f in fields})
         given = _given(parser, names, argv)
@@ -217,6 +224,8 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
         parser.set_defaults(**recipe)
     values = vars(parser.parse_args(argv))
     values.pop("config")
+    if given is not None:
+        given |= _given(parser, names, argv) | set(recipe)
     for _, f in fields:
         if problem := check_range(f, values[f.name]):
             require(False, problem)

@@ -52,10 +52,46 @@ USER_TEMPLATES: dict[str, str] = {
     "evalscope_native": "{problem}\n" + QWEN_MATH_SYSTEM,
 }
 TEMPLATE_CHOICES = [*TEMPLATES, *NATIVE_TEMPLATES, *USER_TEMPLATES]
+TEMPLATE_HELP = (
+    f"prompt template: one of {', '.join(TEMPLATE_CHOICES)} (*_native: rendered by the model's own chat template), "
+    "or a template of your own: a string or a file holding {problem}"
+)
+PLACEHOLDER = "{problem}"
+
+
+def own_template(template: str) -> str:
+    """The text of a template of one's own (`--template`): a file's contents, or the string itself, which must
+    hold `{problem}`. ValueError naming the template names and the placeholder otherwise (a mistyped name)."""
+    import os
+
+    text = template
+    if os.path.isfile(os.path.expanduser(template)):
+        try:
+            with open(os.path.expanduser(template), encoding="utf-8-sig") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read the template file {template} ({e}); save it as UTF-8 text") from None
+        if PLACEHOLDER not in text:
+            raise ValueError(
+                f"the template file {template} has no {PLACEHOLDER} placeholder: put it where the problem goes"
+            )
+    elif PLACEHOLDER not in text:
+        raise ValueError(
+            f"{template!r} is neither a template name ({', '.join(TEMPLATE_CHOICES)}) nor a file, nor a template "
+            f"string holding {PLACEHOLDER}"
+        )
+    return text.replace("\\n", "\n") if "\n" not in text else text  # a shell's literal \n in a one-line string
+
+
+def check_template(template: str) -> None:
+    """ValueError, before anything loads, for a `--template` that is neither a name nor a template of one's own."""
+    if template not in TEMPLATE_CHOICES:
+        own_template(template)
 
 
 def format_prompt(problem: str, template: str = "qwen_math", tokenizer=None) -> str:
-    """Render `problem` into the named prompt template (`*_native` ones need the model's tokenizer)."""
+    """Render `problem` into the named prompt template (`*_native` ones need the model's tokenizer), or into a
+    template of one's own (`own_template`)."""
     if template in NATIVE_TEMPLATES or template in USER_TEMPLATES:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             instead = template.removesuffix("_native")
@@ -69,9 +105,8 @@ def format_prompt(problem: str, template: str = "qwen_math", tokenizer=None) -> 
         else:
             messages = [{"role": "system", "content": NATIVE_TEMPLATES[template]}, {"role": "user", "content": problem}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    if template not in TEMPLATES:
-        raise ValueError(f"unknown prompt template {template!r}; choose one of {TEMPLATE_CHOICES}")
-    return TEMPLATES[template].replace("{problem}", problem)
+    text = TEMPLATES[template] if template in TEMPLATES else own_template(template)
+    return text.replace(PLACEHOLDER, problem)
 
 
 def prompt_opens_think(template: str, tokenizer=None) -> bool:
@@ -113,14 +148,75 @@ def pool_of(rows: list[dict], k: int) -> list[dict]:
     return [{"problem": q, "solution": a} for q, a in [*common, *([extra] if extra else [])]][: k + 1]
 
 
+CHATML_USER = "<|im_start|>user\n"
+
+
+def _text_turns(template: str) -> tuple[str, str, str] | None:
+    """A template without chat markup (`plain`, or one's own) as (header, question cue, answer cue): the text
+    before the line holding `{problem}`, that line's text before it, and the text after it. None for
+    templates whose examples go in as chat turns (the named chat templates, ChatML of one's own)."""
+    if template in NATIVE_TEMPLATES or template in USER_TEMPLATES or (template in TEMPLATES and template != "plain"):
+        return None
+    text = TEMPLATES[template] if template in TEMPLATES else own_template(template)
+    if CHATML_USER in text:
+        return None
+    before, after = text.split(PLACEHOLDER, 1)
+    header, _, cue = before.rpartition("\n")
+    return (header + "\n" if _ else ""), cue, after
+
+
+def few_shot_stop(template: str, few_shot: int) -> str | None:
+    """The stop string a few-shot prompt without chat markup implies: a new line opening the next example's
+    question ("\nQuestion:" under `plain`), past which a model would write a question of its own."""
+    turns = _text_turns(template) if few_shot else None
+    return "\n" + turns[1].strip() if turns and turns[1].strip() else None
+
+
+def parse_stop(text: str | None) -> list[str]:
+    """`--stop` as a list: comma-separated (a repeated flag is joined with commas), `\\n` and `\\t` read as a new
+    line and a tab (as a shell passes them), `\\,` a comma within a stop string."""
+    if not text:
+        return []
+    out, current, i = [], "", 0
+    escapes = {"n": "\n", "t": "\t", ",": ",", "\\": "\\"}
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in escapes:
+            current, i = current + escapes[text[i + 1]], i + 2
+            continue
+        if text[i] == ",":
+            out.append(current)
+            current = ""
+        else:
+            current += text[i]
+        i += 1
+    out.append(current)
+    if any(not s for s in out):
+        raise ValueError(f"--stop {text!r} has an empty stop string (write a literal comma as \\,)")
+    return out
+
+
+def stop_strings(stop: str | None, template: str, few_shot: int) -> tuple[list[str], str | None]:
+    """The stop strings of a run or an evaluation: `--stop`'s, and the few-shot format's own (`few_shot_stop`);
+    with the start-up line that states the implied one (None when there is none)."""
+    stops = parse_stop(stop)
+    implied = few_shot_stop(template, few_shot)
+    if implied is None or implied in stops:
+        return stops, None
+    label = template if template in TEMPLATE_CHOICES or "\n" not in template and len(template) < 60 else "(yours)"
+    line = f"stop strings: {implied!r}, implied by --few_shot {few_shot} under --template {label}"
+    return [*stops, implied], line + (f", and --stop's {stops!r}" if stops else "")
+
+
 def format_few_shot_prompt(problem: str, template: str, examples: list[tuple[str, str]], tokenizer=None) -> str:
     """`problem` rendered by `template` after the worked `examples`: under a chat template as earlier
-    user / assistant turns (after the system turn), under `plain` as Question / Answer pairs."""
+    user / assistant turns (after the system turn); under a template without chat markup (`plain`, or one's
+    own) as question / answer pairs in the template's own words, after its header (`_text_turns`)."""
     if not examples:
         return format_prompt(problem, template, tokenizer)
-    if template == "plain":
-        shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in examples)
-        return shots + format_prompt(problem, template)
+    if (turns := _text_turns(template)) is not None:
+        header, cue, after = turns
+        shots = "".join(f"{cue}{q}{after} {a}\n\n" for q, a in examples)
+        return header + shots + cue + problem + after
     if template in NATIVE_TEMPLATES:
         format_prompt(problem, template, tokenizer)  # the same error without a chat template
         messages = [{"role": "system", "content": NATIVE_TEMPLATES[template]}]
@@ -129,6 +225,6 @@ def format_few_shot_prompt(problem: str, template: str, examples: list[tuple[str
         messages.append({"role": "user", "content": problem})
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     prompt = format_prompt(problem, template)
-    turns = "".join(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n" for q, a in examples)
-    user = prompt.index("<|im_start|>user\n")  # the fixed ChatML templates: the shots go before the user turn
+    turns = "".join(f"{CHATML_USER}{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n" for q, a in examples)
+    user = prompt.index(CHATML_USER)  # ChatML templates: the shots go before the user turn
     return prompt[:user] + turns + prompt[user:]

@@ -74,6 +74,7 @@ def make_engine(
     synced: bool = False,
     batch_size: int = 256,
     per_prompt_seeds: bool = True,
+    stop: list[str] = (),
 ):
     """The rollout engine `backend` names ("vllm" or "hf"), for training, evaluation and data selection.
 
@@ -82,7 +83,8 @@ def make_engine(
     `max_num_seqs` sequences at once (0: vLLM's default). HF: `model` itself (loaded from
     `model_path` in `dtype` when None), `batch_size` rows per generate call; `synced`: every rank
     steps together (parameters sharded over ranks: ZeRO-3, FSDP2). `per_prompt_seeds`: False makes vLLM
-    ignore the seeds `generate` is given (the engine's own `seed` alone; docs/SCALING.md).
+    ignore the seeds `generate` is given (the engine's own `seed` alone; docs/SCALING.md). `stop`: stop
+    strings (`--stop`), cut as `cut_at_stop` says.
     """
     stop_ids = stop_token_ids(tokenizer, model_path)
     gpu = torch.cuda.is_available()
@@ -94,20 +96,23 @@ def make_engine(
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
             model = model.to("cuda" if gpu else "cpu").eval()
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
-        return HFEngine(model, stop_ids, pad, batch_size=batch_size, synced=synced)
-    return VLLMEngine(
-        model_path,
-        stop_ids,
-        max_model_len=max_model_len,
-        seed=seed,
-        dtype=dtype,
-        gpu_memory_utilization=gpu_memory_utilization,
-        enable_sleep_mode=sleep,
-        distributed=world > 1,
-        max_num_seqs=max_num_seqs or None,
-        max_num_batched_tokens=max_num_batched_tokens or None,
-        per_prompt_seeds=per_prompt_seeds,
-    )
+        engine = HFEngine(model, stop_ids, pad, batch_size=batch_size, synced=synced)
+    else:
+        engine = VLLMEngine(
+            model_path,
+            stop_ids,
+            max_model_len=max_model_len,
+            seed=seed,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep_mode=sleep,
+            distributed=world > 1,
+            max_num_seqs=max_num_seqs or None,
+            max_num_batched_tokens=max_num_batched_tokens or None,
+            per_prompt_seeds=per_prompt_seeds,
+        )
+    engine.stop, engine.decode = list(stop), lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    return engine
 
 
 # A reload in several calls. vLLM's `reload_weights` cannot be called once per
@@ -154,6 +159,32 @@ def _batches(
         size += nbytes
     if batch:
         yield batch
+
+
+def cut_at_stop(c: Completion, stop: list[str], decode) -> Completion:
+    """`c` cut before the first of the `stop` strings in its text, as vLLM's `stop` cuts the text by default (the
+    stop string excluded): its token ids and log-probs are cut to the longest prefix whose text ends before
+    it (a token that straddles the stop string's start goes too), and it counts as finished (it stopped).
+    The engines sample on to a stop token or the length limit and cut afterwards: vLLM's own `stop` needs its
+    detokenizer, which this engine runs without."""
+    if not stop or not c.token_ids:
+        return c
+    text = decode(c.token_ids)
+    at = min((i for s in stop if (i := text.find(s)) >= 0), default=None)
+    if at is None:
+        return c
+    keep, hi = 0, len(c.token_ids)  # the most tokens whose text is no longer than `at` (binary search)
+    while keep < hi:
+        mid = (keep + hi + 1) // 2
+        keep, hi = (mid, hi) if len(decode(c.token_ids[:mid])) <= at else (keep, mid - 1)
+    return Completion(c.token_ids[:keep], c.logprobs[:keep], finished=True)
+
+
+def _stopped(engine, groups: list[list[Completion]]) -> list[list[Completion]]:
+    """`groups` with every completion cut at the engine's stop strings (`cut_at_stop`)."""
+    if not engine.stop:
+        return groups
+    return [[cut_at_stop(c, engine.stop, engine.decode) for c in group] for group in groups]
 
 
 def prompt_seeds(seed: int, step: int, prompts_per_step: int, rank: int, num_local: int) -> list[int]:
@@ -216,6 +247,8 @@ def kv_cache_note(
 
 
 class VLLMEngine:
+    stop: tuple[str, ...] | list[str] = ()  # stop strings (`make_engine` sets them, and `decode`)
+
     def __init__(
         self,
         model_path: str,
@@ -323,7 +356,7 @@ class VLLMEngine:
             for s in seeds
         ]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        return [
+        return _stopped(self, [
             [
                 Completion(
                     token_ids=list(c.token_ids),
@@ -333,7 +366,7 @@ class VLLMEngine:
                 for c in out.outputs
             ]
             for out in outputs
-        ]
+        ])  # fmt: skip
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], batch_bytes: int = 2**30) -> None:
         """Push HF-named parameters into vLLM's copy of the model, `batch_bytes` at a time.
@@ -420,6 +453,8 @@ class _RowSampler:
 
 
 class HFEngine:
+    stop: tuple[str, ...] | list[str] = ()  # stop strings (`make_engine` sets them, and `decode`)
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -472,7 +507,7 @@ class HFEngine:
                 : len(chunk)
             ]
         self.model.train(was_training)
-        return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
+        return _stopped(self, [results[i * n : (i + 1) * n] for i in range(len(prompts))])
 
     def _sample(self, rows, max_tokens: int, temperature: float, top_p: float, device) -> list[Completion]:
         """One `generate` call over rows of (prompt, seed, index in the group)."""
