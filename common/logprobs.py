@@ -13,7 +13,7 @@ never exist, in either pass:
   ever made.
 - backward (`_ChunkedHead`) keeps the hidden states (D values per row, not V)
   and recomputes each chunk's logits; peak memory is a few chunk-sized fp32
-  tensors (`CHUNK_BYTES` each), whatever the sequence length. The output
+  tensors (`head_chunk_rows`), whatever the sequence length. The output
   layer's weight gradient (tied to the embedding on some models) is summed over
   the chunks in one fp32 buffer and cast once: summed in bf16, as autograd sums
   the chunks' gradients of a bf16 weight, it was less exact than the unchunked
@@ -33,13 +33,26 @@ from torch.utils.checkpoint import checkpoint
 
 from common.batching import SharedPrefix, to_device
 
-# Rows per chunk: 64 MiB of fp32 logits at Qwen2.5's vocabulary (110 rows). A chunk holds
-# about four such tensors at once (logits / T, log-softmax, probabilities, a gradient).
+# Bytes of one chunk's fp32 [rows, V] logits; a chunk holds about four such tensors at once (logits / T,
+# log-softmax, probabilities, a gradient). CPU: 64 MiB, 110 rows at Qwen2.5's vocabulary. GPU: 512 MiB,
+# 883 rows, so that the chunk's GEMMs are not memory-bound (docs/SCALING.md#the-output-layers-chunk-size),
+# and at most 1/128 of the device's memory (the chunk's ~4 tensors: 1/32).
 CHUNK_BYTES = 2**26
+GPU_CHUNK_BYTES = 2**29
 
 
-def _chunk_rows(vocab: int) -> int:
-    return max(1, CHUNK_BYTES // (4 * vocab))
+def head_chunk_rows(vocab: int, device_type: str, device_memory: int = 0) -> int:
+    """Rows of the output layer computed at once on a device of this type ("cpu", "cuda", ...) and
+    total memory in bytes (0: unknown): as many as `vocab`-wide fp32 rows fit in the chunk's budget."""
+    budget = CHUNK_BYTES
+    if device_type != "cpu":
+        budget = min(GPU_CHUNK_BYTES, device_memory // 128) if device_memory else GPU_CHUNK_BYTES
+    return max(1, budget // (4 * vocab))
+
+
+def _device_memory(device: torch.device) -> int:
+    """Total memory of a CUDA device in bytes (a property, read without a sync); 0 elsewhere."""
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
 
 
 def _logp_and_entropy(
@@ -173,7 +186,7 @@ def token_logprobs(
         lambda x, t: _logp_and_entropy(x, t, temperature, with_entropy),
         logits.reshape(-1, V),
         tokens.reshape(-1),
-        chunk_rows or _chunk_rows(V),
+        chunk_rows or head_chunk_rows(V, logits.device.type, _device_memory(logits.device)),
     )
     out = out.view(*tokens.shape, 2)
     return out[..., 0], out[..., 1] if with_entropy else None
@@ -203,10 +216,11 @@ def _head_returns_logprobs(model: torch.nn.Module, targets: torch.Tensor, pick, 
     config = getattr(_unwrap(model), "config", None)
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
         raise ValueError("models that rescale their logits after the output layer are not supported")
-    chunk = chunk_rows or _chunk_rows(head.out_features)
 
     def scoring_forward(hidden: torch.Tensor) -> torch.Tensor:
         rows = pick(hidden)  # hidden states only: D values per row, not V
+        V, device = head.out_features, hidden.device
+        chunk = chunk_rows or head_chunk_rows(V, device.type, _device_memory(device))
         # Under autocast (bf16 compute over fp32 master weights) the weight is cast once, here, for both
         # passes: a cast per chunk would copy the whole V x D weight ~190 times per micro-batch at 7B.
         compute = None

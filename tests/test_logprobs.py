@@ -4,7 +4,14 @@ import pytest
 import torch
 from train_utils import as_completions
 
-from common.logprobs import masked_mean, sequence_logprobs, token_logprobs
+from common.logprobs import (
+    CHUNK_BYTES,
+    GPU_CHUNK_BYTES,
+    head_chunk_rows,
+    masked_mean,
+    sequence_logprobs,
+    token_logprobs,
+)
 
 
 def reference(logits, tokens, T):
@@ -111,6 +118,36 @@ def test_values_and_gradients_equal_the_direct_computation(tiny_random_model):
             torch.testing.assert_close(a[2][name], b[2][name], atol=1e-5, rtol=1e-4, msg=name)
     model.zero_grad(set_to_none=True)
     assert "forward" not in vars(model.get_output_embeddings()), "the output layer's forward must be restored"
+
+
+def gemm_flop_per_byte(rows: int, D: int, V: int, fp32_accumulator: bool = False) -> float:
+    """A [rows, D] x [D, V] bf16 product: its FLOPs per byte moved. With an fp32 [V, D] accumulator
+    (the output weight's gradient, `_add_product`) the accumulator is read and written instead of W."""
+    flops = 2 * rows * D * V
+    weight = 8 * V * D if fp32_accumulator else 2 * V * D
+    return flops / (weight + 2 * rows * V + 2 * rows * D)
+
+
+H100_RIDGE = 989e12 / 3.35e12  # bf16 dense FLOP/s over HBM3 bytes/s: ~295 FLOP/byte
+
+
+def test_head_chunk_on_a_gpu_is_compute_bound_and_bounded_in_memory():
+    """At Qwen2.5's vocabulary, a chunk is 64 MiB of fp32 logits on CPU (110 rows, as before) and 512 MiB
+    on a GPU (883 rows): its logits GEMMs (forward, recompute, dZ @ W) run above an H100's ridge at both
+    Qwen2.5 hidden sizes, where 110 rows ran at about a third of it; the weight gradient's fp32 sum
+    reaches ~2/3 of it (was 1/11). Memory: a chunk's ~4 fp32 tensors, at most 1/32 of the device's."""
+    V = 151_936
+    assert (CHUNK_BYTES, GPU_CHUNK_BYTES) == (64 * 2**20, 512 * 2**20)
+    assert head_chunk_rows(V, "cpu") == 110
+    gpu = head_chunk_rows(V, "cuda", device_memory=80 * 10**9)
+    assert gpu == head_chunk_rows(V, "cuda") == 883 >= 512
+    for D in (1536, 3584):  # Qwen2.5 1.5B, 7B
+        assert gemm_flop_per_byte(110, D, V) < H100_RIDGE / 2.5 < H100_RIDGE < gemm_flop_per_byte(gpu, D, V)
+        assert gemm_flop_per_byte(110, D, V, True) < 30 < 190 < gemm_flop_per_byte(gpu, D, V, True)
+    assert 4 * gpu * V * 4 <= 80 * 10**9 / 32
+    small = head_chunk_rows(V, "cuda", device_memory=24 * 10**9)  # a 24 GB card: bounded by its memory
+    assert small == 308 and 4 * small * V * 4 <= 24 * 10**9 / 32
+    assert head_chunk_rows(10**9, "cuda") == 1  # a vocabulary wider than the budget: one row at a time
 
 
 def test_nothing_vocabulary_sized_is_kept_for_backward(tiny_random_model):
