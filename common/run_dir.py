@@ -56,7 +56,10 @@ class RunLock:
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # checked before (check_writable); a race or a mount that changed
+            raise SystemExit(f"error: --output_dir: {self.path.parent} cannot be created ({e.strerror})") from None
         previous = self._read()
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -119,13 +122,26 @@ def _now() -> str:
 
 
 def check_writable(output_dir: str | Path) -> None:
-    """Refuse, in one line, an --output_dir that is a file or cannot be written (before it is locked)."""
+    """Refuse, in one line, an --output_dir that is a file, sits under a file, or cannot be created or written
+    (before it is locked). Tried, not judged from permission bits: root passes every `os.access` check, and
+    /proc or a read-only mount refuse it anyway."""
+    import tempfile
+
     path = Path(output_dir)
     if path.exists() and not path.is_dir():
         raise SystemExit(f"error: --output_dir: {path} is a file, not a directory; pick another path")
     parent = path if path.exists() else next((p for p in path.parents if p.exists()), Path("."))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise SystemExit(f"error: --output_dir: {parent} is not writable; pick a directory you can write to")
+    if not parent.is_dir():
+        raise SystemExit(
+            f"error: --output_dir: {path} cannot be created: {parent} is a file, not a directory; pick another path"
+        )
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".writable-", dir=parent))  # what creating the run directory will do
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise SystemExit(
+            f"error: --output_dir: {path} cannot be created in {parent} ({why}); pick a directory you can write to"
+        ) from None
 
 
 def check_run_dir(
@@ -175,9 +191,7 @@ def start_run_dir(
     if path.is_dir() and not resumed and _holds_a_run(path):
         if not overwrite:
             print(f"note: {path} held a run with no usable checkpoint: starting over")
-        stale = [
-            p.name for p in [*path.glob("checkpoint-*.tmp"), *path.glob("eval-checkpoint-*"), *path.glob("eval-step-*")]
-        ]
+        stale = [p.name for p in [*path.glob("checkpoint-*.tmp"), *path.glob("eval-*")]]  # eval-*: of the old run
         for name in _holds_a_run(path) + stale + list(LOGS):
             target = path / name
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)

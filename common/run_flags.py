@@ -147,6 +147,14 @@ class RunFlags:
         "vLLM: seed each prompt from its place in the global batch (samples independent of the process layout); "
         "false: the per-rank engine seed only (reproducible for the same layout; faster decoding on vLLM's V1 runner)",
     )
+    # Completions: where the rollout and the evaluation cut them.
+    stop: str | None = arg(
+        None,
+        "stop strings (vLLM's / TRL's stop): a completion ends before the first, comma-separated or repeated, "
+        "\\n a new line; few-shot prompts without chat markup add their own ('\\nQuestion:' under plain)",
+        resumable=False,
+        repeatable=True,
+    )
     # Reward checking.
     verifier_workers: int = arg(
         0, "math-verify child processes per rank (0: automatic, docs/algorithms/grpo_base.md)", at_least=0
@@ -168,6 +176,12 @@ class RunFlags:
 
     def validate(self) -> None:
         """Cross-flag checks, before anything loads: one line each."""
+        from common.prompts import parse_stop
+
+        try:
+            parse_stop(self.stop)
+        except ValueError as e:
+            require(False, str(e))
         require(
             not (self.resume and self.overwrite),
             "--resume and --overwrite contradict each other: continue the run, or start it over",
@@ -194,6 +208,30 @@ class RunFlags:
             "--report_to wandb: not logged in to Weights & Biases; run `wandb login`, set WANDB_API_KEY, "
             "or log offline with WANDB_MODE=offline",
         )
+
+
+def launch_world(env: dict | None = None) -> int:
+    """The processes of this launch: WORLD_SIZE, which torchrun (under `accelerate launch`) sets in every
+    process before it starts; 1 for a plain `python script.py`."""
+    return int((os.environ if env is None else env).get("WORLD_SIZE", "1"))
+
+
+def check_batch_split(prompts_per_step: int, group_size: int, num_minibatches: int, world: int) -> None:
+    """Each of the `world` ranks owns whole prompt groups, --prompts_per_step / world of them, and splits its own
+    rows (x --group_size) into --num_minibatches optimiser steps: both must divide. Checked on the global batch
+    only, 8 ranks at 24 x 8 with 64 mini-batches would leave each rank 24 rows for 64 steps (a mini-batch of 0),
+    and 16 would take 24 steps of one row where 16 were asked."""
+    require(
+        prompts_per_step % world == 0,
+        f"--prompts_per_step={prompts_per_step} must divide by the {world} processes: each rank owns whole prompt groups",
+    )
+    rows = prompts_per_step // world * group_size
+    divisors = [d for d in range(1, rows + 1) if rows % d == 0]
+    require(
+        rows % num_minibatches == 0,
+        f"--num_minibatches={num_minibatches} must divide each rank's rows: --prompts_per_step {prompts_per_step} / "
+        f"{world} processes x --group_size {group_size} = {rows}; use one of {', '.join(map(str, divisors))}",
+    )
 
 
 def check_tis_support(tis_cap: float, top_p: float) -> None:

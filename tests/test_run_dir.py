@@ -5,12 +5,13 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from train_utils import ROOT, run_cli, script_flags
 
 import grpo_base
-from common.run_dir import CONFIG, LOCK, RunLock, check_run_dir, start_run_dir
+from common.run_dir import CONFIG, LOCK, RunLock, check_run_dir, check_writable, start_run_dir
 
 FLAGS = {"dataset": "a.jsonl", "lr": 1e-6, "steps": 10, "output_dir": "x"}
 RESUMABLE = {"lr", "steps", "output_dir"}
@@ -77,11 +78,22 @@ def test_bad_output_dirs_are_refused_before_anything_loads(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(SystemExit, match="--output_dir: .* is a file"):
         grpo_base.main(*script_flags("grpo_base.py", model="no/such/model", output_dir=str(tmp_path / "file")))
+    with pytest.raises(SystemExit, match=r"--output_dir: .*file/run cannot be created: .*file is a file, not a dir"):
+        grpo_base.main(*script_flags("grpo_base.py", model="no/such/model", output_dir=str(tmp_path / "file" / "run")))
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     if not os.access(locked, os.W_OK):  # root may write anyway
-        with pytest.raises(SystemExit, match="not writable"):
+        with pytest.raises(SystemExit, match=r"run cannot be created in .*locked \(Permission denied\)"):
             grpo_base.main(*script_flags("grpo_base.py", model="no/such/model", output_dir=str(locked / "run")))
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
+def test_a_directory_that_cannot_be_created_is_one_line_even_for_root(tmp_path):
+    """/proc accepts no directory, whoever asks: the check tries, it does not trust permission bits."""
+    with pytest.raises(SystemExit, match=r"^error: --output_dir: /proc/myrun cannot be created in /proc \("):
+        check_writable("/proc/myrun")
+    with pytest.raises(SystemExit, match="cannot be created"):
+        RunLock(Path("/proc/myrun")).acquire()
 
 
 HOLDER = """

@@ -6,16 +6,21 @@
 
 --model takes a training run (its exported model/, else its newest good checkpoint), a
 checkpoint-N, a model directory or a hub name; results of a training run's model go next to
-its metrics.jsonl, where tools/plot.py finds them, a checkpoint's in the run's eval-checkpoint-N/.
+its metrics.jsonl, where tools/plot.py finds them, a checkpoint's in the run's eval-checkpoint-N/,
+a quick check's (--limit, other sampling settings) in a folder of its own, eval-limit10-n2/.
+A run's (or checkpoint's) evaluation follows the run: its --template, --few_shot and --stop come
+from its run_config.json unless given here, and the tool says which it used.
 Benchmarks load by name from the hub or from local copies (--data_dir, or name=FILE);
 --export_data DIR writes such copies on a machine with a network. Each paper's benchmark set
 and decoding: docs/EVALUATION.md.
 """
 
+import dataclasses
+import re
 from dataclasses import asdict, dataclass
 
 from common.cli import arg, parse_args, require
-from common.prompts import TEMPLATE_CHOICES
+from common.prompts import TEMPLATE_HELP, check_template, parse_stop
 from common.run_flags import vllm_available
 
 BENCHMARK_NAMES = "math500, aime24, aime25, amc23, amc, minerva, olympiadbench, gsm8k, synthetic"
@@ -33,8 +38,16 @@ class Args:
     limit: int | None = arg(None, "evaluate only the first N problems of each benchmark (smoke tests)", at_least=1)
     problem_field: str | None = arg(None, "column holding the problem (default: known per benchmark, else 'problem')")
     answer_field: str | None = arg(None, "column holding the gold answer (default: known per benchmark, else 'answer')")
-    template: str = arg("qwen_math", "prompt template (use the one the model was trained with)", TEMPLATE_CHOICES)
-    few_shot: int = arg(0, "K worked examples before each problem (use the training run's --few_shot)", at_least=0)
+    template: str = arg("qwen_math", TEMPLATE_HELP + " (a training run's: its own, unless given)")
+    few_shot: int = arg(
+        0, "K worked examples before each problem (a training run's: its own, unless given)", at_least=0
+    )
+    stop: str | None = arg(
+        None,
+        "stop strings, comma-separated or repeated, \\n a new line (a training run's: its own, unless given); "
+        "the few-shot format without chat markup adds its own ('\\nQuestion:' under plain)",
+        repeatable=True,
+    )
     few_shot_dataset: str | None = arg(
         None, "dataset with solutions the worked examples come from (default: a training run's --dataset and --seed)"
     )
@@ -63,6 +76,11 @@ class Args:
 
 def validate(args: Args) -> list[int] | None:
     """The parsed --k (None: the default 1, 2, 4, ...), or one line naming the bad flag."""
+    for flag, check in (("--template", check_template), ("--stop", parse_stop)):
+        try:
+            check(getattr(args, flag[2:]))
+        except ValueError as e:
+            raise SystemExit(f"error: {flag}: {e}") from None
     if not args.k:
         return None
     try:
@@ -76,13 +94,77 @@ def validate(args: Args) -> list[int] | None:
 
 
 if __name__ == "__main__":  # --help and a bad flag's one-line error, before torch and the libraries load
-    ARGS = parse_args(Args, description=__doc__)
+    GIVEN: set[str] = set()
+    ARGS = parse_args(Args, description=__doc__, given=GIVEN)
     KS = validate(ARGS)
 
 import json  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+# The settings a training run records that change an evaluation's prompts or scoring: flag here -> the run's flag.
+# (Its --dataset and --seed give --few_shot's examples: `few_shot_pool_for`.)
+FROM_RUN = {"template": "template", "few_shot": "few_shot", "stop": "stop"}
+# Flags named as a training run's that are the evaluation's own choice, not the run's, and why.
+EVALUATION_OWN = {
+    "model": "what is evaluated",
+    "problem_field": "the benchmark's columns, not the training data's",
+    "answer_field": "the benchmark's columns, not the training data's",
+    "temperature": "the evaluation's sampling (each paper's: docs/EVALUATION.md), not the rollout's",
+    "top_p": "the evaluation's sampling (each paper's: docs/EVALUATION.md), not the rollout's",
+    "seed": "the evaluation's sampling seed (the run's --seed draws --few_shot's examples)",
+    "output_dir": "where the results go",
+    "rollout": "the engine: it samples the same model either way",
+}
+# Settings that make an evaluation a partial or differently sampled one: a quick check, never the run's own.
+CHECK_SETTINGS = ("limit", "n", "max_tokens", "temperature", "top_p", "seed", "k")
+
+
+def run_flags(run: Path | None) -> dict:
+    """The flags a training run recorded (run_config.json), or {} (not a run, or a run without one)."""
+    path = run / "run_config.json" if run else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())["flags"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(
+            f"error: --model: {path} is unreadable ({e}); pass --template and --few_shot yourself"
+        ) from None
+
+
+def follow_run(args: Args, flags: dict, given: set[str]) -> tuple[Args, dict, list[str]]:
+    """`args` with the run's own settings (FROM_RUN) where this command did not give them; the settings given
+    here over other values of the run's; and the lines that say which were used."""
+    followed = {ours: flags[theirs] for ours, theirs in FROM_RUN.items() if theirs in flags and ours not in given}
+    overridden = {
+        ours: (flags[theirs], getattr(args, ours))
+        for ours, theirs in FROM_RUN.items()
+        if theirs in flags and ours in given and flags[theirs] != getattr(args, ours)
+    }
+    lines = []
+    if followed:
+        shown = " ".join(
+            f"--{k} {v!r}" if isinstance(v, str) or v is None else f"--{k} {v}" for k, v in followed.items()
+        )
+        lines.append(f"settings from the run's run_config.json: {shown}")
+    lines += [f"--{k} {new!r} given here, over the run's {old!r}" for k, (old, new) in overridden.items()]
+    if "dapo" in str(flags.get("rewards", "")).split(","):
+        lines.append(
+            "note: the run trained on DAPO's 'Answer:' reward; this evaluation reads the last \\boxed{} "
+            "(docs/EVALUATION.md#each-papers-evaluation)"
+        )
+    return dataclasses.replace(args, **followed), overridden, lines
+
+
+def check_tag(args: Args, overridden: dict) -> str:
+    """ "" for an evaluation with the default sampling settings and the run's own prompts; else a folder name
+    for the quick check ("limit10-n2"), so that it never replaces the run's own evaluation."""
+    defaults = {f.name: f.default for f in dataclasses.fields(Args)}
+    parts = [f"{k}{getattr(args, k)}" for k in CHECK_SETTINGS if getattr(args, k) != defaults[k]]
+    parts += [f"{k}-{v}" for k, (_, v) in overridden.items()]
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", "-".join(parts))[:80].strip("_")
 
 
 def checkpoint_of(model_path: str, run: Path | None) -> str | None:
@@ -91,19 +173,22 @@ def checkpoint_of(model_path: str, run: Path | None) -> str | None:
     return parent.name if run is not None and parent.name.startswith("checkpoint-") else None
 
 
-def output_dir(args: Args, model_path: str, run: Path | None) -> Path:
+def output_dir(args: Args, model_path: str, run: Path | None, tag: str = "") -> Path:
     """--output_dir, else the training run's directory (beside its metrics.jsonl; a checkpoint's results in
-    its own eval-checkpoint-N/, never over the final model's), else runs/eval/<model>."""
+    its own eval-checkpoint-N/, never over the final model's), else runs/eval/<model>; a quick check (`tag`,
+    from `check_tag`) in a folder of its own there, eval-<tag>/ (eval-checkpoint-N-<tag>/), never over the
+    evaluation `tools.plot --table` reads."""
     if args.output_dir:
         return Path(args.output_dir)
     if run is not None:
-        checkpoint = checkpoint_of(model_path, run)
-        return run / f"eval-{checkpoint}" if checkpoint else run
-    return (
+        name = "-".join(filter(None, ["eval", checkpoint_of(model_path, run), tag]))
+        return run / name if name != "eval" else run
+    base = (
         Path("runs")
         / "eval"
         / (Path(model_path).resolve().name if Path(model_path).exists() else args.model.replace("/", "__"))
     )
+    return base / f"eval-{tag}" if tag else base
 
 
 def few_shot_pool_for(args: Args, run: Path | None) -> list[dict] | None:
@@ -115,11 +200,7 @@ def few_shot_pool_for(args: Args, run: Path | None) -> list[dict] | None:
     from common.math_data import load_math_dataset
     from common.prompts import few_shot_pool
 
-    flags = (
-        json.loads((run / "run_config.json").read_text())["flags"]
-        if run and (run / "run_config.json").is_file()
-        else {}
-    )
+    flags = run_flags(run)
     source = args.few_shot_dataset or flags.get("dataset", "synthetic-arith")
     with clear_errors("--few_shot_dataset"):
         rows = load_math_dataset(source)
@@ -144,7 +225,10 @@ def rescore_main(args: Args, ks: list[int] | None) -> None:
     print(f"wrote {path}")
 
 
-def main(args: Args, ks: list[int] | None) -> None:
+def main(args: Args, ks: list[int] | None, given: set[str] | None = None) -> None:
+    """`given`: the flags set explicitly (`parse_args`'s); None: those that differ from their defaults."""
+    if given is None:
+        given = {f.name for f in dataclasses.fields(Args) if getattr(args, f.name) != f.default}
     if args.rescore:
         return rescore_main(args, ks)
     from common.benchmarks import load_benchmarks
@@ -163,12 +247,21 @@ def main(args: Args, ks: list[int] | None) -> None:
     from common.console import quiet_libraries
     from common.evaluation import evaluate, format_table, write_results
     from common.models import context_length, hub_error, load_tokenizer, model_to_load
-    from common.prompts import few_shot_examples, format_few_shot_prompt
+    from common.prompts import few_shot_examples, format_few_shot_prompt, stop_strings
     from common.rollout import make_engine
 
     quiet_libraries()
     model_path, run = model_to_load(args.model)
     print(f"evaluating {model_path}")  # which checkpoint of a run, for the record
+    args, overridden, lines = follow_run(args, run_flags(run), given)
+    for line in lines:
+        print(line)
+    with clear_errors("--template"):  # a run's own template file may have moved since
+        check_template(args.template)
+    with clear_errors("--stop"):
+        stops, stop_line = stop_strings(args.stop, args.template, args.few_shot)
+    if stop_line:
+        print(stop_line)
     with clear_errors("--model"):
         try:
             tokenizer = load_tokenizer(model_path)
@@ -196,20 +289,25 @@ def main(args: Args, ks: list[int] | None) -> None:
         max_model_len = limit
     engine = make_engine(
         args.rollout, model_path, tokenizer, seed=args.seed, max_model_len=max_model_len, dtype=args.dtype,
-        gpu_memory_utilization=args.gpu_memory_utilization, batch_size=args.batch_size,
+        gpu_memory_utilization=args.gpu_memory_utilization, batch_size=args.batch_size, stop=stops,
     )  # fmt: skip
     start = time.perf_counter()
     summary, records = evaluate(
         engine, tokenizer, benchmarks, args.template, args.n, args.temperature, args.max_tokens, args.top_p,
         args.seed, ks=ks, say=print, few_shot=args.few_shot, few_shot_pool=pool,
     )  # fmt: skip
-    out = output_dir(args, model_path, run)
+    tag = check_tag(args, overridden)
+    out = output_dir(args, model_path, run, tag)
     config = asdict(args) | {"model_path": model_path, "eval_s": round(time.perf_counter() - start, 1)}
+    config |= {"stop_strings": stops, "quick_check": tag or None}
     config |= {"checkpoint": checkpoint} if (checkpoint := checkpoint_of(model_path, run)) else {}
     path = write_results(out, summary, records, config)
     print(format_table(summary))
     print(f"wrote {path} and {out / 'eval_records.jsonl'}")
+    if tag and not args.output_dir:
+        where = "the run's own evaluation" if run is not None else "a full evaluation's"
+        print(f"a quick check ({tag}): its results are in {out}, not over {where}")
 
 
 if __name__ == "__main__":
-    main(ARGS, KS)
+    main(ARGS, KS, GIVEN)
