@@ -75,3 +75,81 @@ def test_an_epoch_smaller_than_one_step_is_refused():
     """--epochs 1 with more prompts a step than the dataset holds would silently cover more than one epoch."""
     with pytest.raises(ValueError, match=r"--epochs 1 of 100 prompts is less than one step of --prompts_per_step 128"):
         count_steps(30, 1, 100, 128)
+
+
+# ---------------------------------------------------------------------------
+# Dynamic sampling (common/dynamic_sampling.py): drawing more prompts within a step
+# ---------------------------------------------------------------------------
+
+# Prompts whose answers are always right, always wrong, or mixed: the kind stands for what the verifier would say.
+KINDS = ["right", "wrong", "right", "mixed", "wrong", "wrong", "right", "mixed", "wrong", "right"]
+KIND_ROWS = [{"problem": f"p{i}", "kind": k} for i, k in enumerate(KINDS)]
+
+
+def kind_rollout(calls):
+    """A generation batch: one group per prompt, recording each call's prompts (an empty call counts too)."""
+
+    def rollout(rows):
+        calls.append([r["problem"] for r in rows])
+        return [dict(r) for r in rows]
+
+    return rollout
+
+
+def keep_mixed(groups):
+    return [g["kind"] == "mixed" for g in groups]
+
+
+def test_fill_groups_keeps_drawing_until_it_holds_enough_kept_groups():
+    from common.dynamic_sampling import fill_groups
+
+    sampler, calls = PromptSampler(KIND_ROWS, prompts_per_step=4, seed=0), []
+    got = fill_groups(sampler.next_batch, kind_rollout(calls), keep_mixed, need=4, max_batches=0)
+    assert [g["kind"] for g in got.groups] == ["mixed"] * 4 and got.kept == 4 and not got.gave_up
+    assert got.batches == len(calls) == sampler.step  # one draw and one engine call per generation batch
+    assert got.generated == 4 * got.batches and got.kept_seen >= 4
+    # It stops with the batch that holds the 4th mixed prompt of the sampler's order (2 an epoch of 10).
+    order = [
+        r["kind"] for r in sum((s.next_batch() for s in [PromptSampler(KIND_ROWS, 4, seed=0)] for _ in range(10)), [])
+    ]
+    fourth = [i for i, k in enumerate(order) if k == "mixed"][3]
+    assert got.batches == fourth // 4 + 1 and got.kept_seen == order[: 4 * got.batches].count("mixed")
+
+
+def test_fill_groups_honours_the_cap_and_fills_with_dropped_groups():
+    from common.dynamic_sampling import fill_groups
+
+    sampler, calls = PromptSampler(KIND_ROWS, prompts_per_step=4, seed=0), []
+    got = fill_groups(sampler.next_batch, kind_rollout(calls), keep_mixed, need=4, max_batches=2)
+    assert got.gave_up and got.batches == len(calls) == 2 and sampler.step == 2
+    assert len(got.groups) == 4 and got.kept == sum(g["kind"] == "mixed" for g in got.groups) < 4
+    assert [g["kind"] for g in got.groups[: got.kept]] == ["mixed"] * got.kept  # the kept ones first
+    # Nothing to keep at all: it still returns `need` groups (all dropped ones), after exactly the cap.
+    sampler = PromptSampler([r for r in KIND_ROWS if r["kind"] != "mixed"], prompts_per_step=4, seed=1)
+    got = fill_groups(sampler.next_batch, kind_rollout([]), keep_mixed, need=4, max_batches=3)
+    assert got.gave_up and got.batches == 3 and got.kept == 0 and len(got.groups) == 4
+
+
+def test_a_full_rank_still_makes_the_engine_call_with_no_prompts():
+    """`fewest` stands for the all-reduce over ranks: another rank that is still short keeps this one drawing."""
+    from common.dynamic_sampling import fill_groups
+
+    short_elsewhere = iter([0, 0, 4])  # the other rank's kept count after each round
+    sampler, calls = PromptSampler(KIND_ROWS, prompts_per_step=2, seed=0), []
+    got = fill_groups(
+        sampler.next_batch,
+        kind_rollout(calls),
+        lambda gs: [True] * len(gs),
+        2,
+        0,
+        lambda n: min(n, next(short_elsewhere)),
+    )
+    assert got.batches == 3 and [len(c) for c in calls] == [2, 0, 0]  # full after the first call, then empty calls
+    assert got.kept == 2 and got.generated == 2 and sampler.step == 3  # the sampler advances with the other ranks
+
+
+def test_fill_groups_refuses_a_draw_smaller_than_a_rank_s_share():
+    from common.dynamic_sampling import fill_groups
+
+    with pytest.raises(ValueError, match="fewer than the 4 groups"):
+        fill_groups(lambda: [{}] * 2, lambda rows: rows, lambda gs: [True] * len(gs), need=4, max_batches=1)
