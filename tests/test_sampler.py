@@ -1,4 +1,4 @@
-"""common/sampler.py: the per-step prompt order, sharded by rank, resumable."""
+"""common/sampler.py: the per-step prompt order, sharded by rank, resumable; common/dynamic_sampling.py: more prompts within a step."""
 
 import json
 
@@ -109,9 +109,8 @@ def test_fill_groups_keeps_drawing_until_it_holds_enough_kept_groups():
     assert got.batches == len(calls) == sampler.step  # one draw and one engine call per generation batch
     assert got.generated == 4 * got.batches and got.kept_seen >= 4
     # It stops with the batch that holds the 4th mixed prompt of the sampler's order (2 an epoch of 10).
-    order = [
-        r["kind"] for r in sum((s.next_batch() for s in [PromptSampler(KIND_ROWS, 4, seed=0)] for _ in range(10)), [])
-    ]
+    fresh = PromptSampler(KIND_ROWS, prompts_per_step=4, seed=0)
+    order = [r["kind"] for _ in range(10) for r in fresh.next_batch()]
     fourth = [i for i, k in enumerate(order) if k == "mixed"][3]
     assert got.batches == fourth // 4 + 1 and got.kept_seen == order[: 4 * got.batches].count("mixed")
 
