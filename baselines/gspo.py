@@ -1,0 +1,322 @@
+"""GSPO (Group Sequence Policy Optimization, arXiv 2507.18071), one file.
+
+grpo_base.py with the importance ratio and its clipping moved from the token to the sequence:
+a token's ratio pi/pi_old is a single sample of the next-token distribution, a noisy weight that
+grows with the length; the sequence's likelihood ratio, length-normalised, matches the sequence's
+reward. Advantages are GRPO's (eq. 6); the objective is eq. (5), with s_i of eq. (7):
+
+    s_i  = exp(1/|y_i| sum_t log(pi_theta(y_it) / pi_old(y_it)))                   one ratio per response
+    L    = -1/G sum_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)         eps: 3e-4 / 4e-4 (Sec. 5.1)
+
+computed as GSPO-token (Sec. 4.3): s_it = sg[s_i] * pi(y_it) / sg[pi(y_it)] has the value s_i and the
+gradient s_i * grad log pi(y_it), so with the mean over each response's tokens (--loss_agg
+seq-mean-token-mean, the default) the loss and its gradient are eq. (5)'s. Every decision:
+docs/algorithms/gspo.md (`diff grpo_base.py baselines/gspo.py` shows all of it).
+
+    python baselines/gspo.py                  # CPU demo: a tiny model learns to box its sums
+    accelerate launch --config_file configs/accelerate/zero3.yaml baselines/gspo.py \\
+        --config recipes/gspo_qwen3-30b-a3b-base.yaml
+"""
+
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from baselines/: common/ is at the root
+
+from common.cli import arg, flag_record, parse_args, require
+from common.prompts import TEMPLATE_CHOICES
+from common.run_flags import RunFlags, check_tis_support
+
+
+@dataclass
+class Args:
+    # What to train. The defaults run the CPU demo; recipes/ holds each paper's setting.
+    model: str = arg(
+        "tiny",
+        "HF hub name or local path (a run or checkpoint directory too); 'tiny' builds the CPU demo model, 'smollm2' converts SmolLM2-135M-Instruct",
+    )
+    dataset: str = arg("synthetic-arith", "hub name, local .jsonl/.json/.parquet, or 'synthetic-arith'")
+    template: str = arg(
+        "qwen_math", "prompt template; *_native: rendered by the model's own chat template", TEMPLATE_CHOICES
+    )
+    few_shot: int = arg(
+        0, "K worked examples from the dataset's solutions before each problem (earlier chat turns)", at_least=0
+    )
+    rewards: str = arg(
+        "accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format, think_answer_format, dapo"
+    )
+    reward_fn: str | None = arg(
+        None, "your own reward terms, comma-separated module:function or file.py:function (README)"
+    )
+    steps: int = arg(30, "optimisation steps (one rollout batch each)", at_least=1, resumable=True)
+    epochs: float | None = arg(None, "if set, overrides --steps: passes over the dataset", above=0, resumable=True)
+    prompts_per_step: int = arg(16, "prompts per step over all ranks; each gets --group_size completions", at_least=1)
+    max_prompt_len: int = arg(512, "prompts longer than this (tokens) are dropped at load time", at_least=1)
+    max_completion_len: int = arg(48, "max new tokens per completion", at_least=1)
+    seed: int = arg(0, "random seed (data order, sampling, init)")
+    # Optimiser.
+    lr: float = arg(2e-4, "AdamW learning rate (the papers use 1e-6 on 1.5B-7B models)", above=0, resumable=True)
+    lr_schedule: str = arg("constant", "after the warm-up", ["constant", "cosine", "linear"], resumable=True)
+    warmup_steps: int = arg(0, "linear learning-rate warm-up (optimiser steps)", at_least=0, resumable=True)
+    weight_decay: float = arg(0.0, "AdamW weight decay", at_least=0)
+    grad_clip: float = arg(1.0, "max global gradient norm", above=0, resumable=True)
+    # The method. Defaults: docs/algorithms/gspo.md.
+    group_size: int = arg(8, "G: completions per prompt", at_least=2)
+    temperature: float = arg(1.0, "sampling temperature T; log-probs are computed from logits / T", above=0)
+    top_p: float = arg(1.0, "nucleus sampling", above=0, at_most=1)
+    eps_low: float = arg(3e-4, "clip range of the sequence ratio: s_i >= 1 - eps_low", at_least=0, below=1)
+    eps_high: float = arg(4e-4, "clip range of the sequence ratio: s_i <= 1 + eps_high", at_least=0)
+    beta: float = arg(0.0, "k3 KL weight to the initial model (0: no reference model is loaded)", at_least=0)
+    loss_agg: str = arg(
+        "seq-mean-token-mean", "loss aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
+    )
+    mu: int = arg(1, "optimisation passes over each rollout batch", at_least=1)
+    num_minibatches: int = arg(1, "optimiser steps per pass (the rollout batch split in this many)", at_least=1)
+    tis_cap: float = arg(
+        0.0,
+        "if > 0: weight each token's loss by min(pi_old / pi_rollout, tis_cap) (vLLM-vs-trainer mismatch)",
+        at_least=0,
+    )
+
+
+def validate(args: Args, run: RunFlags) -> None:
+    """Cross-flag checks (each flag's own range is checked as it is parsed), before anything loads."""
+    n = args.prompts_per_step * args.group_size
+    require(
+        n % args.num_minibatches == 0,
+        f"--num_minibatches={args.num_minibatches} must divide prompts_per_step * group_size = {n}",
+    )
+    check_tis_support(args.tis_cap, args.top_p)
+    run.validate()
+
+
+if __name__ == "__main__":  # --help and a bad flag's one-line error, before torch and the libraries load (seconds)
+    CLI = parse_args(Args, RunFlags, description=__doc__)
+    validate(*CLI)
+
+from functools import partial  # noqa: E402
+
+import torch  # noqa: E402
+
+from common.batching import pack, rows_with_loss, select  # noqa: E402
+from common.distributed import global_sum  # noqa: E402
+from common.logprobs import masked_mean, sequence_logprobs  # noqa: E402
+from common.rollout import prompt_seeds  # noqa: E402
+from common.session import start_session  # noqa: E402
+
+
+def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.Tensor:
+    """A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G (GRPO paper, eq. 3 of the four papers).
+    A group whose rewards are all equal gets A = 0 ("advantage collapse")."""
+    r = rewards.view(-1, G)
+    return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)).view(-1)
+
+
+def grpo_advantages(rewards: torch.Tensor, old: dict, batch: dict, G: int, args: Args) -> tuple[torch.Tensor, dict]:
+    """Vanilla GRPO's advantage: the group-normalised reward, the same for every token; no extra metrics."""
+    return group_advantages(rewards, G), {}
+
+
+def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=None, rollout_logp=None):
+    """GSPO's clipped surrogate on the sequence ratio s_i (eq. 5, 7), as GSPO-token per token (Sec. 4.3),
+    aggregated as --loss_agg says (seq-mean-token-mean: eq. 5 exactly).
+
+    logp, mask: [n, C] of one micro-batch; old_logp, ref_logp, rollout_logp and a token-level adv
+    may be wider (the whole batch's C) and are cut to C; adv: [n] or [n, C]. num_seqs / num_tokens:
+    this rank's share of the mini-batch's sequences / tokens (the global count / the ranks), so
+    that the micro-batches' losses, summed and averaged over ranks, are exactly the mini-batch's.
+    --tis_cap C > 0: each token's surrogate is weighted by min(pi_old / pi_rollout, C).
+    Returns the loss and token sums for the step's metrics (0-dim tensors, left on the device).
+    """
+    C = logp.shape[1]
+    adv = adv[:, None] if adv.dim() == 1 else adv[:, :C]
+    old_logp = old_logp[:, :C]
+    ratio = torch.exp(logp - old_logp)
+    log_s = ((logp - old_logp) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # eq. (7)
+    seq_ratio = torch.exp(logp - logp.detach() + log_s.detach())  # s_it (GSPO-token): value s_i, grad s_i * dlogp_t
+    clipped = torch.clamp(seq_ratio, 1 - args.eps_low, 1 + args.eps_high)
+    per_token = -torch.min(seq_ratio * adv, clipped * adv)
+    tis = torch.ones_like(logp)
+    if args.tis_cap > 0:  # engine-inserted tokens (NaN log-prob) keep weight 1
+        tis = torch.exp(old_logp - rollout_logp[:, :C]).nan_to_num(nan=1.0).clamp(max=args.tis_cap).detach()
+        per_token = per_token * tis
+    if args.beta > 0:
+        d = ref_logp[:, :C] - logp
+        per_token = per_token + args.beta * (torch.exp(d) - d - 1)  # k3 estimator
+    masked = per_token * mask
+    if args.loss_agg == "token-mean":
+        loss = masked.sum() / num_tokens
+    elif args.loss_agg == "seq-mean-token-mean":
+        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / num_seqs
+    else:  # seq-mean-token-sum-norm (Dr. GRPO): a constant denominator
+        loss = masked.sum() / (num_seqs * args.max_completion_len)
+    with torch.no_grad():
+        sums = {
+            "clip_low": (((seq_ratio < 1 - args.eps_low) & (adv < 0)) * mask).sum(),  # tokens of clipped responses
+            "clip_high": (((seq_ratio > 1 + args.eps_high) & (adv > 0)) * mask).sum(),
+            "approx_kl": ((ratio - 1 - (logp - old_logp)) * mask).sum(),  # k3 KL(pi_old || pi_theta)
+            "tis_capped": ((tis >= args.tis_cap) * mask).sum() if args.tis_cap > 0 else 0.0,
+            "tokens": mask.sum(),
+        }
+    return loss, sums
+
+
+def old_logprobs(s, batch: dict, args: Args) -> dict:
+    """No-grad pass of the trainer over the rollout batch, before any update: pi_old's log-probs and
+    entropies [N, C], and the reference model's log-probs when --beta > 0."""
+    out = {k: torch.zeros_like(batch["completion_mask"]) for k in ("logp", "entropy", "ref_logp")}
+    with torch.no_grad():
+        for idx in s.micro_batch_plan(batch, list(range(len(batch["input_ids"])))):
+            mb = select(batch, idx, s.layout)
+            r = mb["rows"][: len(idx)]  # on the device (a list index would be a blocking copy); none if idx is empty
+            C = mb["completion_mask"].shape[1]
+            ids, attn = mb["input_ids"], mb["attention_mask"]
+            logp, ent = sequence_logprobs(
+                s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True, layout=mb["layout"]
+            )
+            out["logp"][r, :C], out["entropy"][r, :C] = logp[: len(idx)], ent[: len(idx)]
+            if s.ref_model is not None:
+                ref_logp, _ = sequence_logprobs(
+                    s.ref_model, ids, attn, args.temperature, logits_to_keep=C, layout=mb["layout"]
+                )
+                out["ref_logp"][r, :C] = ref_logp[: len(idx)]
+    return out
+
+
+def update(s, batch: dict, old: dict, advantages: torch.Tensor, args: Args, step: int) -> Counter:
+    """Clipped-surrogate updates: --mu passes over the rollout batch, each in --num_minibatches optimiser
+    steps, each over micro-batches whose gradients accumulate. Returns sums for the step's metrics, over
+    all ranks. A row whose loss is identically 0 (advantage 0 everywhere, no KL term) is left out of the
+    micro-batches; the denominators still count it. Statistics stay on the device until the optimiser step."""
+    n = len(batch["input_ids"])
+    size = n // args.num_minibatches
+    live = rows_with_loss(advantages, batch["completion_mask"], every_row=args.beta > 0)
+    sums = Counter(skipped_rows=n - sum(live))
+    s.model.train()
+    for _ in range(args.mu):
+        order = torch.randperm(n).tolist() if args.num_minibatches > 1 else list(range(n))
+        for first in range(0, n, size):
+            rows = order[first : first + size]
+            num_tokens = global_sum(s.accelerator, sum(batch["completion_lens"][r] for r in rows)) / s.world
+            plan, local = s.micro_batch_plan(batch, [r for r in rows if live[r]]), Counter()
+            for i, idx in enumerate(plan):
+                mb = select(batch, idx, s.layout)
+                r = mb["rows"]
+                with s.accumulate(last=i == len(plan) - 1):
+                    C = mb["completion_mask"].shape[1]
+                    logp, _ = sequence_logprobs(
+                        s.model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C,
+                        layout=mb["layout"],
+                    )  # fmt: skip
+                    loss, stats = policy_loss(
+                        logp, old["logp"][r], advantages[r], mb["completion_mask"], args, len(rows), num_tokens,
+                        old["ref_logp"][r], batch["rollout_logp"][r],
+                    )  # fmt: skip
+                    s.accelerator.backward(loss)
+                local.update(stats | {"loss": loss.detach()})
+            opt = s.optimizer_step(step + 1, local)  # clip; a NaN/inf or spiking update is skipped
+            sums.update(opt.sums | {"loss": opt.loss, "skipped": not opt.applied, "optimizer_steps": 1})
+            sums["grad_norm"] = opt.grad_norm
+    return sums
+
+
+def step_metrics(s, scores, batch: dict, old: dict, advantages: torch.Tensor, sums: Counter, G: int, timer) -> dict:
+    """The step's figures (docs/algorithms/grpo_base.md#metrics): token-level ones weighted by tokens over all ranks."""
+    mask, rollout_logp = batch["completion_mask"], batch["rollout_logp"]
+    r = scores.reward.view(-1, G)
+    per_seq_adv = advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)
+    tok = global_sum(s.accelerator, {"entropy": (old["entropy"] * mask).sum(), "mask": mask.sum()})
+    per_token = lambda k: sums[k] / max(sums["tokens"], 1)  # noqa: E731
+    return {
+        "train/reward": scores.reward.mean(),
+        "train/accuracy": scores.accuracy.mean(),
+        "train/response_len": mask.sum(-1).mean(),
+        "train/truncated_frac": (~batch["finished"]).sum().item() / len(mask),
+        "train/entropy": tok["entropy"] / max(tok["mask"], 1),
+        "train/zero_adv_group_frac": (r.max(1).values == r.min(1).values).float().mean(),
+        "train/adv_var_within_group": per_seq_adv.view(-1, G).var(1).mean(),
+        "train/rollout_logp_gap": masked_mean(
+            (rollout_logp.nan_to_num() - old["logp"]).abs(), mask * rollout_logp.isfinite()
+        ),
+        "train/grad_norm": sums["grad_norm"],
+        "train/clip_frac_low": per_token("clip_low"),
+        "train/clip_frac_high": per_token("clip_high"),
+        "train/approx_kl": per_token("approx_kl"),
+        "train/tis_capped_frac": per_token("tis_capped"),
+        "train/loss": sums["loss"] / sums["optimizer_steps"],
+        "train/skipped_steps": sums["skipped"],
+        "train/skipped_rows": sums["skipped_rows"],
+        "time/tokens_per_s": mask.sum() / sum(timer.seconds.values()),
+    }
+
+
+def main(args: Args, run: RunFlags) -> None:
+    """1. Set up: policy, optimiser, data, rollout engine, verifier, logger (common/session.py).
+    Then each step:
+    2. Rollout: G completions per prompt from pi_old.
+    3. Rewards.
+    4. pi_old's log-probs of the rollout, from the trainer before any update.
+    5. Advantages.
+    6. Clipped-surrogate updates.
+    7. Sync: the rollout engine gets the new weights.
+    8. Log, evaluate, save.
+    """
+    G = args.group_size
+    s = start_session(
+        Path(__file__).stem, run, flag_record(args, run), model=args.model, dataset=args.dataset, template=args.template,
+        few_shot=args.few_shot,
+        rewards=args.rewards, reward_fn=args.reward_fn, seed=args.seed, steps=args.steps, epochs=args.epochs,
+        prompts_per_step=args.prompts_per_step, group_size=G, max_prompt_len=args.max_prompt_len,
+        max_completion_len=args.max_completion_len, top_p=args.top_p,
+        optimizer=partial(torch.optim.AdamW, lr=args.lr, weight_decay=args.weight_decay), grad_clip=args.grad_clip,
+        lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps, optimizer_steps_per_step=args.mu * args.num_minibatches,
+        reference_model=args.beta > 0,
+    )  # fmt: skip
+
+    with s:  # closed on any exit: the closing line after the last step, the bar's end before an error
+        for step in s.steps():  # ends early, after saving a checkpoint, on SIGTERM / Ctrl-C
+            timer = s.timer()
+            rows = s.sampler.next_batch()
+
+            # 2. Rollout: G completions per prompt from pi_old; one seed per prompt, from its place in the global batch.
+            with timer("rollout"):
+                seeds = prompt_seeds(args.seed, step, args.prompts_per_step, s.rank, len(rows))
+                prompts = [r["prompt_ids"] for r in rows]
+                groups = s.engine.generate(
+                    prompts, G, args.max_completion_len, args.temperature, args.top_p, seed=seeds
+                )
+            rollout_rows = [r for r in rows for _ in range(G)]
+            completions = [c for g in groups for c in g]
+            texts = s.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+
+            # 3. Rewards.
+            with timer("scoring"):
+                scores = s.score(texts, rollout_rows)
+
+            # 4. pi_old's log-probs (and token entropies) from the trainer, before any update.
+            with timer("old_logp"):
+                s.engine.sleep()
+                batch = pack([r["prompt_ids"] for r in rollout_rows], completions, s.tokenizer.pad_token_id, s.device)
+                old = old_logprobs(s, batch, args)
+
+            # 5. Advantages; a group holding an answer the verifier had no time to check gets none.
+            advantages, info = grpo_advantages(scores.reward, old, batch, G, args)
+            advantages = scores.without_unchecked_groups(advantages, G)
+
+            # 6. Clipped-surrogate updates.
+            with timer("update"):
+                sums = update(s, batch, old, advantages, args, step)
+
+            # 7. Sync: the rollout engine samples from the new policy next step.
+            with timer("sync"):
+                s.sync_weights()
+
+            # 8. Log (a few completions too), evaluate, save.
+            metrics = step_metrics(s, scores, batch, old, advantages, sums, G, timer) | info
+            s.end_step(step + 1, metrics, timer, samples=(rollout_rows, texts, scores.reward, advantages))
+
+
+if __name__ == "__main__":
+    main(*CLI)

@@ -1,0 +1,150 @@
+"""baselines/kl_cov.py: the token covariance, KL-Cov's top-k penalty and Clip-Cov's random cut (Sec. 4.2), against
+oracles written from the paper's definitions in fp64 (loops over tokens); its flags; its CPU and real-model runs."""
+
+import math
+
+import pytest
+import torch
+from train_utils import TWO_STEPS, run_script
+
+from baselines.kl_cov import Args, kl_cov_advantages, policy_loss, token_covariance, validate
+from common.run_flags import RunFlags
+
+
+def valid_tokens(mask):
+    return [(i, t) for i in range(mask.shape[0]) for t in range(mask.shape[1]) if mask[i, t] > 0]
+
+
+def oracle_covariance(logp, adv, mask) -> dict:
+    """cov_t = (logp_t - mean logp) * (A_t - mean A), means over the valid tokens."""
+    tokens = valid_tokens(mask)
+    mean_lp = sum(float(logp[i, t]) for i, t in tokens) / len(tokens)
+    mean_a = sum(float(adv[i]) for i, _ in tokens) / len(tokens)
+    return {(i, t): (float(logp[i, t]) - mean_lp) * (float(adv[i]) - mean_a) for i, t in tokens}
+
+
+def oracle_kl_cov_loss(logp, old, adv, mask, k, kl_coef):
+    """Token-mean of -rho_t A_t (no clip), plus kl_coef |log pi - log pi_old| on the max(1, floor(k N)) tokens
+    with the largest covariance."""
+    cov = oracle_covariance(logp.detach(), adv, mask)
+    top = sorted(cov, key=cov.get, reverse=True)[: max(1, math.floor(k * len(cov)))]
+    total = 0.0
+    for i, t in cov:
+        d = logp[i, t] - old[i, t]
+        total = total - torch.exp(d) * adv[i] + (kl_coef * d.abs() if (i, t) in top else 0.0)
+    return total / len(cov), set(top)
+
+
+def random_batch(groups, G, C, seed, spread=3.0):
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randint(0, 2, (groups * G,), generator=g).double()
+    rewards[::G], rewards[1::G] = 1.0, 0.0  # every group mixed: every row reaches the loss
+    lengths = torch.randint(1, C + 1, (groups * G,), generator=g)
+    mask = (torch.arange(C)[None] < lengths[:, None]).double()
+    old = -torch.rand(groups * G, C, generator=g, dtype=torch.float64) * spread
+    logp = old + torch.randn(groups * G, C, generator=g, dtype=torch.float64) * 0.3
+    adv, _ = kl_cov_advantages(rewards, {"logp": old}, {"completion_mask": mask}, G, Args())
+    return adv, mask, old, logp
+
+
+@pytest.mark.parametrize(("G", "C", "k"), [(2, 3, 2e-3), (4, 9, 0.05), (8, 20, 0.1), (5, 31, 2e-3)])
+def test_kl_cov_matches_the_oracle(G, C, k):
+    adv, mask, old, logp = random_batch(3, G, C, seed=G * C)
+    cov = token_covariance(logp, adv[:, None], mask)
+    for (i, t), c in oracle_covariance(logp, adv, mask).items():
+        assert cov[i, t].item() == pytest.approx(c, rel=1e-12, abs=1e-14)
+    assert (cov[mask == 0] == 0).all()
+
+    args = Args(kl_cov_ratio=k)
+    assert (args.variant, args.kl_coef, args.loss_agg) == ("kl_cov", 1.0, "token-mean")
+    ours = logp.clone().requires_grad_()
+    loss, sums = policy_loss(ours, old, adv, mask, args, num_seqs=len(adv), num_tokens=mask.sum())
+    theirs = logp.clone().requires_grad_()
+    expected, top = oracle_kl_cov_loss(theirs, old, adv, mask, k, args.kl_coef)
+    torch.testing.assert_close(loss, expected)
+    loss.backward(), expected.backward()
+    torch.testing.assert_close(ours.grad, theirs.grad)
+    assert sums["cov_chosen"] == len(top) == max(1, math.floor(k * mask.sum().item()))
+    assert sums["clip_low"] == sums["clip_high"] == 0  # KL-Cov has no ratio clip
+
+
+@pytest.mark.parametrize(("G", "C", "r"), [(4, 9, 0.05), (8, 20, 0.02), (6, 33, 0.3)])
+def test_clip_cov_cuts_random_band_tokens_from_the_gradient(G, C, r):
+    """The random draw is recovered from the gradient: the tokens the clip leaves alone whose gradient is 0.
+    They lie in the band (lb, ub), there are min(max(1, floor(r N)), band size) of them, and the loss is the
+    clipped surrogate's token-mean over the other tokens."""
+    adv, mask, old, logp = random_batch(3, G, C, seed=G + C, spread=12.0)  # covariances of order 1-10
+    args = Args(variant="clip_cov", clip_cov_ratio=r)
+    assert (args.clip_cov_ratio, args.clip_cov_lb, args.clip_cov_ub) == (r, 1.0, 5.0)
+    ours = logp.clone().requires_grad_()
+    torch.manual_seed(0)
+    loss, sums = policy_loss(ours, old, adv, mask, args, num_seqs=len(adv), num_tokens=mask.sum())
+    loss.backward()
+
+    cov = oracle_covariance(logp, adv, mask)
+    total, cut, band = 0.0, set(), set()
+    for i, t in cov:
+        rho = math.exp(logp[i, t] - old[i, t])
+        a = float(adv[i])
+        clipped = min(max(rho, 1 - args.eps_low), 1 + args.eps_high) * a < rho * a
+        if not clipped and args.clip_cov_lb < cov[i, t] < args.clip_cov_ub:
+            band.add((i, t))
+        if not clipped and ours.grad[i, t] == 0:
+            cut.add((i, t))
+        else:
+            total -= min(rho * a, min(max(rho, 1 - args.eps_low), 1 + args.eps_high) * a)
+    assert len(band) > 1 and cut <= band
+    assert len(cut) == sums["cov_chosen"] == min(max(1, math.floor(r * len(cov))), len(band))
+    assert loss.item() == pytest.approx(total / len(cov), rel=1e-12)
+
+
+def test_clip_cov_draws_a_different_subset_each_call():
+    adv, mask, old, logp = random_batch(3, 8, 20, seed=1, spread=12.0)
+    args = Args(variant="clip_cov", clip_cov_ratio=0.02)
+    draws = set()
+    for _ in range(6):
+        x = logp.clone().requires_grad_()
+        policy_loss(x, old, adv, mask, args, num_seqs=len(adv), num_tokens=mask.sum())[0].backward()
+        draws.add(tuple((x.grad == 0).flatten().tolist()))
+    assert len(draws) > 1
+
+
+def test_rollout_statistics():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])  # the second group has A = 0 and is left out
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    old = torch.tensor([[-1.0, -3.0], [-2.0, -9.0], [-0.5, -0.1], [-7.0, -4.0]])
+    adv, info = kl_cov_advantages(rewards, {"logp": old}, {"completion_mask": mask}, 2, Args(kl_cov_ratio=0.5))
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)  # GRPO's advantage, kept by the paper
+    torch.testing.assert_close(adv, torch.tensor([a, -a, 0.0, 0.0]))
+    # Tokens of rows 0-1: logp -1, -3, -2 (mean -2); A a, a, -a (mean a/3) -> cov 2a/3, -2a/3, 0.
+    assert info["kl_cov/cov_mean"].item() == pytest.approx(0.0, abs=1e-7)
+    assert info["kl_cov/cov_top_k"].item() == pytest.approx(2 * a / 3)  # k = 0.5 of 3 tokens: the largest
+    assert info["kl_cov/band_frac"].item() == 0.0  # |cov| < 1: none in Clip-Cov's band
+    _, empty = kl_cov_advantages(torch.ones(4), {"logp": old}, {"completion_mask": mask}, 2, Args())
+    assert all(math.isnan(v) for v in empty.values())
+
+
+def test_an_empty_band_is_a_one_line_error():
+    validate(Args(), RunFlags())
+    with pytest.raises(SystemExit, match="--clip_cov_lb must be below --clip_cov_ub"):
+        validate(Args(clip_cov_lb=5.0, clip_cov_ub=1.0), RunFlags())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["kl_cov", "clip_cov"])
+def test_demo_learns_and_smollm2_runs_two_steps(variant, tmp_path):
+    """The CPU demo's accuracy rises over 8 steps (as tests/test_learning.py holds the five scripts to), and two
+    steps on the real SmolLM2 run clean, with each variant."""
+    from test_learning import MARGIN, ROLLOUT, STEPS
+
+    from common.tiny_model import ensure_tiny_model
+
+    rows = run_script("baselines/kl_cov.py", tmp_path / "demo", "--model", str(ensure_tiny_model()),
+                      "--variant", variant, "--rollout", ROLLOUT, "--steps", str(STEPS))  # fmt: skip
+    accuracy = [r["train/accuracy"] for r in rows]
+    assert sum(accuracy[-2:]) / 2 > accuracy[0] + MARGIN, accuracy
+    if variant == "kl_cov":  # at least one token per micro-batch (Clip-Cov's band may be empty on the demo)
+        assert all(r["kl_cov/chosen_frac"] > 0 for r in rows if r["train/skipped_rows"] < 16 * 8)
+    rows = run_script("baselines/kl_cov.py", tmp_path / "smollm2", "--model", "smollm2", "--rollout", "hf",
+                      "--variant", variant, "--few_shot", "1", "--lr", "1e-5", *TWO_STEPS, timeout=600)  # fmt: skip
+    assert [r["step"] for r in rows] == [1, 2] and all(r["train/skipped_steps"] == 0 for r in rows)
