@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from common.cli import clear_errors, require
-from common.jsonl import iter_jsonl
 from common.prompts import (
     DAPO_PREFIX,
     DAPO_SUFFIX,
@@ -142,18 +141,75 @@ def _data_files(directory: Path, split: str) -> list[Path]:
     return files
 
 
+def _not_utf8(path: Path) -> str:
+    """Where a text file stops being UTF-8, and the fix: the file, the line, the byte."""
+    with open(path, "rb") as f:
+        if f.read(2) in (b"\xff\xfe", b"\xfe\xff"):
+            return (
+                f"{path} is UTF-16 (it starts with a UTF-16 byte-order mark), not UTF-8; convert it: "
+                f"iconv -f UTF-16 -t UTF-8 {path} > {path.with_suffix('.utf8' + path.suffix)}"
+            )
+        f.seek(0)
+        for lineno, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return (
+                    f"{path}: line {lineno}: byte 0x{line[e.start]:02x} (column {e.start + 1}) is not UTF-8: the file "
+                    f"is in another encoding (latin-1 / cp1252?); convert it, e.g. iconv -f LATIN1 -t UTF-8 {path} > "
+                    f"{path.with_suffix('.utf8' + path.suffix)}"
+                )
+    return f"{path} is not UTF-8"
+
+
+def _json_lines(path: Path, lines: Iterator[str], first_line: int = 1) -> Iterator[dict]:
+    """Rows of JSON Lines text (blank lines skipped); ValueError naming the file and line of one that is not JSON."""
+    for lineno, line in enumerate(lines, first_line):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"{path}: line {lineno} is not JSON ({e.msg}, column {e.colno}); fix or delete that line"
+            ) from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: line {lineno} is a JSON {type(row).__name__}, not an object of fields")
+        yield row
+
+
+def _json_rows(path: Path, text: str, split: str) -> list:
+    """A .json file's rows: a list, a dict holding one ({"train": [...]} or {"data": [...]}), or, when it holds
+    one object per line (what `datasets`' to_json writes), those objects, read as JSON Lines."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data" and text.lstrip().startswith("{"):  # one object per line
+            return list(_json_lines(path, iter(text.splitlines())))
+        raise ValueError(
+            f"{path}: not JSON ({e.msg} at line {e.lineno}, column {e.colno}); a .json file holds a list of rows, "
+            "or one row per line"
+        ) from None
+    if isinstance(data, dict):  # {"train": [...], "test": [...]} or {"data": [...]}
+        lists = {k: v for k, v in data.items() if isinstance(v, list)}
+        data = lists.get(split) or lists.get("data") or (next(iter(lists.values())) if len(lists) == 1 else None)
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of rows (or a dict holding one under 'data' or '{split}')")
+    return data
+
+
 def _read_file(path: Path, split: str) -> Iterator[dict]:
-    if path.suffix == ".jsonl":
-        yield from iter_jsonl(path)
-    elif path.suffix == ".json":
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        if isinstance(data, dict):  # {"train": [...], "test": [...]} or {"data": [...]}
-            lists = {k: v for k, v in data.items() if isinstance(v, list)}
-            data = lists.get(split) or lists.get("data") or (next(iter(lists.values())) if len(lists) == 1 else None)
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON list of rows (or a dict holding one)")
-        yield from data
+    """A data file's rows. Text files are UTF-8 (a byte-order mark allowed); another encoding is refused naming
+    the file, the line and the fix (`_not_utf8`)."""
+    if path.suffix in (".jsonl", ".json"):
+        try:
+            with open(path, encoding="utf-8-sig") as f:
+                if path.suffix == ".jsonl":
+                    yield from _json_lines(path, f)
+                else:
+                    yield from _json_rows(path, f.read(), split)
+        except UnicodeDecodeError:
+            raise ValueError(_not_utf8(path)) from None
     elif path.suffix == ".parquet":
         import pyarrow.parquet as pq
 

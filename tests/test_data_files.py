@@ -1,0 +1,73 @@
+"""Data files of every shape in every encoding (issue 33, items 5-6 and their class: a text format
+assumed, not checked). Each cell: the file is read (the same rows), or refused in one line that names
+the file, the line where there is one, and the fix."""
+
+import json
+
+import pytest
+
+from common.math_data import load_math_dataset
+
+ROWS = [{"problem": "Combien font 2 + 3 ? (café)", "answer": "5"}, {"problem": "Et 4 + 4 ?", "answer": "8"}]
+
+
+def json_list(rows) -> str:
+    return json.dumps(rows, ensure_ascii=False)
+
+
+def json_lines(rows) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
+# shape -> (file name, text, what loading gives: "rows" or an error pattern)
+SHAPES = {
+    "json list": ("d.json", json_list(ROWS), "rows"),
+    "json lines in .json (datasets' to_json)": ("d.json", json_lines(ROWS), "rows"),
+    "dict with a data key": ("d.json", json.dumps({"data": ROWS}, ensure_ascii=False), "rows"),
+    "dict with a train key": ("d.json", json.dumps({"train": ROWS, "test": ROWS[:1]}, ensure_ascii=False), "rows"),
+    ".jsonl": ("d.jsonl", json_lines(ROWS), "rows"),
+    ".jsonl with a blank line": ("d.jsonl", json_lines(ROWS[:1]) + "\n  \n" + json_lines(ROWS[1:]), "rows"),
+    ".jsonl with a bad line": ("d.jsonl", json_lines(ROWS[:1]) + '{"problem": "x",\n', r"d.jsonl: line 2 is not JSON"),
+    ".json cut short": ("d.json", json_list(ROWS)[:-5], r"d.json: not JSON \(.* at line 1, column \d+\)"),
+}
+# encoding -> what loading a file so encoded gives: "rows", or the error pattern
+ENCODINGS = {
+    "utf-8": "rows",
+    "utf-8-sig": "rows",  # a byte-order mark (Windows editors)
+    "latin-1": r"line 1: byte 0xe9 \(column \d+\) is not UTF-8: .* iconv -f LATIN1 -t UTF-8 ",
+    "utf-16": r"is UTF-16 .* iconv -f UTF-16 -t UTF-8 ",
+}
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_text_data_files(tmp_path, shape, encoding):
+    name, text, shape_gives = SHAPES[shape]
+    path = tmp_path / name
+    path.write_bytes(text.encode(encoding))
+    expected = ENCODINGS[encoding] if ENCODINGS[encoding] != "rows" else shape_gives
+    if expected == "rows":
+        rows = load_math_dataset(str(path))
+        assert [(r["problem"], r["answer"]) for r in rows] == [(r["problem"], r["answer"]) for r in ROWS]
+    else:
+        with pytest.raises(ValueError, match=expected) as error:
+            load_math_dataset(str(path))
+        assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "d.parquet")
+    assert [r["problem"] for r in load_math_dataset(str(tmp_path / "d.parquet"))] == [r["problem"] for r in ROWS]
+
+
+def test_the_line_named_is_the_bad_one(tmp_path):
+    """A latin-1 byte on line 3 of a long UTF-8 file: the message names line 3."""
+    text = json_lines([{"problem": f"{i} + 1", "answer": str(i + 1)} for i in range(5)])
+    lines = text.splitlines(keepends=True)
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"".join(line.encode() for line in lines[:2]) + "é".encode("latin-1") + lines[2].encode())
+    with pytest.raises(ValueError, match="d.jsonl: line 3: byte 0xe9"):
+        load_math_dataset(str(path))
