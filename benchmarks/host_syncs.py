@@ -90,11 +90,11 @@ def main() -> None:
     import grpo_base
     from common.batching import pack
     from common.rollout import Completion
-    from common.tiny_model import ensure_tiny_model
+    from common.tiny_model import demo_model_dir
 
     torch.manual_seed(0)
     rng = random.Random(0)
-    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model())
+    model = AutoModelForCausalLM.from_pretrained(demo_model_dir())
     V, n, G = model.config.vocab_size, 64, 8
     prompts = [[rng.randrange(3, V) for _ in range(rng.randint(20, 40))] for _ in range(n)]
     completions = [[rng.randrange(3, V) for _ in range(rng.randint(4, 48))] for _ in range(n)]

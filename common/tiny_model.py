@@ -1,9 +1,12 @@
-"""A tiny Qwen2 model and tokenizer built on the spot, for the CPU demo and tests.
+"""A tiny Qwen2 model and tokenizer for the CPU demo and tests.
 
-No model can be downloaded here, so the demo builds its own: a byte-level BPE
+No model can be downloaded here, so the demo has its own: a byte-level BPE
 tokenizer trained on the synthetic arithmetic task's text (digits split one
 by one, Qwen chat markup as special tokens) and a ~1M-parameter Qwen2 model.
 head_dim is 32 because vLLM's CPU attention kernels accept only 32 or 64.
+The demo's model is built once and shipped (models/tiny-arith, `demo_model_dir`):
+a build's weights depend on the CPU's kernels and thread count, and the
+README's figures are those of the shipped weights. Tests build random ones.
 
 The warm-start SFT is deliberately noisy: half of its solutions state the sum
 without `\\boxed{}` ("3 + 4 = 7. The answer is 7."), which the verifier
@@ -13,9 +16,7 @@ the boxed answer: the RLVR effect in miniature (sharpening what the policy
 can already produce, as in the first steps of real runs), not new arithmetic.
 """
 
-import fcntl
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -24,12 +25,16 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from common.checkpoint import manifest_problem, write_manifest
 from common.prompts import TEMPLATES, format_prompt
 from common.synthetic import SYNTHETIC_MAX_OPERAND, SYNTHETIC_TRAIN_SEED, SYNTHETIC_TRAIN_SIZE, synthetic_arithmetic
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-VERSION = 2  # bump when the recipe changes so cached models are rebuilt
-DEFAULT_DIR = Path(os.environ.get("GRPO_ZOO_CACHE", Path.home() / ".cache" / "grpo-zoo")) / f"tiny-arith-v{VERSION}"
+VERSION = 2  # of the recipe below; recorded in the model's tiny_model.json
+RECIPE = "tiny_model.json"
+# The demo model every machine uses, built once by `python -m tools.tiny_model` (its tiny_model.json has the
+# command): the weights of a build depend on the CPU's kernels and the thread count, so the demo ships them.
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-arith"
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
@@ -120,49 +125,61 @@ def build_tiny_model(
     sft_noise: float = 0.5,
     seed: int = 0,
     template: str = "qwen_math",
+    threads: int | None = None,
     progress: bool = False,
 ) -> Path:
-    """Build tokenizer + model (+ SFT warm-start) and save them as a HF checkpoint directory (`progress`: a bar)."""
+    """Build tokenizer + model (+ SFT warm-start) and save them as a HF checkpoint directory with its
+    MANIFEST.json and the recipe that made it (tiny_model.json). `threads`: torch's intra-op threads for the
+    build (None: as set); the weights differ with them and with the CPU's kernels. `progress`: a bar."""
     output = Path(output)
-    torch.manual_seed(seed)
-    # The RL training problems (the demo evaluates on the same 100 sums: it shows RL, not generalisation).
-    rows = synthetic_arithmetic(SYNTHETIC_TRAIN_SIZE, seed=SYNTHETIC_TRAIN_SEED, max_operand=SYNTHETIC_MAX_OPERAND)
-    corpus = [format_prompt(r["problem"], t) for r in rows for t in TEMPLATES] + [r["solution"] for r in rows]
-    corpus += [
-        "Wait! Something is wrong here. After verification, the correct answer is \\boxed{}.",
-        "<think></think><answer></answer>",
-    ]
-    tokenizer = build_tokenizer(corpus)
-    config = tiny_qwen2_config(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
-    model = Qwen2ForCausalLM(config)
-    if sft_steps:
-        sft(model, tokenizer, rows, template, sft_steps, sft_lr, 32, seed, sft_noise, progress)
+    if output.exists():
+        raise SystemExit(f"error: --output: {output} exists; remove it or choose another directory")
+    saved_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(seed)
+        # The RL training problems (the demo evaluates on the same 100 sums: it shows RL, not generalisation).
+        rows = synthetic_arithmetic(SYNTHETIC_TRAIN_SIZE, seed=SYNTHETIC_TRAIN_SEED, max_operand=SYNTHETIC_MAX_OPERAND)
+        corpus = [format_prompt(r["problem"], t) for r in rows for t in TEMPLATES] + [r["solution"] for r in rows]
+        corpus += [
+            "Wait! Something is wrong here. After verification, the correct answer is \\boxed{}.",
+            "<think></think><answer></answer>",
+        ]
+        tokenizer = build_tokenizer(corpus)
+        config = tiny_qwen2_config(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
+        model = Qwen2ForCausalLM(config)
+        if sft_steps:
+            sft(model, tokenizer, rows, template, sft_steps, sft_lr, 32, seed, sft_noise, progress)
+        recipe = {"version": VERSION, "sft_steps": sft_steps, "sft_noise": sft_noise, "seed": seed}
+        recipe |= {"threads": torch.get_num_threads(), "torch": torch.__version__}
+    finally:
+        torch.set_num_threads(saved_threads)
     tmp = output.with_name(output.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)  # a build that was killed
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(tmp)
-    (tmp / "tiny_model.json").write_text(
-        json.dumps({"version": VERSION, "sft_steps": sft_steps, "sft_noise": sft_noise, "seed": seed})
-    )
-    tmp.rename(output)  # atomic: a half-built directory is never reused
+    (tmp / RECIPE).write_text(json.dumps(recipe | {"command": build_command(output, recipe)}, indent=1) + "\n")
+    write_manifest(tmp)
+    tmp.rename(output)  # atomic: a half-built directory is never used
     return output
 
 
-def ensure_tiny_model(path: str | Path = DEFAULT_DIR, say=None, **kwargs) -> Path:
-    """Reuse the model at `path` if it was built by this recipe, else build it, once per machine (with `say`:
-    saying so first, with what the time depends on, and a progress bar)."""
-    path = Path(path)
-    if (path / "tiny_model.json").exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as lock:  # two first runs at once: one builds, one waits
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (path / "tiny_model.json").exists():
-            return path
-        if say is not None:
-            say(
-                f"building the CPU demo model once, into {path}: {kwargs.get('sft_steps', 500)} SFT steps of a "
-                "1M-parameter model, CPU-bound, so the more other jobs share the cores the longer (3.5 min on 2 busy ones)"
-            )
-        shutil.rmtree(path.with_name(path.name + ".tmp"), ignore_errors=True)  # a build that was killed
-        return build_tiny_model(path, **kwargs, progress=say is not None)
+def build_command(output: Path, recipe: dict) -> str:
+    """The command that rebuilds a model from its recipe (tiny_model.json)."""
+    flags = f"--sft_steps {recipe['sft_steps']} --sft_noise {recipe['sft_noise']} --seed {recipe['seed']}"
+    return f"python -m tools.tiny_model --output {output} {flags} --threads {recipe['threads']}"
+
+
+def demo_model_dir(path: Path = SHIPPED_DIR) -> Path:
+    """The demo model `--model tiny` names: shipped with the project (models/tiny-arith, ~4 MB), so every machine
+    demos the same weights. Checked against its MANIFEST.json (sizes and SHA-256, a few milliseconds); a
+    missing or altered file stops with one line and the fix."""
+    if problem := manifest_problem(path):
+        raise SystemExit(
+            f"error: --model tiny: the demo model in {path} is damaged: {problem}; restore it with "
+            "`git checkout -- models/tiny-arith` (or pass --model DIR with a model built by `python -m tools.tiny_model`, whose weights "
+            "and so figures differ by machine)"
+        )
+    return path

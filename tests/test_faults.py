@@ -92,10 +92,10 @@ def test_a_diverging_run_stops_and_its_advice_works(tmp_path):
     checkpoint from before the trouble; before, that advice was refused (the learning rate could not
     change on --resume) and keep_last had deleted the checkpoint it meant. The demo model: a random one
     is always wrong, so it gets no gradient to diverge with."""
-    from common.tiny_model import ensure_tiny_model
+    from common.tiny_model import demo_model_dir
 
     out = tmp_path / "run"
-    flags = ["--model", str(ensure_tiny_model()), *SMALL[:6], "--steps", "8", "--save_steps", "1"]
+    flags = ["--model", str(demo_model_dir()), *SMALL[:6], "--steps", "8", "--save_steps", "1"]
     proc = run_cli("grpo_base.py", "--output_dir", str(out), *flags, "--lr", "1e3")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     [line] = [line for line in proc.stderr.splitlines() if line.startswith("error: step")] or [proc.stderr[-2000:]]

@@ -4,6 +4,7 @@ folder that failed to start is not stuck, schedules, your own reward, console li
 import json
 import math
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -127,17 +128,47 @@ def test_your_own_reward_and_console_lines_at_an_interval(tiny_random_dir, tmp_p
     assert start + f"{tiny_random_dir}: the policy and the hf rollout engine\n" in proc.stdout
 
 
-def test_the_first_demo_build_says_so(tmp_path, capsys):
-    """It says what its time depends on, and shows its progress."""
-    from common.tiny_model import ensure_tiny_model
+def test_the_demo_model_is_the_shipped_one_and_a_damaged_copy_says_how_to_restore_it(tmp_path):
+    """`--model tiny` is models/tiny-arith, the same weights on every machine (a build's depend on its CPU kernels
+    and threads); its manifest is checked at load, and its recipe names the command that made it."""
+    from common.models import model_to_load
+    from common.tiny_model import SHIPPED_DIR, VERSION, demo_model_dir
 
-    said = []
-    path = ensure_tiny_model(tmp_path / "tiny", say=said.append, sft_steps=3)
-    assert len(said) == 1 and "building the CPU demo model once" in said[0] and (path / "tiny_model.json").exists()
-    assert "3 SFT steps" in said[0] and "CPU-bound, so the more other jobs share the cores the longer" in said[0]
-    assert re.search(r"demo model SFT: 100%.*3/3", capsys.readouterr().err)
-    ensure_tiny_model(path, say=said.append)
-    assert len(said) == 1  # reused: nothing to say
+    assert model_to_load("tiny") == (str(SHIPPED_DIR), None)
+    recipe = json.loads((SHIPPED_DIR / "tiny_model.json").read_text())
+    assert recipe["version"] == VERSION and recipe["command"].startswith("python -m tools.tiny_model --output ")
+    copy = tmp_path / "tiny-arith"
+    shutil.copytree(SHIPPED_DIR, copy)
+    with open(copy / "model.safetensors", "r+b") as f:  # one byte altered, the size unchanged
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(
+        SystemExit, match=r"model.safetensors does not match its SHA-256.*git checkout -- models/tiny-arith"
+    ):
+        demo_model_dir(copy)
+
+
+def test_a_rebuilt_demo_model_records_its_recipe_and_loads(tmp_path):
+    """`python -m tools.tiny_model` (3 SFT steps here): a manifest, the recipe with its command and threads, a
+    loadable model; an existing output is refused rather than overwritten."""
+    from transformers import AutoModelForCausalLM
+
+    from common.models import model_to_load
+    from common.tiny_model import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "tiny", sft_steps=3, threads=1)
+    recipe = json.loads((path / "tiny_model.json").read_text())
+    assert recipe["threads"] == 1 and recipe["sft_steps"] == 3
+    assert (
+        recipe["command"]
+        == f"python -m tools.tiny_model --output {path} --sft_steps 3 --sft_noise 0.5 --seed 0 --threads 1"
+    )
+    assert model_to_load(str(path)) == (str(path), None)  # its MANIFEST.json matches
+    assert AutoModelForCausalLM.from_pretrained(path).config.vocab_size > 100
+    with pytest.raises(SystemExit, match="exists; remove it or choose another directory"):
+        build_tiny_model(path, sft_steps=0)
 
 
 def test_bf16_on_cpu_says_at_start_that_updates_round_away():

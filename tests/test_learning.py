@@ -26,9 +26,9 @@ README_MIN_PAD = 0.02
 
 @pytest.fixture(scope="session")
 def demo_model_dir():
-    from common.tiny_model import ensure_tiny_model
+    from common.tiny_model import demo_model_dir
 
-    return ensure_tiny_model()  # the same cached model `python grpo_base.py` uses
+    return demo_model_dir()  # the shipped model `python grpo_base.py` uses
 
 
 @pytest.mark.slow
