@@ -13,7 +13,25 @@ import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
-from common.checkpoint import checkpoint_problem, list_checkpoints, manifest_problem
+
+# common.checkpoint's, imported when first called: it imports torch, which the hub check must not wait for.
+def checkpoint_problem(path):
+    from common.checkpoint import checkpoint_problem
+
+    return checkpoint_problem(path)
+
+
+def list_checkpoints(path):
+    from common.checkpoint import list_checkpoints
+
+    return list_checkpoints(path)
+
+
+def manifest_problem(path, *args, **kwargs):
+    from common.checkpoint import manifest_problem
+
+    return manifest_problem(path, *args, **kwargs)
+
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 

@@ -486,6 +486,10 @@ def main(args: Args) -> None:
     else:
         preset = DEFAULT_SOURCES[args.dataset]
         source = args.source or preset
+        if not Path(source).exists():  # a hub name: without a network, the error now, not after retries
+            from common.models import offline_unless_hub_reachable
+
+            offline_unless_hub_reachable()
         configs = args.subsets.split(",") if args.subsets else [None]
         if args.dataset == "egpo":
             configs = args.subsets.split(",") if args.subsets else list(EGPO_SUBSET_RATIOS)

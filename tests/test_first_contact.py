@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from train_utils import ROOT, SCRIPTS, run_cli, user_env
@@ -59,6 +60,18 @@ def test_an_unreachable_hub_is_one_line(tmp_path):
         assert proc.returncode != 0 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
     proc = run_cli("tools/evaluate.py", "--model", "Qwen/Qwen2.5-Math-7B", "--output_dir", str(tmp_path / "e"), env=env)
     assert proc.returncode != 0 and "cannot be reached" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_data_prepare_without_the_hub_fails_at_once(tmp_path):
+    """`python -m data.prepare edge` offline retried for 25 s before its one-line error; the hub check first
+    (common/models.py, without importing torch) takes it to the time of its imports."""
+    env = user_env(HF_ENDPOINT="http://127.0.0.1:9")
+    start = time.monotonic()
+    proc = run_cli("data/prepare.py", "edge", "--output", str(tmp_path / "d.jsonl"), env=env, timeout=120)
+    took = time.monotonic() - start
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0 and len(lines) == 1 and "could not load 'agentica-org/" in lines[0], proc.stderr[-2000:]
+    assert took < 12, f"{took:.1f} s"  # ~3 s on 2 loaded cores; 25 s of retries before
 
 
 def test_a_typo_in_a_local_path_is_named_as_one(tmp_path, monkeypatch):
