@@ -69,13 +69,15 @@ def arg(
     resumable: bool | None = None,
     positional: bool = False,
     required: bool = False,
+    repeatable: bool = False,
 ):
     """A config field: its default, help string, allowed values or range (checked at parse time),
     whether `--resume` may change it (default: the dataclass's `RESUMABLE` attribute, else no), and
-    for tools, whether it is a positional argument or a required flag."""
+    for tools, whether it is a positional argument or a required flag; `repeatable`: a flag given several times
+    keeps every value, joined with commas (`--stop a --stop b` = `--stop a,b`)."""
     bounds = {"at_least": at_least, "above": above, "at_most": at_most, "below": below}
     meta = {"help": help, "choices": choices, "bounds": {k: v for k, v in bounds.items() if v is not None}}
-    meta |= {"positional": positional, "required": required}
+    meta |= {"positional": positional, "required": required, "repeatable": repeatable}
     if resumable is not None:
         meta["resumable"] = resumable
     return dataclasses.field(default=default, metadata=meta)
@@ -162,6 +164,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}{hint} (see --help)\n" if _rank0() else None)
 
 
+class _Joined(argparse.Action):
+    """A repeatable flag: each occurrence's value joined to the earlier ones' with a comma."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = getattr(namespace, f"_seen_{self.dest}", False)
+        before = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, f"{before},{values}" if seen and before is not None else values)
+        setattr(namespace, f"_seen_{self.dest}", True)
+
+
 def parse_args(*classes, argv: list[str] | None = None, description: str | None = None, given: set | None = None):
     """Parse `--field value` flags into one instance of each dataclass in `classes` (a tuple, or the
     instance itself for one class). Bools accept `--flag` (true) or `--flag false`; `X | None`
@@ -200,6 +212,8 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
                 )
                 continue
             extra = {"nargs": "?", "const": True} if kind is bool else {}
+            if f.metadata.get("repeatable"):
+                extra["action"] = _Joined
             if f.metadata.get("required"):
                 extra["required"] = True
             else:
