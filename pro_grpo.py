@@ -24,9 +24,9 @@ silent or inconsistent: docs/algorithms/pro_grpo.md.
 from collections import Counter
 from dataclasses import dataclass
 
-from common.cli import arg, flag_record, parse_args, require
+from common.cli import arg, flag_record, parse_args
 from common.prompts import TEMPLATE_CHOICES
-from common.run_flags import RunFlags, check_tis_support
+from common.run_flags import RunFlags, check_batch_split, check_tis_support, launch_world
 
 
 @dataclass
@@ -90,11 +90,7 @@ class Args:
 
 def validate(args: Args, run: RunFlags) -> None:
     """Cross-flag checks (each flag's own range is checked as it is parsed), before anything loads."""
-    n = args.prompts_per_step * args.group_size
-    require(
-        n % args.num_minibatches == 0,
-        f"--num_minibatches={args.num_minibatches} must divide prompts_per_step * group_size = {n}",
-    )
+    check_batch_split(args.prompts_per_step, args.group_size, args.num_minibatches, launch_world())
     check_tis_support(args.tis_cap, args.top_p)
     run.validate()
 

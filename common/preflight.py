@@ -16,6 +16,7 @@ minutes of loading at 7B). What is resident on each GPU then, per parameter P of
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 GIB = 2**30
@@ -86,14 +87,35 @@ def check_plan(
 
 def count_parameters(model_path: str) -> int:
     """The policy's parameter count from its config.json alone: the model is built on the meta device
-    (no weights read, no memory taken); tied embeddings count once."""
+    (no weights read, no memory taken); tied embeddings count once. The same count under every engine:
+    the build runs with transformers' ZeRO-3 hook off (`_without_zero3_init`)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_path)
-    with torch.device("meta"):
+    with _without_zero3_init(), torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
+
+
+@contextlib.contextmanager
+def _without_zero3_init():
+    """transformers' ZeRO-3 hook off for the block, then back as it was. accelerate's DeepSpeed plugin (stage 3)
+    keeps an HfDeepSpeedConfig alive from `make_accelerator` on, and while it lives `from_config` builds inside
+    deepspeed.zero.Init (transformers/modeling_utils.py `_from_config`): on the meta device its weight init then
+    stops on "Cannot copy out of meta tensor", and partitioned parameters would report numel() == 0."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    ref = hf_deepspeed._hf_deepspeed_config_weak_ref  # a weakref to the live config, or None
+    live = ref() if ref is not None else None
+    if live is None:
+        yield
+        return
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed.set_hf_deepspeed_config(live)
 
 
 def preflight_memory(
@@ -104,15 +126,14 @@ def preflight_memory(
     precision: str,
     reference_model: bool,
     vllm_utilization: float,
-) -> None:
-    """The session's check, before the policy loads (`check_plan` with this GPU's total memory and
-    the model's size). Without CUDA it does nothing: CPU memory is not planned."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return
-    total_gib = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GIB
-    check_plan(
+    total_gib: float | None,
+) -> dict[str, float] | None:
+    """The session's check, before the policy loads (`check_plan` with the model's size), on a device of
+    `total_gib` GiB (the session passes the GPU's total memory). None: no plan, CPU memory is not planned.
+    Returns the plan (GiB per item) or None."""
+    if total_gib is None:
+        return None
+    return check_plan(
         count_parameters(model_path), mode=mode, world=world, precision=precision, reference_model=reference_model,
         vllm_utilization=vllm_utilization, total_gib=total_gib,
     )  # fmt: skip

@@ -246,6 +246,44 @@ def kv_cache_note(
     return line + f"set VLLM_CPU_KVCACHE_SPACE={gib} (GiB; now {cpu_gib:g}) to sample a step at once"
 
 
+def vllm_engine_args(
+    model_path: str, *, max_model_len: int, seed: int, dtype: str, gpu: bool, gpu_memory_utilization: float = 0.3,
+    enable_sleep_mode: bool = False, distributed: bool = False, max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+) -> dict:  # fmt: skip
+    """The arguments of `vllm.LLM` for the colocated engine, on a GPU or not (`gpu`): what each device needs
+    is decided here, so a CPU test can check the GPU's (tests/test_distributed.py) without starting vLLM."""
+    kwargs = {}
+    if distributed:  # one engine per accelerate rank, TRL's colocate mode
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    if gpu:
+        kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
+    if max_num_seqs:  # sequences decoded together; a step's whole rollout at once if the KV cache holds it
+        kwargs["max_num_seqs"] = max_num_seqs
+    if max_num_batched_tokens:  # tokens per forward (chunked prefill budget)
+        kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+    if not gpu:
+        # vLLM 0.32 CPU cannot rewind a seeded request's generator after a chunk of a split prompt, and
+        # without per-prompt seeds one noise tensor serves the whole batch: a single token rounded
+        # differently on another CPU shifts every other sequence's samples. Whole prompts only, then.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens or 0, max_model_len, 2048)
+    return dict(
+        model=model_path,
+        skip_tokenizer_init=True,  # we tokenise and detokenise ourselves
+        dtype=dtype,
+        max_model_len=max_model_len,
+        seed=seed,
+        enable_prefix_caching=True,
+        # CPU: torch.compile's warm-up costs ~a minute and buys nothing at test sizes.
+        # GPU: keep CUDA graphs (weights are reloaded in place, so they stay valid).
+        enforce_eager=not gpu,
+        logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes them
+        use_tqdm_on_load=False,  # one progress bar per run: ours
+        **kwargs,
+    )
+
+
 class VLLMEngine:
     stop: tuple[str, ...] | list[str] = ()  # stop strings (`make_engine` sets them, and `decode`)
 
@@ -284,35 +322,11 @@ class VLLMEngine:
             lambda record: "RotaryEmbedding" not in record.getMessage()
         )
 
-        kwargs = {}
-        if distributed:  # one engine per accelerate rank, TRL's colocate mode
-            kwargs["distributed_executor_backend"] = "external_launcher"
-        if torch.cuda.is_available():
-            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
-        if max_num_seqs:  # sequences decoded together; a step's whole rollout at once if the KV cache holds it
-            kwargs["max_num_seqs"] = max_num_seqs
-        if max_num_batched_tokens:  # tokens per forward (chunked prefill budget)
-            kwargs["max_num_batched_tokens"] = max_num_batched_tokens
-        if not torch.cuda.is_available():
-            # vLLM 0.32 CPU cannot rewind a seeded request's generator after a chunk of a split prompt, and
-            # without per-prompt seeds one noise tensor serves the whole batch: a single token rounded
-            # differently on another CPU shifts every other sequence's samples. Whole prompts only, then.
-            kwargs["enable_chunked_prefill"] = False
-            kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens or 0, max_model_len, 2048)
-        self.llm = LLM(
-            model=model_path,
-            skip_tokenizer_init=True,  # we tokenise and detokenise ourselves
-            dtype=dtype,
-            max_model_len=max_model_len,
-            seed=seed,
-            enable_prefix_caching=True,
-            # CPU: torch.compile's warm-up costs ~a minute and buys nothing at test sizes.
-            # GPU: keep CUDA graphs (weights are reloaded in place, so they stay valid).
-            enforce_eager=not torch.cuda.is_available(),
-            logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes them
-            use_tqdm_on_load=False,  # one progress bar per run: ours
-            **kwargs,
-        )
+        self.llm = LLM(**vllm_engine_args(
+            model_path, max_model_len=max_model_len, seed=seed, dtype=dtype, gpu=torch.cuda.is_available(),
+            gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode, distributed=distributed,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        ))  # fmt: skip
         self.stop_token_ids = list(stop_token_ids)
         self.weight_dtype = None if dtype == "auto" else getattr(torch, dtype)  # what load_weights is best given
         self.per_prompt_seeds = per_prompt_seeds

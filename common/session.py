@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.cli import clear_errors, require
-from common.run_flags import RunFlags
+from common.run_flags import RunFlags, check_batch_split, launch_world
 
 
 @dataclass
@@ -249,90 +249,150 @@ class Session:
 
 
 def start_session(
-    script: str,
-    run: RunFlags,
-    flags: tuple[dict, set[str]],
-    *,
-    model: str,
-    dataset: str,
-    template: str,
-    rewards: str,
-    reward_fn: str | None,
-    seed: int,
-    steps: int,
-    epochs: float | None,
-    prompts_per_step: int,
-    group_size: int,
-    max_prompt_len: int,
-    max_completion_len: int,
-    optimizer: Callable,
-    lr_schedule: str,
-    warmup_steps: int,
-    optimizer_steps_per_step: int,
-    grad_clip: float,
-    reference_model: bool,
-    top_p: float = 1.0,
-    extra_context: int = 0,
-    extra_context_flags: str = "",
-    check_data: Callable[[list[dict]], None] | None = None,
-    few_shot: int = 0,
-) -> Session:
+    script: str, run: RunFlags, flags: tuple[dict, set[str]], *, model: str, dataset: str, template: str, rewards: str,
+    reward_fn: str | None, seed: int, steps: int, epochs: float | None, prompts_per_step: int, group_size: int,
+    max_prompt_len: int, max_completion_len: int, optimizer: Callable, lr_schedule: str, warmup_steps: int,
+    optimizer_steps_per_step: int, grad_clip: float, reference_model: bool, top_p: float = 1.0, extra_context: int = 0,
+    extra_context_flags: str = "", check_data: Callable[[list[dict]], None] | None = None, few_shot: int = 0,
+) -> Session:  # fmt: skip
     """Set up a run (module docstring). `script`: the script's name (the default --output_dir is
     runs/<script>); `flags`: `common.cli.flag_record(args, run)`, recorded in run_config.json;
     `optimizer`: params -> torch optimizer; `optimizer_steps_per_step`: how many the update takes (the
     learning-rate schedule's length is counted in them); `extra_context`: tokens a sequence may grow beyond
     prompt + completion (EDGE-GRPO's reflections), named by `extra_context_flags` in errors;
     `check_data`: called with the dataset's rows before any model loads (one-line errors); `few_shot`: K worked
-    examples from the dataset's solutions before each training and evaluation problem."""
+    examples from the dataset's solutions before each training and evaluation problem. Its steps are the
+    functions below; whether a GPU trains is asked here once and passed down (`precision_for`, `check_memory`)."""
     import torch
     from accelerate.utils import set_seed
 
-    from common.console import quiet_libraries
-    from common.distributed import check_launch, confine_zero3_linear, make_accelerator, parallel_mode
     from common.health import SignalWatch, StopSignal, UpdateGuard
-    from common.math_data import load_prompts
-    from common.metrics import RunLogger
-    from common.models import (
-        check_context_length,
-        hub_error,
-        load_policy,
-        load_reference_model,
-        load_tokenizer,
-        model_to_load,
-        offline_unless_hub_reachable,
-        precision_note,
-    )
-    from common.preflight import preflight_memory
+    from common.models import precision_note
     from common.prompts import pool_of
-    from common.rewards import REWARD_FUNCS, load_reward_fn, probe_reward_fn
-    from common.rollout import make_engine
-    from common.run_dir import RunLock, check_run_dir, check_shared, check_writable, start_run_dir
-    from common.sampler import PromptSampler, count_steps
-    from common.verifier import MathVerifier, default_workers
+    from common.sampler import PromptSampler
 
     values, resumable = flags
-    check_launch(dict(os.environ), sys.argv)
-    run_dir = Path(run.output_dir or f"runs/{script}")
-    world_env = int(os.environ.get("WORLD_SIZE", "1"))
-    require(
-        prompts_per_step % world_env == 0,
-        f"--prompts_per_step={prompts_per_step} must divide by the {world_env} processes: each rank owns whole prompt groups",
+    terms, custom = check_launch_and_rewards(rewards, reward_fn, prompts_per_step, group_size)
+    pre = check_before_loading(
+        script, run, values, resumable, model=model, dataset=dataset, template=template, seed=seed, steps=steps,
+        epochs=epochs, prompts_per_step=prompts_per_step, group_size=group_size, few_shot=few_shot,
+        context=(max_prompt_len, max_completion_len + extra_context, extra_context_flags), check_data=check_data,
+    )  # fmt: skip
+    gpu, say0 = torch.cuda.is_available(), print if pre.is_main else lambda _: None
+    precision = precision_for(run.precision, gpu)
+    # The slow part of start-up, before the progress bar: say what it is.
+    say0(
+        f"loading {pre.model_path}: the policy{', the reference model' * reference_model} and the {run.rollout} rollout engine"
     )
+    if note := precision_note(run.precision, gpu):
+        say0(note)
+    accelerator, mode = open_accelerator(
+        run, grad_clip, precision, pre.run_dir, pre.model_path, reference_model, device_memory_gib(gpu)
+    )
+    set_seed(seed + accelerator.process_index)
+    policy, ref_model, opt, scheduler, layout, memory_tokens = load_models(
+        run, pre.model_path, precision, accelerator, reference_model, optimizer,
+        lr_lambda(lr_schedule, warmup_steps, pre.total_steps * optimizer_steps_per_step),
+        max_prompt_len + extra_context, max_completion_len, say=say0,
+    )  # fmt: skip
+    world = accelerator.num_processes
+    sampler = PromptSampler(pre.rows, prompts_per_step, seed=seed, rank=accelerator.process_index, world_size=world)
+    engine = rollout_engine(
+        run, pre.model_path, pre.tokenizer, accelerator.unwrap_model(policy), mode, precision,
+        seed=seed + accelerator.process_index, max_prompt_len=max_prompt_len, added_len=max_completion_len + extra_context,
+        rows=pre.rows, eval_sets=pre.eval_sets, prompts_per_step=prompts_per_step, group_size=group_size, say=say0,
+    )  # fmt: skip
+    start_step = resume(run.resume, accelerator, pre.run_dir, policy, opt, scheduler, sampler, engine)
+    verifier, logger = open_logs(
+        run, pre.run_dir, script, values, accelerator, mode, start_step, pre.total_steps, pre.is_main
+    )
+    say = logger.write if accelerator.is_main_process else lambda _: None
+    session = Session(
+        accelerator=accelerator, device=accelerator.device, rank=accelerator.process_index, world=world, mode=mode,
+        is_main=accelerator.is_main_process, model=policy, ref_model=ref_model, tokenizer=pre.tokenizer, optimizer=opt,
+        scheduler=scheduler, engine=engine, verifier=verifier, sampler=sampler, opens_think=pre.opens_think,
+        start_step=start_step, total_steps=pre.total_steps, logger=logger, run_dir=pre.run_dir, lock=pre.lock,
+        reward_terms=terms, custom_rewards=custom, guard=UpdateGuard(run.max_nonfinite_steps, run.grad_spike_factor, say=say),
+        watch=SignalWatch(run.warn_flat_steps, say=say), stop=StopSignal(), grad_clip=grad_clip,
+        micro_batch_size=run.micro_batch_size, layout=layout, memory_tokens=memory_tokens,
+        max_tokens_per_micro_batch=run.max_tokens_per_micro_batch, save_steps=run.save_steps, save_minutes=run.save_minutes,
+        keep_last=run.keep_last, eval_steps=run.eval_steps, eval_sets=pre.eval_sets, eval_benchmarks=run.eval_benchmarks,
+        eval_n=run.eval_n, eval_temperature=run.eval_temperature, template=template, seed=seed, top_p=top_p,
+        max_prompt_len=max_prompt_len, max_completion_len=max_completion_len, last_metrics={}, unchecked=0,
+        saved_step=start_step or None, last_save=time.monotonic(), skipped_this_step=False,
+        _cuda_sync=torch.cuda.synchronize if gpu else None,
+        few_shot=few_shot, few_shot_pool=pool_of(pre.rows, few_shot) if few_shot else None,
+    )  # fmt: skip
+    session.guard.checkpoint_hint = lambda: session.saved_step
+    if run.eval_steps and run.eval_before and start_step == 0:
+        evaluate_before_training(session, run.eval_benchmarks, say)
+    return session
+
+
+def check_launch_and_rewards(
+    rewards: str, reward_fn: str | None, prompts_per_step: int, group_size: int
+) -> tuple[list[str], list]:
+    """The checks that need nothing but the flags and the launch: the process count (accelerate sets
+    WORLD_SIZE before any process starts), the reward terms, and each --reward_fn called on a few
+    completions now, before any model loads. Returns (the reward terms, the custom reward functions)."""
+    from common.distributed import check_launch
+    from common.rewards import REWARD_FUNCS, load_reward_fn, probe_reward_fn
+
+    check_launch(dict(os.environ), sys.argv)
+    world_env = launch_world()
+    check_batch_split(prompts_per_step, group_size, 1, world_env)  # the scripts' validate checks --num_minibatches
     terms = rewards.split(",")
     unknown = set(terms) - set(REWARD_FUNCS)
     require(
         not unknown,
         f"--rewards: unknown term(s) {sorted(unknown)}; choose from {sorted(REWARD_FUNCS)}, or add your own with --reward_fn",
     )
-    with clear_errors("--reward_fn"):  # each one called on a few completions now, before any model loads
+    with clear_errors("--reward_fn"):
         per_step = prompts_per_step // world_env * group_size
         say0 = print if int(os.environ.get("RANK", "0")) == 0 else lambda _: None
         custom = [
             probe_reward_fn(load_reward_fn(spec), per_step, say0) for spec in (reward_fn or "").split(",") if spec
         ]
-    quiet_libraries()  # our progress bar and lines; library notices that need no action are filtered
+    return terms, custom
 
-    # Everything that can be checked without a model: the run directory (locked), the model's path and context.
+
+@dataclass
+class Prepared:
+    """What `check_before_loading` found: everything a run needs that no model has to load for."""
+
+    run_dir: Path
+    lock: object  # common.run_dir.RunLock, held by rank 0
+    is_main: bool
+    model_path: str
+    tokenizer: object
+    rows: list[dict]  # the training prompts
+    opens_think: bool  # the template's prompt ends inside <think>
+    total_steps: int
+    eval_sets: dict
+
+
+def check_before_loading(
+    script: str, run: RunFlags, values: dict, resumable: set[str], *, model: str, dataset: str, template: str,
+    seed: int, steps: int, epochs: float | None, prompts_per_step: int, group_size: int, few_shot: int,
+    context: tuple[int, int, str], check_data: Callable[[list[dict]], None] | None,
+) -> Prepared:  # fmt: skip
+    """Everything that can be checked without a model, each with a one-line error: the run directory (locked
+    by rank 0), the model's path and its context (`context`: the prompt's length, the completion's with any
+    extra context, and the flags that add to it), the data, the step count and the benchmarks."""
+    from common.console import quiet_libraries
+    from common.math_data import load_prompts
+    from common.models import (
+        check_context_length,
+        hub_error,
+        load_tokenizer,
+        model_to_load,
+        offline_unless_hub_reachable,
+    )
+    from common.run_dir import RunLock, check_run_dir, check_writable
+    from common.sampler import count_steps
+
+    quiet_libraries()  # our progress bar and lines; library notices that need no action are filtered
+    run_dir = Path(run.output_dir or f"runs/{script}")
     lock = RunLock(run_dir)
     is_main = int(os.environ.get("RANK", "0")) == 0
     check_writable(run_dir)
@@ -341,6 +401,7 @@ def start_session(
     check_run_dir(run_dir, values, resumable, run.resume, run.overwrite, script)
     hub_ok = offline_unless_hub_reachable()
     model_path, _ = model_to_load(model)
+    prompt_len, completion_len, extra_flags = context
     with clear_errors("--model"):
         try:
             tokenizer = load_tokenizer(model_path)
@@ -349,11 +410,10 @@ def start_session(
                 raise hub_error("--model", model_path) from None
             raise
         check_context_length(
-            model_path, max_prompt_len + max_completion_len + extra_context,
-            "--max_prompt_len + --max_completion_len" + extra_context_flags,
-        )  # fmt: skip
+            model_path, prompt_len + completion_len, "--max_prompt_len + --max_completion_len" + extra_flags
+        )
     rows, opens_think = load_prompts(
-        dataset, tokenizer, template, max_prompt_len, problem_field=run.problem_field, answer_field=run.answer_field,
+        dataset, tokenizer, template, prompt_len, problem_field=run.problem_field, answer_field=run.answer_field,
         solution_field=run.solution_field, bad_rows=run.bad_rows, say=print if is_main else lambda _: None,
         few_shot=few_shot, seed=seed,
     )  # fmt: skip
@@ -369,23 +429,47 @@ def start_session(
 
         with clear_errors("--eval_benchmarks"):
             eval_sets = load_benchmarks(run.eval_benchmarks)
+    return Prepared(run_dir, lock, is_main, model_path, tokenizer, rows, opens_think, total_steps, eval_sets)
 
-    # The accelerator, the policy and its optimiser.
-    if is_main:  # the slow part of start-up, before the progress bar: say what it is
-        print(
-            f"loading {model_path}: the policy{', the reference model' * reference_model} and the {run.rollout} rollout engine"
-        )
-    gpu = torch.cuda.is_available()
-    if is_main and (note := precision_note(run.precision, gpu)):
-        print(note)
-    accelerator = make_accelerator(
-        "bf16" if gpu and run.precision != "fp32" else "no",
-        grad_clip,
-        run.micro_batch_size,
-        run.report_to,
-        str(run_dir),
+
+@dataclass(frozen=True)
+class Precision:
+    """The dtypes of a run (`precision_for`)."""
+
+    mixed: str  # accelerate's mixed_precision: "bf16" (autocast) or "no"
+    policy: object  # the policy's weights (its master copy), a torch dtype
+    reference: object  # the reference model's weights
+    engine: str  # the rollout engine's dtype name
+    activation_bytes: int  # bytes per activation value, for the micro-batch budget
+
+
+def precision_for(precision: str, gpu: bool) -> Precision:
+    """--precision where the run trains: auto is fp32 weights with bf16 autocast on a GPU and plain fp32 on
+    CPU; bf16 is bf16 weights anywhere (autocast too on a GPU); fp32 is fp32 throughout. The rollout engine
+    samples in bf16 where the trainer autocasts, else fp32; the reference model only scores: bf16 on a GPU."""
+    import torch
+
+    autocast = gpu and precision != "fp32"
+    return Precision(
+        mixed="bf16" if autocast else "no",
+        policy=torch.bfloat16 if precision == "bf16" else torch.float32,
+        reference=torch.bfloat16 if gpu else torch.float32,
+        engine="bfloat16" if autocast else "float32",
+        activation_bytes=2 if precision == "bf16" or autocast else 4,
     )
-    rank, world = accelerator.process_index, accelerator.num_processes
+
+
+def open_accelerator(
+    run: RunFlags, grad_clip: float, precision: Precision, run_dir: Path, model_path: str, reference_model: bool,
+    device_gib: float | None,
+):  # fmt: skip
+    """The accelerator and the parallel mode, then the checks that need them, before any weight loads: every
+    rank sees the run directory (multi-node), no reference model under ZeRO-3, and the memory preflight on a
+    device of `device_gib` GiB (None: CPU, not planned). Returns (accelerator, mode)."""
+    from common.distributed import make_accelerator, parallel_mode
+    from common.run_dir import check_shared
+
+    accelerator = make_accelerator(precision.mixed, grad_clip, run.micro_batch_size, run.report_to, str(run_dir))
     check_shared(run_dir, accelerator)  # multi-node: every rank sees what rank 0 writes (before minutes of loading)
     mode = parallel_mode(accelerator)  # decided once, from accelerate's state; passed to what depends on it
     require(
@@ -393,111 +477,144 @@ def start_session(
         "--beta > 0 under DeepSpeed ZeRO-3: the reference model would be partitioned and never wrapped; "
         "use configs/accelerate/fsdp2.yaml (the reference model is then loaded whole on each GPU) or --beta 0",
     )
-    preflight_memory(  # GPU: refuse a plan whose memory cannot fit, before any weight loads
-        model_path, mode=mode.kind, world=world, precision=run.precision, reference_model=reference_model,
-        vllm_utilization=run.vllm_gpu_memory_utilization if run.rollout == "vllm" else 0.0,
+    check_memory(run, model_path, mode, reference_model, device_gib)
+    return accelerator, mode
+
+
+def check_memory(run: RunFlags, model_path: str, mode, reference_model: bool, device_gib: float | None):
+    """The memory preflight (`common.preflight.preflight_memory`) of this run's flags under `mode`, on a device
+    of `device_gib` GiB (None: nothing is planned). Returns the plan (GiB per item) or None."""
+    from common.preflight import preflight_memory
+
+    return preflight_memory(  # refuse a plan whose memory cannot fit, before any weight loads
+        model_path, mode=mode.kind, world=mode.world, precision=run.precision, reference_model=reference_model,
+        vllm_utilization=run.vllm_gpu_memory_utilization if run.rollout == "vllm" else 0.0, total_gib=device_gib,
     )  # fmt: skip
-    set_seed(seed + rank)
-    policy = load_policy(
-        model_path, torch.bfloat16 if run.precision == "bf16" else torch.float32, run.gradient_checkpointing
-    )
+
+
+def load_models(
+    run: RunFlags, model_path: str, precision: Precision, accelerator, reference_model: bool, optimizer: Callable,
+    schedule: Callable[[int], float], prompt_len: int, completion_len: int, say,
+) -> tuple:  # fmt: skip
+    """The policy (prepared by accelerate with its optimiser), the reference model when asked, the learning-rate
+    schedule (`schedule`: the multiplier per optimiser step), the passes' layout and the micro-batch token budget.
+    Returns (policy, reference model or None, optimiser, scheduler, layout, memory tokens)."""
+    import torch
+
+    from common.distributed import confine_zero3_linear
+    from common.models import load_policy, load_reference_model
+
+    policy = load_policy(model_path, precision.policy, run.gradient_checkpointing)
     ref_model = None
     if reference_model:  # only then: all four papers train without it
-        ref_model = load_reference_model(model_path, torch.bfloat16 if gpu else torch.float32, accelerator.device)
+        ref_model = load_reference_model(model_path, precision.reference, accelerator.device)
     for m in filter(None, (policy, ref_model)):
         if run.attn_implementation != "auto":
             m.set_attn_implementation(run.attn_implementation)
     layout = pass_layout(
         run.padding_free, run.share_prompts, policy.config._attn_implementation, sliding(policy.config)
     )
-    activation_bytes = 2 if run.precision == "bf16" or (gpu and run.precision != "fp32") else 4
     memory_tokens = micro_batch_tokens(
-        policy.config, activation_bytes, max_prompt_len + extra_context, max_completion_len,
+        policy.config, precision.activation_bytes, prompt_len, completion_len,
         memory_gb=run.micro_batch_memory_gb, micro_batch_size=run.micro_batch_size,
         max_tokens_per_micro_batch=run.max_tokens_per_micro_batch, gradient_checkpointing=run.gradient_checkpointing,
-        say=print if is_main else lambda _: None,
+        say=say,
     )  # fmt: skip
     opt = optimizer(policy.parameters())
     # The schedule counts optimiser steps (--mu x --num_minibatches a step), as the scheduler is stepped.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        opt, lr_lambda(lr_schedule, warmup_steps, total_steps * optimizer_steps_per_step)
-    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     policy, opt = accelerator.prepare(policy, opt)
     confine_zero3_linear(policy)  # DeepSpeed's F.linear for the policy only, not the rollout engine's layers
     accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
-    sampler = PromptSampler(rows, prompts_per_step, seed=seed, rank=rank, world_size=world)
+    return policy, ref_model, opt, scheduler, layout, memory_tokens
+
+
+def rollout_engine(
+    run: RunFlags, model_path: str, tokenizer, policy, mode, precision: Precision, *, seed: int, max_prompt_len: int,
+    added_len: int, rows: list[dict], eval_sets: dict, prompts_per_step: int, group_size: int, say,
+):  # fmt: skip
+    """The rollout engine of --rollout (`common.rollout.make_engine`), sized for a step's rollout or an
+    evaluation on this rank, whichever is larger, for sequences of `max_prompt_len` + `added_len` tokens (the
+    completion and any extra context); `seed`: this rank's. Says when its KV cache cannot hold a step at once."""
+    from common.rollout import make_engine
+
+    world = mode.world
     rows_per_rank = prompts_per_step // world * group_size  # sequences sampled at once: the rollout, an evaluation
     eval_rows_per_rank = max((len(r) for r in eval_sets.values()), default=0) * run.eval_n // world
     engine = make_engine(
-        run.rollout, model_path, tokenizer, accelerator.unwrap_model(policy), seed=seed + rank, world=world,
-        max_model_len=max_prompt_len + max_completion_len + extra_context,
-        dtype="bfloat16" if gpu and run.precision != "fp32" else "float32",
+        run.rollout, model_path, tokenizer, policy, seed=seed, world=world,
+        max_model_len=max_prompt_len + added_len, dtype=precision.engine,
         gpu_memory_utilization=run.vllm_gpu_memory_utilization, sleep=run.vllm_sleep,
         max_num_seqs=run.vllm_max_num_seqs or min(1024, max(rows_per_rank, eval_rows_per_rank)),
         max_num_batched_tokens=run.vllm_max_num_batched_tokens, synced=mode.sharded, per_prompt_seeds=run.per_prompt_seeds,
     )  # fmt: skip
+    kv_note = engine.kv_cache_note(
+        [len(r["prompt_ids"]) for r in rows], prompts_per_step // world, group_size, added_len
+    )
+    if kv_note:
+        say(kv_note)
+    return engine
 
-    kv_note = engine.kv_cache_note([len(r["prompt_ids"]) for r in rows], prompts_per_step // world, group_size,
-                                   max_completion_len + extra_context)  # fmt: skip
-    if kv_note and is_main:
-        print(kv_note)
 
-    # Resume: weights, optimiser, schedule (at this run's learning rate), RNG, data order; then vLLM's copy.
-    start_step, base_lrs = 0, list(scheduler.base_lrs)
-    if run.resume:
-        from common.checkpoint import load_checkpoint
+def resume(asked: bool, accelerator, run_dir: Path, policy, optimizer, scheduler, sampler, engine) -> int:
+    """With --resume and a good checkpoint: its weights, optimiser, schedule (at this run's learning rate), RNG
+    and data order, then the rollout engine's copy of the weights. Returns the step to start from (0: none)."""
+    if not asked:
+        return 0
+    from common.checkpoint import load_checkpoint
+    from common.distributed import state_dict_for_sync
 
-        state = load_checkpoint(accelerator, run_dir)
-        if state is not None:
-            start_step = state["step"]
-            sampler.load_state_dict(state["sampler"])
-            set_base_lr(opt, scheduler, base_lrs)  # this run's --lr, not the checkpoint's
-            from common.distributed import state_dict_for_sync
+    base_lrs = list(scheduler.base_lrs)
+    state = load_checkpoint(accelerator, run_dir)
+    if state is None:
+        return 0
+    sampler.load_state_dict(state["sampler"])
+    set_base_lr(optimizer, scheduler, base_lrs)  # this run's --lr, not the checkpoint's
+    engine.load_weights(state_dict_for_sync(accelerator, policy, engine.weight_dtype))
+    return state["step"]
 
-            engine.load_weights(state_dict_for_sync(accelerator, policy, engine.weight_dtype))
+
+def open_logs(
+    run: RunFlags, run_dir: Path, script: str, values: dict, accelerator, mode, start_step: int, total_steps: int,
+    is_main: bool,
+):  # fmt: skip
+    """Once everything has loaded: the answer verifier, the run directory made this run's (rank 0), and the
+    logger (metrics.jsonl, the progress bar, the trackers of --report_to). Returns (verifier, logger)."""
+    import torch
+
+    from common.metrics import RunLogger
+    from common.run_dir import start_run_dir
+    from common.verifier import MathVerifier, default_workers
+
     verifier = MathVerifier(
         workers=run.verifier_workers or default_workers(),
         memory_mb=run.verifier_memory_mb,
         budget_s=run.reward_time_budget_s or None,
     )
     if is_main:  # everything has loaded: now the run directory is this run's
-        launch = {"processes": world, "parallel": mode.kind, "script": script}
+        # threads: CPU kernels round by them, so a CPU run's figures differ with them
+        launch = {"processes": accelerator.num_processes, "parallel": mode.kind, "script": script}
+        launch["threads"] = torch.get_num_threads()
         start_run_dir(run_dir, values, start_step > 0, run.overwrite, launch)
     accelerator.wait_for_everyone()
     logger = RunLogger(
         run_dir, total_steps, accelerator.is_main_process, start_step, accelerator if run.report_to != "none" else None,
         values, project=run.project, run_name=run.run_name, log_every=run.log_every, log_samples=run.log_samples,
     )  # fmt: skip
-    say = logger.write if accelerator.is_main_process else lambda _: None
-    session = Session(
-        accelerator=accelerator, device=accelerator.device, rank=rank, world=world, mode=mode, is_main=accelerator.is_main_process,
-        model=policy, ref_model=ref_model, tokenizer=tokenizer, optimizer=opt, scheduler=scheduler, engine=engine,
-        verifier=verifier, sampler=sampler, opens_think=opens_think, start_step=start_step, total_steps=total_steps,
-        logger=logger, run_dir=run_dir, lock=lock, reward_terms=terms, custom_rewards=custom,
-        guard=UpdateGuard(run.max_nonfinite_steps, run.grad_spike_factor, say=say), watch=SignalWatch(run.warn_flat_steps, say=say),
-        stop=StopSignal(), grad_clip=grad_clip, micro_batch_size=run.micro_batch_size, layout=layout,
-        memory_tokens=memory_tokens,
-        max_tokens_per_micro_batch=run.max_tokens_per_micro_batch, save_steps=run.save_steps, save_minutes=run.save_minutes,
-        keep_last=run.keep_last, eval_steps=run.eval_steps, eval_sets=eval_sets, eval_benchmarks=run.eval_benchmarks,
-        eval_n=run.eval_n, eval_temperature=run.eval_temperature, template=template, seed=seed, top_p=top_p,
-        max_prompt_len=max_prompt_len, max_completion_len=max_completion_len, last_metrics={}, unchecked=0,
-        saved_step=start_step or None, last_save=time.monotonic(), skipped_this_step=False,
-        _cuda_sync=torch.cuda.synchronize if gpu else None,
-        few_shot=few_shot, few_shot_pool=pool_of(rows, few_shot) if few_shot else None,
-    )  # fmt: skip
-    session.guard.checkpoint_hint = lambda: session.saved_step
-    if (
-        run.eval_steps and run.eval_before and start_step == 0
-    ):  # step 0: the policy before training, every curve's start
-        say(f"evaluating the policy before training (--eval_benchmarks {run.eval_benchmarks})")
-        summary, records = session.evaluate()
-        logger.eval_line(0, summary)
-        if session.is_main:  # the per-sample records beside the final evaluation's: before vs after, sample by sample
-            from common.evaluation import write_results
+    return verifier, logger
 
-            write_results(run_dir / "eval-step-0", summary, records, {"step": 0, "benchmarks": run.eval_benchmarks})
-        logger.log(0, summary, advance=False)  # the same on every rank: the evaluation gathers its records
-    return session
+
+def evaluate_before_training(session: Session, benchmarks: str, say) -> None:
+    """Step 0: the policy before training, every curve's start; its per-sample records go beside the final
+    evaluation's (before vs after, sample by sample)."""
+    say(f"evaluating the policy before training (--eval_benchmarks {benchmarks})")
+    summary, records = session.evaluate()
+    session.logger.eval_line(0, summary)
+    if session.is_main:
+        from common.evaluation import write_results
+
+        write_results(session.run_dir / "eval-step-0", summary, records, {"step": 0, "benchmarks": benchmarks})
+    session.logger.log(0, summary, advance=False)  # the same on every rank: the evaluation gathers its records
 
 
 def micro_batch_tokens(
@@ -533,6 +650,12 @@ def device_memory_bytes() -> int:
         return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return ram // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def device_memory_gib(gpu: bool) -> float | None:
+    """The memory preflight's device (`check_memory`): this GPU's total memory in GiB; None without one (CPU
+    memory is not planned)."""
+    return device_memory_bytes() / 2**30 if gpu else None
 
 
 # Attention that runs packed sequences without computing across them (varlen / block-sparse kernels).

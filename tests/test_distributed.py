@@ -256,3 +256,101 @@ def test_check_launch_lets_real_launches_through():
     check_launch(accelerate | {"MASTER_ADDR": "127.0.0.1", "OMPI_COMM_WORLD_SIZE": "2"}, ["grpo_base.py"])  # mpirun
     with pytest.raises(SystemExit, match="started one"):
         check_launch(accelerate | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, ["grpo_base.py"])
+
+
+# --- The batch split: checked per rank, before anything loads -------------------------------------
+
+
+@pytest.mark.parametrize(
+    "world,prompts,G,minibatches,rows",
+    [
+        (1, 24, 8, 64, 192),  # one process: 192 rows, 64 divides them
+        (8, 24, 8, 64, None),  # 3 prompts x 8 = 24 rows a rank: 64 steps would get a mini-batch of 0 rows
+        (8, 24, 8, 16, None),  # 24 rows a rank in 16 asked steps: 24 steps of 1 row would run
+        (8, 24, 8, 8, 24),
+        (8, 24, 8, 24, 24),
+        (2, 6, 4, 4, 12),
+        (4, 6, 4, 1, None),  # 6 prompts over 4 ranks: whole groups cannot be split
+        (16, 32, 16, 32, 32),
+    ],
+)
+def test_num_minibatches_must_divide_each_ranks_rows(world, prompts, G, minibatches, rows):
+    from common.run_flags import check_batch_split
+
+    if rows is not None:
+        check_batch_split(prompts, G, minibatches, world)
+        assert (prompts // world * G) % minibatches == 0 and prompts // world * G == rows
+        return
+    with pytest.raises(SystemExit) as stop:
+        check_batch_split(prompts, G, minibatches, world)
+    message = str(stop.value)
+    if prompts % world:
+        assert (
+            message
+            == f"error: --prompts_per_step={prompts} must divide by the {world} processes: each rank owns whole prompt groups"
+        )
+    else:
+        assert message.startswith(f"error: --num_minibatches={minibatches} must divide each rank's rows: ")
+        assert (
+            f"--prompts_per_step {prompts} / {world} processes x --group_size {G} = {prompts // world * G}" in message
+        )
+
+
+@pytest.mark.parametrize("script", ["grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo"])
+def test_every_script_refuses_the_split_before_loading(script):
+    """accelerate launch --num_processes 8 sets WORLD_SIZE=8 in each process: the flags' check sees it, one line,
+    before torch loads (the global 24 x 8 = 192 rows would have let 64 mini-batches through)."""
+    proc = subprocess.run(
+        [sys.executable, f"{script}.py", "--prompts_per_step", "24", "--group_size", "8", "--num_minibatches", "64"],
+        cwd=ROOT, env={**os.environ, "WORLD_SIZE": "8"}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: --num_minibatches=64 must divide each rank's rows: --prompts_per_step 24 / 8 processes x "
+        "--group_size 8 = 24; use one of 1, 2, 3, 4, 6, 8, 12, 24"
+    )
+
+
+# --- vLLM's GPU arguments, built without a GPU -----------------------------------------------------
+
+
+def test_vllm_engine_arguments_on_a_gpu_and_on_cpu():
+    """A GPU engine takes --vllm_gpu_memory_utilization and --vllm_sleep and keeps CUDA graphs (no enforce_eager)
+    and chunked prefill; a CPU engine takes neither, runs eagerly and prefills whole prompts."""
+    from common.rollout import vllm_engine_args
+
+    common = dict(max_model_len=4096, seed=3, dtype="bfloat16", gpu_memory_utilization=0.55, enable_sleep_mode=True)
+    gpu = vllm_engine_args("m", gpu=True, distributed=True, max_num_seqs=256, **common)
+    assert gpu == {
+        "model": "m", "skip_tokenizer_init": True, "dtype": "bfloat16", "max_model_len": 4096, "seed": 3,
+        "enable_prefix_caching": True, "enforce_eager": False, "logprobs_mode": "processed_logprobs",
+        "use_tqdm_on_load": False, "distributed_executor_backend": "external_launcher",
+        "gpu_memory_utilization": 0.55, "enable_sleep_mode": True, "max_num_seqs": 256,
+    }  # fmt: skip
+    assert vllm_engine_args("m", gpu=True, max_num_batched_tokens=8192, **common)["max_num_batched_tokens"] == 8192
+    cpu = vllm_engine_args("m", gpu=False, **common)
+    assert cpu["enforce_eager"] and cpu["enable_chunked_prefill"] is False and cpu["max_num_batched_tokens"] == 4096
+    assert not {"gpu_memory_utilization", "enable_sleep_mode", "distributed_executor_backend"} & set(cpu)
+    assert vllm_engine_args("m", gpu=False, **common | {"max_model_len": 512})["max_num_batched_tokens"] == 2048
+
+
+@needs_vllm
+def test_vllm_takes_every_engine_argument():
+    """Each name is one vllm.LLM (0.32) passes on to its EngineArgs, or one of LLM's own; EngineArgs builds from
+    them (no engine is started)."""
+    import dataclasses
+
+    from vllm import EngineArgs
+
+    from common.rollout import vllm_engine_args
+
+    for gpu in (True, False):
+        args = vllm_engine_args("m", gpu=gpu, max_model_len=4096, seed=0, dtype="bfloat16", distributed=True,
+                                gpu_memory_utilization=0.5, enable_sleep_mode=True, max_num_seqs=64)  # fmt: skip
+        own = {"use_tqdm_on_load"}  # LLM's own (vllm/entrypoints/llm.py)
+        fields = {f.name for f in dataclasses.fields(EngineArgs)}
+        assert set(args) - own <= fields
+        engine_args = EngineArgs(**{k: v for k, v in args.items() if k not in own})
+        assert engine_args.enforce_eager is not gpu and engine_args.gpu_memory_utilization == (
+            0.5 if gpu else EngineArgs.gpu_memory_utilization
+        )

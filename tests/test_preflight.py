@@ -1,12 +1,15 @@
 """The memory preflight (common/preflight.py): the recipes' plans fit an 80 GB GPU, the issue's plan
-(FSDP2 + 7B + a reference model + vLLM at 0.7) is refused with its figures and the fix, and the
-session runs it, and the shared-filesystem check, before any weight loads."""
+(FSDP2 + 7B + a reference model + vLLM at 0.7) is refused with its figures and the fix, the
+session runs it, and the shared-filesystem check, before any weight loads, and under each real
+engine (DDP, FSDP2, ZeRO-2, ZeRO-3 on 2 gloo processes) it counts what it counts without one."""
 
 import json
 import re
 
 import pytest
+import torch
 import yaml
+from engines.launch import CONFIGS, launch
 from train_utils import ROOT
 
 from common.cli import parse_args
@@ -51,6 +54,14 @@ def test_parameter_count_comes_from_the_config(parameters):
     assert parameters == {name: count for name, (_, count) in MODELS.items()}
 
 
+def recipe_flags(recipe: str):
+    """The recipe's (Args, RunFlags), parsed by its script."""
+    script = re.search(
+        r"--config_file \S+(?: --num_processes \d+)? (\w+)\.py", (ROOT / "recipes" / recipe).read_text()
+    )[1]
+    return parse_args(__import__(script).Args, RunFlags, argv=["--config", str(ROOT / "recipes" / recipe)])
+
+
 def launch_plan(recipe: str) -> dict:
     """The recipe's flags and the layout of the accelerate command in its header."""
     text = (ROOT / "recipes" / recipe).read_text()
@@ -61,8 +72,7 @@ def launch_plan(recipe: str) -> dict:
     mode = {"NO": "single", "MULTI_GPU": "ddp", "FSDP": "fsdp2"}.get(
         kind
     ) or f"zero{launch['deepspeed_config']['zero_stage']}"
-    module = __import__(command.group(3))
-    args, run = parse_args(module.Args, RunFlags, argv=["--config", str(ROOT / "recipes" / recipe)])
+    args, run = recipe_flags(recipe)
     return {"model": args.model, "mode": mode, "world": world, "precision": run.precision,
             "reference_model": args.beta > 0, "vllm_utilization": run.vllm_gpu_memory_utilization}  # fmt: skip
 
@@ -140,5 +150,54 @@ def test_session_checks_memory_and_the_shared_filesystem_before_any_weight_loads
     assert calls == [
         "check_shared",
         ("preflight", str(tiny_random_dir), {"mode": "single", "world": 1, "precision": "auto", "reference_model": True,
-                                             "vllm_utilization": 0.0}),
+                                             "vllm_utilization": 0.0, "total_gib": None}),
     ]  # fmt: skip
+
+
+# The engines the preflight runs under, each on 2 gloo processes (tests/engines/cpu_entry.py), and their configs.
+ENGINES = {"ddp": "ddp_8gpu.yaml", "fsdp2": "fsdp2.yaml", "zero2": "zero2.yaml", "zero3": "zero3.yaml"}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one launch at a time
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU harness: on GPUs accelerate applies the configs itself")
+@pytest.mark.parametrize("mode", ENGINES)
+def test_the_preflight_under_each_real_engine(mode, tmp_path):
+    """tests/engines/preflight.py: the session's accelerator step, then each recipe model's count and plan on an
+    80 GB device. Under ZeRO-3 the count used to crash in zero.Init (its hook is set from the accelerator on),
+    and would have counted 0 parameters once partitioned. The 7B model is refused at 2 ranks and the 1.5B
+    models fit, whatever the engine, as `check_plan` says with the count made without an engine."""
+    pytest.importorskip("deepspeed") if mode.startswith("zero") else None
+    plans, expected = {}, {}
+    for recipe in RECIPES:
+        plan = launch_plan(recipe)
+        sizes, count = MODELS[plan["model"]]
+        model_dir = tmp_path / recipe
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(QWEN2 | sizes))
+        run = recipe_flags(recipe)[1]
+        flags = {
+            "precision": run.precision,
+            "rollout": run.rollout,
+            "vllm_gpu_memory_utilization": run.vllm_gpu_memory_utilization,
+        }
+        plans[recipe] = {"model_dir": str(model_dir), "flags": flags, "reference_model": plan["reference_model"], "device_gib": H100_GIB}  # fmt: skip
+        try:
+            expected[recipe] = {"count": count, "plan": check_plan(
+                count, mode=mode, world=2, precision=run.precision, reference_model=plan["reference_model"],
+                vllm_utilization=run.vllm_gpu_memory_utilization if run.rollout == "vllm" else 0.0, total_gib=H100_GIB,
+            )}  # fmt: skip
+        except SystemExit as stop:
+            expected[recipe] = {"count": count, "refused": str(stop)}
+    (tmp_path / "plans.json").write_text(json.dumps(plans))
+    script = ROOT / "tests" / "engines" / "preflight.py"
+    rc, out = launch(CONFIGS / ENGINES[mode], script, tmp_path / "plans.json", tmp_path / "run", timeout=300)
+    assert rc == 0, out[-5000:]
+    rows = [json.loads(f.read_text()) for f in sorted((tmp_path / "run").glob("preflight-rank*.json"))]
+    assert sorted(r["rank"] for r in rows) == [0, 1], out[-3000:]
+    for r in rows:
+        assert r["mode"] == mode and r["world"] == 2
+        assert r["zero3_hook"] is r["zero3_hook_after"] is (mode == "zero3")  # set by the engine, and left set
+        assert {recipe: r[recipe] for recipe in RECIPES} == expected
+    assert "refused" in expected["pro_grpo_qwen2.5-7b.yaml"]
+    assert all("plan" in v for k, v in expected.items() if "1.5b" in k)

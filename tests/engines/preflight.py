@@ -1,0 +1,42 @@
+"""The memory preflight under a real engine, a JSON file per rank in RUN_DIR (run by tests/test_preflight.py).
+
+    accelerate launch --config_file configs/accelerate/zero3.yaml tests/engines/cpu_entry.py \
+        tests/engines/preflight.py PLANS.json RUN_DIR
+
+The accelerator comes from the session's own step (`common.session.open_accelerator`, as `start_session`
+builds it); then, for each plan of PLANS.json (a recipe's model config directory and flags), the parameter
+count and `common.session.check_memory` on a device of the stated GiB: the plan, or the one line it stops
+with. Under ZeRO-3 the accelerator leaves transformers' ZeRO-3 hook set (an HfDeepSpeedConfig alive): the
+count must neither crash in zero.Init nor see partitioned (empty) parameters, and the hook must stay set.
+"""
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from transformers.integrations import is_deepspeed_zero3_enabled
+
+from common.preflight import count_parameters
+from common.run_flags import RunFlags
+from common.session import check_memory, open_accelerator, precision_for
+
+plans, run_dir = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
+first = next(iter(plans.values()))
+run_dir.mkdir(parents=True, exist_ok=True)  # as check_writable leaves it, before the accelerator
+accelerator, mode = open_accelerator(
+    RunFlags(output_dir=str(run_dir)), 1.0, precision_for("auto", gpu=False), run_dir, first["model_dir"], False, None
+)
+facts = {"rank": accelerator.process_index, "mode": mode.kind, "world": mode.world}
+facts["zero3_hook"] = is_deepspeed_zero3_enabled()
+for name, plan in plans.items():
+    run = dataclasses.replace(RunFlags(), **plan["flags"])
+    out = {"count": count_parameters(plan["model_dir"])}
+    try:
+        out["plan"] = check_memory(run, plan["model_dir"], mode, plan["reference_model"], plan["device_gib"])
+    except SystemExit as stop:
+        out["refused"] = str(stop)
+    facts[name] = out
+facts["zero3_hook_after"] = is_deepspeed_zero3_enabled()
+# A file per rank, not a line on stdout: the ranks share the launcher's output, where lines can interleave.
+(run_dir / f"preflight-rank{accelerator.process_index}.json").write_text(json.dumps(facts))
