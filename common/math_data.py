@@ -251,11 +251,13 @@ def iter_math_dataset(
     config: str | None = None,
     strict: bool = False,
     keep: tuple[str, ...] = (),
+    columns: bool = False,
 ) -> Iterator[dict]:
     """Stream `{"problem", "answer", "solution"}` rows; see `load_math_dataset`. `strict`: an answer
     that is not a string or a number (missing, empty, a bool, a dict, a list of several) becomes
     None instead of its text, for the caller to count and refuse or drop. `keep`: source columns
-    passed through as they are (None where a row lacks one)."""
+    passed through as they are (None where a row lacks one). `columns`: the source row itself too, as "columns"
+    (what a reward function of your own may take: `common.rewards.reward_columns`)."""
     if source == SYNTHETIC_NAME:
         if split == "train":
             rows = synthetic_arithmetic(
@@ -309,7 +311,7 @@ def iter_math_dataset(
             problem = fmap.problem_transform(problem)
         solution = _as_text(row["solution"]) or None
         answer = _as_text(row["answer"]) if not strict or _is_answer(row["answer"]) else None
-        kept = {k: raw.get(k) for k in keep}
+        kept = {k: raw.get(k) for k in keep} | ({"columns": dict(raw)} if columns else {})
         yield {"problem": problem, "answer": answer or (None if strict else ""), "solution": solution, **kept}
         count += 1
 
@@ -370,7 +372,7 @@ def load_prompts(
     (`common.prompts.few_shot_pool`, drawn with `seed`); each row keeps them as "shots"."""
     with clear_errors("--dataset"):
         rows = list(iter_math_dataset(dataset, problem_field=problem_field, answer_field=answer_field,
-                                      solution_field=solution_field, strict=True))  # fmt: skip
+                                      solution_field=solution_field, strict=True, columns=True))  # fmt: skip
     require(rows, f"--dataset: {dataset} has no rows")
     bad = [i for i, r in enumerate(rows) if not r["problem"].strip() or r["answer"] is None]
     if bad:

@@ -165,6 +165,13 @@ def _text_turns(template: str) -> tuple[str, str, str] | None:
     return (header + "\n" if _ else ""), cue, after
 
 
+def answer_cue(template: str) -> str:
+    """The words after the problem that the answer follows in a template without chat markup ("Answer:" of
+    `plain`), "" otherwise: text the completion continues, not text it writes."""
+    turns = _text_turns(template)
+    return turns[2].strip() if turns else ""
+
+
 def few_shot_stop(template: str, few_shot: int) -> str | None:
     """The stop string a few-shot prompt without chat markup implies: a new line opening the next example's
     question ("\nQuestion:" under `plain`), past which a model would write a question of its own."""

@@ -8,7 +8,9 @@ A reward term maps the step's completions and gold answers to one float per comp
     term(completions: list[str], answers: list[str], verifier: MathVerifier) -> list[float]
 
 The built-in terms are REWARD_FUNCS; `--reward_fn module:function` (or `path/to/file.py:function`)
-adds a term of your own with the same signature (README, "Your own reward"). An answer the
+adds a term of your own with the same signature (README, "Your own reward"); a function of your own that
+takes keyword arguments (or **kwargs, as TRL's reward functions do) also gets `prompts` (as the policy saw
+them), `problems` and each column of the dataset, one value per completion. An answer the
 verifier had no time to check within the step's budget is neither right nor wrong: its
 accuracy is None and `checked` says so (the scripts then train its group on nothing).
 """
@@ -198,10 +200,11 @@ def probe_reward_fn(fn: RewardFn, per_step: int, say=print) -> RewardFn:
     than SLOW_STEP_S for a step's `per_step` completions (timed on a second call when the first was slow,
     which may have started the verifier) gets a note."""
     completions, answers = PROBE
+    columns = {"prompts": ["What is 3 + 4?"] * len(completions), "problems": ["What is 3 + 4?"] * len(completions)}
     with MathVerifier(workers=1) as verifier:
         for _ in range(2):
             start = time.perf_counter()
-            custom_scores(fn, completions, answers, verifier)
+            custom_scores(fn, completions, answers, verifier, columns)
             per_completion = (time.perf_counter() - start) / len(completions)
             if per_completion * per_step <= SLOW_STEP_S:
                 return fn
@@ -212,13 +215,43 @@ def probe_reward_fn(fn: RewardFn, per_step: int, say=print) -> RewardFn:
     return fn
 
 
-def custom_scores(fn: RewardFn, completions: list[str], answers: list[str], verifier) -> list[float]:
-    """`fn`'s scores as floats (numpy / torch scalars and arrays accepted); RewardFnError naming the function,
-    the completion and what it returned, or the first completion it raises on (tried one by one)."""
+def keyword_columns(fn, columns: dict[str, list]) -> dict[str, list]:
+    """The `columns` `fn` takes as keyword arguments: all of them for a **kwargs, else those it names (none for
+    the plain `fn(completions, answers, verifier)`, which keeps working as it did)."""
     try:
-        scores = fn(completions, answers, verifier)
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(columns)
+    return {k: v for k, v in columns.items() if k in params and params[k].kind is not inspect.Parameter.POSITIONAL_ONLY}
+
+
+def reward_columns(rows: list[dict], decode) -> dict[str, list]:
+    """What a reward function of your own may take besides the completions, one value per completion:
+    `prompts` (the prompt text as the policy saw it, template and worked examples included), `problems`,
+    and each column of the dataset (`load_prompts` keeps them), as TRL passes them."""
+    prompts = {}
+    for r in rows:  # the G completions of a group share their row: decode its prompt once
+        if id(r) not in prompts:
+            prompts[id(r)] = decode(r["prompt_ids"]) if "prompt_ids" in r else r.get("problem", "")
+    out = {"prompts": [prompts[id(r)] for r in rows], "problems": [r.get("problem") for r in rows]}
+    names = dict.fromkeys(k for r in rows for k in r.get("columns", {}))
+    reserved = {"completions", "answers", "verifier", *out}
+    return out | {k: [r.get("columns", {}).get(k) for r in rows] for k in names if k not in reserved}
+
+
+def custom_scores(
+    fn: RewardFn, completions: list[str], answers: list[str], verifier, columns: dict[str, list] | None = None
+) -> list[float]:
+    """`fn`'s scores as floats (numpy / torch scalars and arrays accepted); RewardFnError naming the function,
+    the completion and what it returned, or the first completion it raises on (tried one by one).
+    `columns`: keyword arguments it may take (`reward_columns`, `keyword_columns`)."""
+    kwargs = keyword_columns(fn, columns or {})
+    try:
+        scores = fn(completions, answers, verifier, **kwargs)
     except Exception as error:  # noqa: BLE001 - the user's code: report it, with the completion at fault
-        raise RewardFnError(_raised(fn, completions, answers, verifier, error)) from None
+        raise RewardFnError(_raised(fn, completions, answers, verifier, error, kwargs)) from None
     if getattr(scores, "ndim", None) == 1 and hasattr(scores, "tolist"):  # a numpy array or a torch tensor
         scores = scores.tolist()
     elif isinstance(scores, Iterable) and not isinstance(scores, (str, bytes, dict)) and getattr(scores, "ndim", 1):
@@ -241,10 +274,10 @@ def custom_scores(fn: RewardFn, completions: list[str], answers: list[str], veri
     return out
 
 
-def _raised(fn, completions, answers, verifier, error: Exception) -> str:
+def _raised(fn, completions, answers, verifier, error: Exception, kwargs: dict) -> str:
     for i, (c, a) in enumerate(zip(completions, answers)):  # the first completion it fails on alone
         try:
-            fn([c], [a], verifier)
+            fn([c], [a], verifier, **{k: v[i : i + 1] for k, v in kwargs.items()})
         except Exception as e:  # noqa: BLE001
             return f"{_name(fn)} raised {_one_line(e)} on completion {i} (of {len(completions)}: {c[:60]!r})"
     return f"{_name(fn)} raised {_one_line(error)} on the batch of {len(completions)} completions"
@@ -278,6 +311,7 @@ class Rewards:
     total: list[float]  # the sum of the reward terms (an unchecked accuracy counts 0)
     accuracy: list[float]  # 0/1 correctness, logged even when accuracy is not a reward term (unchecked: 0)
     checked: list[bool]  # False: the verifier ran out of its time budget before checking this answer
+    terms: dict[str, list[float]] | None = None  # each term's scores (a function of your own under its name)
 
 
 def compute_rewards(
@@ -288,12 +322,14 @@ def compute_rewards(
     *,
     prompt_ends_with_think: bool = False,
     custom: list[RewardFn] = (),
+    columns: dict[str, list] | None = None,
 ) -> Rewards:
     """Every named term (REWARD_FUNCS) and every `custom` one, summed per completion.
 
     Accuracy is always computed (it is the metric to log) and reused when "accuracy" is a term.
     With "dapo" among the terms, accuracy is DAPO's verdict (reward > 0), not math-verify's.
-    A custom term must return one finite number per completion (`custom_scores`; RewardFnError otherwise).
+    A custom term must return one finite number per completion (`custom_scores`; RewardFnError otherwise);
+    `columns`: the keyword arguments it may take (`reward_columns`).
     """
     unknown = [name for name in terms if name not in REWARD_FUNCS]
     if unknown:
@@ -302,6 +338,7 @@ def compute_rewards(
     verdicts = [float(s > 0) for s in dapo] if dapo is not None else accuracy_reward(completions, answers, verifier)
     accuracy = [v or 0.0 for v in verdicts]
     total = [0.0] * len(completions)
+    by_term = {}
     for name in terms:
         if name == "accuracy":
             scores = accuracy
@@ -312,6 +349,79 @@ def compute_rewards(
         else:
             scores = REWARD_FUNCS[name](completions, answers, verifier)
         total = [t + s for t, s in zip(total, scores)]
+        by_term[name] = list(scores)
     for fn in custom:
-        total = [t + s for t, s in zip(total, custom_scores(fn, completions, answers, verifier))]
-    return Rewards(total, accuracy, [v is not None for v in verdicts])
+        by_term[_name(fn)] = scores = custom_scores(fn, completions, answers, verifier, columns)
+        total = [t + s for t, s in zip(total, scores)]
+    return Rewards(total, accuracy, [v is not None for v in verdicts], by_term)
+
+
+# The answer format each built-in term reads, and how a prompt asks for one (its instruction, or its worked
+# examples). A reward reading a format the prompt does not ask for scores every completion alike.
+READS = {"accuracy": "boxed", "boxed_format": "boxed", "dapo": "answer_line", "think_format": "think"}
+READS["think_answer_format"] = "think"
+FORMATS = {
+    "boxed": ("\\boxed{}", "--template qwen_math (or r1)"),
+    "answer_line": ("an 'Answer: ...' last line", "--template dapo_native"),
+    "think": ("<think> ... </think>", "--template r1 (or r1_native)"),
+}
+
+
+def prompt_asks(prompt: str, cue: str = "") -> set[str]:
+    """The answer formats a rendered prompt asks for (FORMATS), in its instruction or its worked examples.
+    The template's answer `cue` ("Answer:" of `plain`, before each example's answer and at the end) is not
+    an "Answer:" line: the completion follows it."""
+    text = prompt.replace(cue, "") if cue else prompt
+    asks = set()
+    if "\\boxed" in text or "<answer>" in text:
+        asks.add("boxed")  # extract_answer reads the last box, else an <answer> block
+    if "Answer:" in text:
+        asks.add("answer_line")
+    if "<think>" in text:
+        asks.add("think")
+    return asks
+
+
+def format_mismatch(terms: list[str], prompt: str, template: str) -> tuple[str, str] | None:
+    """("error" or "warning", one line) when a reward term reads an answer format the prompt does not ask for:
+    an error when the prompt asks for another answer format instead (every completion would score alike:
+    `--rewards dapo` under a \\boxed{} template), a warning when it asks for none; None when they agree."""
+    from common.prompts import answer_cue
+
+    asks = prompt_asks(prompt, answer_cue(template))
+    for term in terms:
+        reads = READS.get(term)
+        if reads is None or reads in asks:
+            continue
+        what, fix = FORMATS[reads]
+        label = template if "{problem}" not in template and len(template) < 60 else "(yours)"
+        instead = sorted(asks & {"boxed", "answer_line"})
+        if instead and reads != "think":
+            asked = " and ".join(FORMATS[f][0] for f in instead)
+            return "error", (
+                f"--rewards {term} reads {what}, but the prompt of --template {label} asks for {asked}: every "
+                f"completion would score alike; use {fix} with {term}, or a reward that reads {asked}"
+            )
+        return "warning", (
+            f"warning: --rewards {term} reads {what}, and the prompt of --template {label} does not ask for it "
+            f"(nor do its worked examples): a model that does not write it scores alike on every completion; "
+            f"{fix} asks for it"
+        )
+    return None
+
+
+def flat_reason(rewards: Rewards, completions: list[str], group_size: int) -> str | None:
+    """Why every group of a step has equal rewards (nothing to learn from), or None if some group does not:
+    the terms that scored every completion alike, their value, and a completion as the policy wrote it."""
+    total = rewards.total
+    groups = [total[i : i + group_size] for i in range(0, len(total), group_size)]
+    if not groups or any(max(g) != min(g) for g in groups):
+        return None
+    alike = [f"{name} {scores[0]:g}" for name, scores in (rewards.terms or {}).items() if len(set(scores)) == 1]
+    example = next((c for c in completions if c.strip()), "")
+    what = f"every completion scored alike by {', '.join(alike)}" if alike else "within each group, equal rewards"
+    return (
+        f"warning: the first step's groups all have equal rewards ({what}; accuracy "
+        f"{sum(rewards.accuracy) / max(len(total), 1):.2f}): no group has a signal to learn from. A completion: "
+        f"{example[-160:]!r}; check that --template asks for the format --rewards reads"
+    )
