@@ -116,7 +116,7 @@ def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.
 
 def dr_advantages(rewards: torch.Tensor, old: dict, batch: dict, G: int, args: Args) -> tuple[torch.Tensor, dict]:
     """Dr. GRPO's advantage A_i = r_i - mean(r) within each group of G: GRPO's without the std (Sec. 3.1). The
-    lengths of the responses above and below their group's mean: the length bias the paper removes (its Fig. 5)."""
+    lengths of the responses above and below their group's mean: the length bias the paper removes."""
     r = rewards.view(-1, G)
     adv = (r - r.mean(1, keepdim=True)).view(-1)
     lens = batch["completion_mask"].sum(-1)

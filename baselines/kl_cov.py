@@ -15,8 +15,8 @@ aggregated as --loss_agg says (the authors': token-mean). --variant picks one. E
 docs/algorithms/kl_cov.md (`diff grpo_base.py baselines/kl_cov.py` shows all of it).
 
     python baselines/kl_cov.py                # CPU demo: a tiny model learns to box its sums
-    accelerate launch --config_file configs/accelerate/multi_node.yaml baselines/kl_cov.py \\
-        --config recipes/kl_cov_qwen2.5-7b.yaml
+    accelerate launch --config_file configs/accelerate/multi_node.yaml --num_machines 4 --num_processes 32 \\
+        --machine_rank 0 baselines/kl_cov.py --config recipes/kl_cov_qwen2.5-7b.yaml
 """
 
 import sys

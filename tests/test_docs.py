@@ -38,7 +38,10 @@ from common.run_flags import RunFlags
 
 SPEC_FILES = "|".join((r"ALGORITHMS" + r"\.md", r"\bpapers" + "/"))  # spelled in parts: this file cites neither
 
-SCRIPTS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")
+# The training scripts, as paths without ".py": the five methods, then the baselines (baselines/<name>.py).
+BASELINES = tuple(sorted(f"baselines/{p.stem}" for p in (ROOT / "baselines").glob("*.py") if p.stem != "__init__"))
+SCRIPTS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo", *BASELINES)
+PAGE_SCRIPT = {s.rpartition("/")[2]: s for s in SCRIPTS}  # docs/algorithms/<page>.md -> its script
 MODULES = ("tools.evaluate", "tools.plot", "tools.tiny_model", "data.prepare", "data.hard_subset")
 NOT_OURS = {"pytest", "pip"}  # `python -m` modules whose flags are not this project's
 FOREIGN = {"ruff", "pip", "bash", "sh", "tensorboard", "wandb", "git", "cd", "export", "nvidia-smi", "huggingface-cli"}
@@ -48,7 +51,7 @@ RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 FLAG = re.compile(r"(?<![\w-])--([A-Za-z][\w-]*)")
 PLACEHOLDER = re.compile(r"<[^<>\n]*>")  # <the main command's flags>, <lower>: stands for something
 SEPARATORS = {";", "&&", "||", "|", "&"}
-METRIC = re.compile(r"`((?:train|time|reward|eval|edge|gec|egpo|cw|pro)/[^`\s]+)`")
+METRIC = re.compile(r"`((?:train|time|reward|eval|edge|gec|egpo|cw|pro|dr|kl_cov)/[^`\s]+)`")
 
 
 def rel(path: Path) -> str:
@@ -62,7 +65,7 @@ def rel(path: Path) -> str:
 def cli(name: str) -> tuple:
     """The config dataclasses `name` parses: a script's Args + RunFlags, a tool's Args."""
     if name in SCRIPTS:
-        return (importlib.import_module(name).Args, RunFlags)
+        return (importlib.import_module(name.replace("/", ".")).Args, RunFlags)
     return (importlib.import_module(name).Args,)
 
 
@@ -97,8 +100,8 @@ def named_clis(text: str) -> set[str]:
 
 def file_cli(path: Path) -> str:
     """The CLI a docs file is about when a section names none."""
-    if path.parent.name == "algorithms" and path.stem in SCRIPTS:
-        return path.stem
+    if path.parent.name == "algorithms" and path.stem in PAGE_SCRIPT:
+        return PAGE_SCRIPT[path.stem]
     return {"EVALUATION.md": "tools.evaluate"}.get(
         path.name, "data.prepare" if path.parent.name == "data" else "grpo_base"
     )
@@ -328,7 +331,7 @@ def check_command(argv: list[str]) -> str | None:
 
 def validate(name: str, parsed) -> None:
     """The CLI's own cross-flag checks, where it has them (trackers installed or not is this machine's business)."""
-    module = importlib.import_module(name)
+    module = importlib.import_module(name.replace("/", "."))
     if name in SCRIPTS:
         args, run = parsed
         module.validate(args, dataclasses.replace(run, report_to="none"))
@@ -444,8 +447,8 @@ def logged_metrics() -> dict[str, frozenset[str]]:
     }  # fmt: skip
     out = {}
     for name, fn in [("edge_grpo", "edge_advantages"), ("egpo", "egpo_advantages"), ("cw_grpo", "cw_advantages"),
-                     ("pro_grpo", "pro_advantages")]:  # fmt: skip
-        module = importlib.import_module(name)
+                     ("pro_grpo", "pro_advantages"), ("dr_grpo", "dr_advantages"), ("kl_cov", "kl_cov_advantages")]:  # fmt: skip
+        module = importlib.import_module(PAGE_SCRIPT[name].replace("/", "."))
         advantages, info = getattr(module, fn)(rewards, old, batch, G, module.Args())
         out[name] = set(info)
     edge = importlib.import_module("edge_grpo")
@@ -456,6 +459,8 @@ def logged_metrics() -> dict[str, frozenset[str]]:
     sums = Counter(clip_low=0, clip_high=0, approx_kl=0, tis_capped=0, tokens=N * C, loss=1.0, optimizer_steps=1)
     timer = SimpleNamespace(seconds={"rollout": 1.0})
     shared = set(base.step_metrics(s, scores, batch, old, rewards, sums, G, timer))
+    kl_cov = importlib.import_module("baselines.kl_cov")  # its step_metrics adds what the loss selected
+    out["kl_cov"] |= set(kl_cov.step_metrics(s, scores, batch, old, rewards, sums, G, timer)) - shared
     shared |= set(re.findall(r'"((?:train|time|reward)/\w+)"', inspect.getsource(Session.end_step)))
     return {k: frozenset(v) for k, v in out.items()} | {"shared": frozenset(shared)}
 
@@ -522,11 +527,11 @@ def test_algorithm_page_runs_its_recipes(script):
     after the data preparation that writes the recipe's dataset; no launch carries inline flags only."""
     import yaml
 
-    path = PAGES[script]
+    path = PAGES[script.rpartition("/")[2]]
     commands = [program(argv) for _, argv in doc_commands(path)]
     launches = [c for c in commands if c[0] == "accelerate"]
     assert all("--config" in c for c in launches), [shlex.join(c) for c in launches if "--config" not in c]
-    for recipe in (r for r in RECIPES if r.stem.startswith(script + "_")):
+    for recipe in (r for r in RECIPES if r.stem.startswith(script.rpartition("/")[2] + "_")):
         name = rel(recipe)
         shown = [c for c in commands if "--config" in c and c[c.index("--config") + 1] == name]
         assert shown, f"{rel(path)} does not run {name}"
@@ -539,6 +544,9 @@ def test_algorithm_page_runs_its_recipes(script):
         dataset = yaml.safe_load(recipe.read_text()).get("dataset", "")
         if dataset.startswith("data/"):
             outputs = {c[c.index("--output") + 1] for c in commands if "data.prepare" in c and "--output" in c}
+            # data.prepare has no preset for the authors' own files (Dr. GRPO's Arrow dataset): a `python -c` that
+            # writes the recipe's dataset is the documented step then
+            outputs |= {p for c in commands if c[:2] == ["python", "-c"] for p in re.findall(r"data/[\w.-]+", c[2])}
             assert dataset in outputs, f"{rel(path)}: no `python -m data.prepare ... --output {dataset}` for {name}"
 
 
@@ -551,13 +559,14 @@ def test_algorithm_page_lists_its_method_flags(script):
     method = [f.name for f in dataclasses.fields(args) if _sections(args).get(f.name) == "The method"]
     rows = {
         name
-        for sec in sections(PAGES[script])
+        for sec in sections(PAGES[script.rpartition("/")[2]])
         for _, text in sec.paragraphs
         for _, row in table_rows(text)
         if "flag" in row and "default" in row
         for name in re.findall(r"--(\w+)", row["flag"])
     }
-    assert method and not set(method) - rows, f"missing from {rel(PAGES[script])}'s flag table: {set(method) - rows}"
+    page = PAGES[script.rpartition("/")[2]]
+    assert method and not set(method) - rows, f"missing from {rel(page)}'s flag table: {set(method) - rows}"
 
 
 @pytest.mark.parametrize("path", DOCS, ids=rel)
@@ -572,7 +581,7 @@ def test_metric_names_are_the_logged_ones(path):
         t for sec in sections(path) if sec.heading.lower().startswith("metrics") for _, t in sec.paragraphs
     )
     listed = set(METRIC.findall(metrics))
-    own = logged_metrics()["shared" if script == "grpo_base" else script]
+    own = logged_metrics().get("shared" if script == "grpo_base" else script, frozenset())
     missing = {k for k in own if not covered(k, listed)}
     if script == "grpo_base":  # time/<phase>_s: each phase named
         missing |= {f"time/{p}_s" for p in phases() if not re.search(rf"\b{p}\b", metrics)}
@@ -588,7 +597,13 @@ def link_targets():
                     file, _, anchor = target.partition("#")
                     yield f"{rel(path)}:{n}", (path.parent / file).resolve() if file else path, anchor
     for path in sorted(
-        {*ROOT.glob("*.py"), *ROOT.glob("common/*.py"), *ROOT.glob("tools/*.py"), *ROOT.glob("data/*.py")}
+        {
+            *ROOT.glob("*.py"),
+            *ROOT.glob("baselines/*.py"),
+            *ROOT.glob("common/*.py"),
+            *ROOT.glob("tools/*.py"),
+            *ROOT.glob("data/*.py"),
+        }
     ):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             for file, anchor in re.findall(r"\b((?:docs/[\w/]+|README)\.md)#([\w-]+)", line):

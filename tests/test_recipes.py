@@ -12,23 +12,29 @@ from common.prompts import TEMPLATE_CHOICES
 from common.run_flags import RunFlags
 
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
-README_COMMANDS = re.findall(  # on one line, or continued with a backslash
-    r"accelerate launch [^`\n]*? (\w+)\.py(?: \\\n\s+| )--config (recipes/\S+\.yaml)", (ROOT / "README.md").read_text()
+README_COMMANDS = re.findall(  # on one line, or continued with a backslash; a baseline as baselines/<name>.py
+    r"accelerate launch [^`\n]*? (?:baselines/)?(\w+)\.py(?: \\\n\s+| )--config (recipes/\S+\.yaml)",
+    (ROOT / "README.md").read_text(),
 )
+
+
+def script_module(script: str):
+    """A training script's module: grpo_base.py is `grpo_base`, baselines/gspo.py `baselines.gspo`."""
+    return importlib.import_module(f"baselines.{script}" if (ROOT / "baselines" / f"{script}.py").is_file() else script)
 
 
 def test_every_readme_paper_command_is_a_recipe():
     scripts = {script for script, _ in README_COMMANDS}
-    assert scripts == {"grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo"}, README_COMMANDS
+    assert {"grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo"} <= scripts, README_COMMANDS
     assert {ROOT / path for _, path in README_COMMANDS} == set(RECIPES)
 
 
 @pytest.mark.parametrize(("script", "recipe"), README_COMMANDS)
 def test_recipe_parses_into_its_script_flags_and_validates(script, recipe):
-    module = importlib.import_module(script)
+    module = script_module(script)
     args, run = parse_args(module.Args, RunFlags, argv=["--config", str(ROOT / recipe)])
     module.validate(args, run)
-    assert args.lr == 1e-6 and args.model != "tiny" and args.template in TEMPLATE_CHOICES
+    assert args.lr in (1e-6, 5e-7) and args.model != "tiny" and args.template in TEMPLATE_CHOICES  # 5e-7: KL-Cov's 7B
     assert run.max_tokens_per_micro_batch > 0 and run.gradient_checkpointing
     override, _ = parse_args(module.Args, RunFlags, argv=["--config", str(ROOT / recipe), "--lr", "2e-6"])
     assert override.lr == 2e-6  # the command line wins
@@ -55,7 +61,7 @@ TABLE_FLAG = re.compile(r"`--(\w+) ([^`]+)`")  # `--lr 1e-6` in the "recipe uses
 # Recipe keys about the machine, not the paper's setting: no row needed.
 SYSTEM_KEYS = {"output_dir", "save_steps", "save_minutes", "gradient_checkpointing", "max_tokens_per_micro_batch", "vllm_sleep",
                "vllm_gpu_memory_utilization"}  # fmt: skip
-METHODS = ["edge_grpo", "egpo", "cw_grpo", "pro_grpo"]
+METHODS = ["edge_grpo", "egpo", "cw_grpo", "pro_grpo", "dr_grpo", "gspo", "kl_cov"]
 
 
 def setting_table(script: str) -> list[dict]:
@@ -81,7 +87,7 @@ def recipe_of(script: str):
 def table_drift(script: str, recipe) -> list[str]:
     """Where the recipe (with the script's defaults) differs from the table's `--flag value` cells, and the
     recipe keys the table does not name."""
-    module = importlib.import_module(script)
+    module = script_module(script)
     stated = {}
     problems = []
     for row in setting_table(script):

@@ -1,8 +1,13 @@
-"""The five scripts share one skeleton, and stay readable; common/ stays layered.
+"""Every method script shares grpo_base.py's skeleton, and stays readable; common/ stays layered.
 
 `diff grpo_base.py egpo.py` must show the paper's idea and nothing else. So an edit to the shared
-loop, the loss or the common flags in one script alone fails here: make it in all five (or declare
+loop, the loss or the common flags in one script alone fails here: make it in all of them (or declare
 the region below, with the paper's reason). The sizes the scripts are held to are checked too.
+
+A script declares itself a method by its docstring's first line: the method and its paper with its
+arXiv id, "GSPO (Group Sequence Policy Optimization, arXiv 2507.18071), ...". Every such file at the
+top level or in baselines/ is found and must have its regions declared in DECLARED (README: "Adding
+a method").
 """
 
 import ast
@@ -13,21 +18,44 @@ from pathlib import Path
 import pytest
 from train_utils import ROOT
 
-SCRIPTS = ["grpo_base.py", "edge_grpo.py", "egpo.py", "cw_grpo.py", "pro_grpo.py"]
-# Per variant: the steps of main() it may change (setup = before "# 2."), the shared functions it
-# may rewrite, and the non-method flags whose defaults it may change; and its diff budget.
+METHOD_LINE = re.compile(r"[\w. -]+ \(.*arXiv \d{4}\.\d{5}.*\)")  # the docstring's first line of a method
+
+
+def method_scripts() -> list[str]:
+    """The scripts that declare themselves a method, as paths from the repository root."""
+    found = []
+    for path in sorted([*ROOT.glob("*.py"), *(ROOT / "baselines").glob("*.py")]):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if METHOD_LINE.match(doc.partition("\n")[0]):
+            found.append(path.relative_to(ROOT).as_posix())
+    return found
+
+
+SCRIPTS = method_scripts()
+# Per variant: the prefix of its advantage function (<prefix>_advantages; its metrics are <prefix>/...), the
+# steps of main() it may change (setup = before "# 2."), the shared functions it may rewrite, and the non-method
+# flags whose defaults it may change; and its diff budget (changed lines against grpo_base.py).
 DECLARED = {
     # GEC's data check and longer context (setup), GEC itself (2b), EDA (5), GEC's metrics (8);
     # update(): --eda_entropy_grad takes P_i from the training pass. The authors' reward.
-    "edge_grpo.py": {"main": {"setup", "2b", "5", "8"}, "functions": {"update"}, "flags": {"rewards"}, "diff": 190},
+    "edge_grpo.py": {
+        "prefix": "edge", "main": {"setup", "2b", "5", "8"}, "functions": {"update"}, "flags": {"rewards"}, "diff": 190,
+    },
     # 5: --entropy_span answer. Built on verl: its AdamW weight decay (as Pro-GRPO, whose Table 1 is verl's).
-    "egpo.py": {"main": {"5"}, "functions": set(), "flags": {"weight_decay"}, "diff": 140},
-    "cw_grpo.py": {"main": {"5"}, "functions": set(), "flags": set(), "diff": 120},
+    "egpo.py": {"prefix": "egpo", "main": {"5"}, "functions": set(), "flags": {"weight_decay"}, "diff": 140},
+    "cw_grpo.py": {"prefix": "cw", "main": {"5"}, "functions": set(), "flags": set(), "diff": 120},
     # old_logprobs() scores the prompt too, for c(q).
-    "pro_grpo.py": {"main": {"5"}, "functions": {"old_logprobs"}, "flags": {"weight_decay"}, "diff": 130},
-}
+    "pro_grpo.py": {"prefix": "pro", "main": {"5"}, "functions": {"old_logprobs"}, "flags": {"weight_decay"}, "diff": 130},
+    # The baselines (baselines/): each paper's idea, nothing else.
+    "baselines/dr_grpo.py": {"prefix": "dr", "main": {"5"}, "functions": set(), "flags": set(), "diff": 45},
+    # The sequence ratio replaces the token ratio in the loss; the advantage is GRPO's.
+    "baselines/gspo.py": {"prefix": "grpo", "main": set(), "functions": {"policy_loss"}, "flags": set(), "diff": 45},
+    # The loss selects tokens by covariance; step_metrics logs how many it selected.
+    "baselines/kl_cov.py": {
+        "prefix": "kl_cov", "main": {"5"}, "functions": {"policy_loss", "step_metrics"}, "flags": set(), "diff": 90,
+    },
+}  # fmt: skip
 ALWAYS_FREE = {"Args", "validate", "grpo_advantages"}  # the docstring and imports are free too
-METHOD = {"edge_grpo.py": "edge", "egpo.py": "egpo", "cw_grpo.py": "cw", "pro_grpo.py": "pro"}
 BLOCKS = (ast.For, ast.While, ast.If, ast.With, ast.Try)
 
 
@@ -76,6 +104,17 @@ def depth(node, d=0):
     return max([depth(c, d + isinstance(c, BLOCKS)) for c in ast.iter_child_nodes(node)] + [d])
 
 
+def test_every_method_script_is_found_and_declared():
+    """Discovery finds the five methods (the marker still matches them) and every other method script has its
+    regions declared; a declaration names a script that exists."""
+    assert {"grpo_base.py", "edge_grpo.py", "egpo.py", "cw_grpo.py", "pro_grpo.py"} <= set(SCRIPTS), SCRIPTS
+    undeclared = sorted(set(SCRIPTS) - set(DECLARED) - {"grpo_base.py"})
+    assert not undeclared, (
+        f"{undeclared}: declare each one's regions and diff budget in DECLARED (README: Adding a method)"
+    )
+    assert set(DECLARED) <= set(SCRIPTS), f"declared but not found as a method: {set(DECLARED) - set(SCRIPTS)}"
+
+
 @pytest.mark.parametrize("script", list(DECLARED))
 def test_variant_changes_only_its_declared_regions(script):
     _, _, base = parse("grpo_base.py")
@@ -103,7 +142,7 @@ def test_variant_changes_only_its_declared_regions(script):
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_every_script_reads_the_same(script):
     src, _, top = parse(script)
-    method = METHOD.get(script, "grpo")
+    method = DECLARED[script]["prefix"] if script in DECLARED else "grpo"
     step5 = "\n".join(main_sections(top["main"])["5"])
     assert f"advantages, info = {method}_advantages(scores.reward, old, batch, G, args)" in step5
     assert "advantages = scores.without_unchecked_groups(advantages, G)" in step5

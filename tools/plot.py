@@ -50,8 +50,18 @@ COMMON = (
 )
 # Namespaces every script shares; any other namespace is one method's own.
 SHARED_NAMESPACES = ("train/", "eval/", "time/", "reward/")
-# A method's namespaces -> the method (EDGE-GRPO logs its guided error correction under gec/).
-METHODS = {"egpo": "EGPO", "cw": "CW-GRPO", "pro": "Pro-GRPO", "edge": "EDGE-GRPO", "gec": "EDGE-GRPO"}
+# A method's namespaces -> the method (EDGE-GRPO logs its guided error correction under gec/); the baselines'
+# after them (baselines/; GSPO logs no metric of its own).
+METHODS = {
+    "egpo": "EGPO",
+    "cw": "CW-GRPO",
+    "pro": "Pro-GRPO",
+    "edge": "EDGE-GRPO",
+    "gec": "EDGE-GRPO",
+    "dapo": "DAPO",
+    "dr": "Dr. GRPO",
+    "kl_cov": "KL-Cov / Clip-Cov",
+}
 XLABEL = "optimiser step"
 
 # key -> (panel title, y-axis label). A method's keys are in the order its panels appear.
