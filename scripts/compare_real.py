@@ -1,11 +1,13 @@
 """The five methods side by side on a real model (issue 26): SmolLM2-135M-Instruct learns two-digit sums with
-each of grpo_base, edge_grpo, egpo, cw_grpo and pro_grpo, the same seeds and budget, evaluated before the first
+each of grpo_base, edge_grpo, egpo, cw_grpo and pro_grpo (and, named in --methods, the baselines: dapo,
+dr_grpo, gspo, kl_cov from baselines/), the same seeds and budget, evaluated before the first
 step and after the last on 100 held-out sums. Then docs/results_real.md and docs/compare_real.png, from the
 runs' stored metrics: each paper's claim beside plain GRPO, with a verdict by the rule the page states.
 
     python scripts/compare_real.py                 # every (method, seed) run not stored yet, then the page
     python scripts/compare_real.py --render_only   # the page, the figure and the README block from the stored runs
     python scripts/compare_real.py --fresh         # forget the stored runs and run them all again
+    python scripts/compare_real.py --methods grpo_base,dapo,egpo   # baselines/ too: DAPO beside EGPO (its Table 1)
 
 Resumable: a run is done once its result is stored (docs/real_compare/<method>-seed<S>/run.json, written last);
 a run cut short is started over (--overwrite), the stored ones are kept. A stored result made with other
@@ -33,7 +35,9 @@ sys.path.insert(0, str(ROOT))
 from common.evaluation import RECORDS_FILE, pass_at_k  # noqa: E402
 from common.jsonl import read_jsonl  # noqa: E402
 
-METHODS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")
+METHODS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")  # the default set
+BASELINES = ("dapo", "dr_grpo", "gspo", "kl_cov")  # baselines/<name>.py, taken by --methods
+SCRIPT = {m: f"baselines/{m}.py" if m in BASELINES else f"{m}.py" for m in METHODS + BASELINES}
 BASE = "grpo_base"
 SEEDS = (0, 1)
 STEPS = 8
@@ -57,6 +61,10 @@ NAMES = {
     "egpo": "EGPO",
     "cw_grpo": "CW-GRPO",
     "pro_grpo": "Pro-GRPO",
+    "dapo": "DAPO",
+    "dr_grpo": "Dr. GRPO",
+    "gspo": "GSPO",
+    "kl_cov": "KL-Cov",
 }
 COLORS = {
     "grpo_base": "black",
@@ -64,6 +72,10 @@ COLORS = {
     "egpo": "tab:orange",
     "cw_grpo": "tab:green",
     "pro_grpo": "tab:red",
+    "dapo": "tab:purple",
+    "dr_grpo": "tab:brown",
+    "gspo": "tab:pink",
+    "kl_cov": "tab:olive",
 }
 DASH = "–"
 
@@ -79,6 +91,11 @@ CLAIMS = [
     ("pro_grpo", "exploration: higher policy entropy", "entropy_late", "higher"),
     ("pro_grpo", "diversity: higher pass@k at the largest k", "passmax_after", "higher"),
     ("pro_grpo", "higher accuracy", "pass1_after", "higher"),
+    ("dapo", "higher accuracy", "pass1_after", "higher"),
+    ("dr_grpo", "higher accuracy", "pass1_after", "higher"),
+    ("gspo", "higher accuracy", "pass1_after", "higher"),
+    ("kl_cov", "exploration: higher policy entropy", "entropy_late", "higher"),
+    ("kl_cov", "higher accuracy", "pass1_after", "higher"),
 ]
 SUPPORTED, CONTRADICTED, UNDECIDED = "supported", "contradicted", "cannot decide at this scale"
 
@@ -100,14 +117,14 @@ def run_one(method: str, seed: int, model: str, steps: int, data: tuple[Path, Pa
     train, held_out = data
     want = settings(method, seed, model, steps)
     run_dir = runs / f"{method}-seed{seed}"
-    cmd = [sys.executable, f"{method}.py", "--model", model, "--steps", str(steps), "--seed", str(seed)]
+    cmd = [sys.executable, SCRIPT[method], "--model", model, "--steps", str(steps), "--seed", str(seed)]
     cmd += [*want["flags"], "--dataset", str(train), "--eval_benchmarks", f"{BENCH}={held_out}"]
     cmd += ["--output_dir", str(run_dir), "--overwrite"]
     print(f"== {method}, seed {seed}: {' '.join(cmd[1:])}", flush=True)
     start = time.monotonic()
     if (code := subprocess.run(cmd, cwd=ROOT).returncode) != 0:
         raise SystemExit(
-            f"error: {method}.py, seed {seed}, failed (exit {code}; its output is above): run the command again to "
+            f"error: {SCRIPT[method]}, seed {seed}, failed (exit {code}; its output is above): run the command again to "
             "start that run over; the stored runs are kept"
         )
     wall_s = time.monotonic() - start
@@ -259,7 +276,7 @@ def load(store: Path) -> tuple[dict, dict]:
         infos.setdefault(info["method"], {})[info["seed"]] = info
     if BASE not in figures:
         raise SystemExit(f"error: {store} holds no {BASE} run: run `python scripts/compare_real.py` first")
-    order = [m for m in METHODS if m in figures]
+    order = [m for m in METHODS + BASELINES if m in figures]
     return {m: figures[m] for m in order}, {m: infos[m] for m in order}
 
 
@@ -293,7 +310,7 @@ def method_defaults(infos: dict) -> list[str]:
         flags = runs[min(runs)]["script_flags"]
         diff = [f"`--{k} {flags[k]}` ({base[k]})" for k in flags if k in base and flags[k] != base[k]]
         own = [f"`--{k} {flags[k]}`" for k in flags if k not in base]
-        lines.append(f"- {NAMES[m]} (`{m}.py`): " + "; ".join(diff + own))
+        lines.append(f"- {NAMES[m]} (`{SCRIPT[m]}`): " + "; ".join(diff + own))
     return lines
 
 
@@ -631,7 +648,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="the model every run trains (tiny: the CPU demo's, for a check)")
     p.add_argument("--steps", type=int, default=STEPS, help="steps of every run")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated scripts (grpo_base among them)")
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help=f"comma-separated scripts (grpo_base among them; or {', '.join(BASELINES)})",
+    )
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds")
     p.add_argument("--runs_dir", default="runs/compare_real", help="the run directories and the data")
     p.add_argument("--out", default=str(ROOT / "docs"), help=f"where {STORE}/, {PAGE} and {FIGURE} go")
@@ -642,10 +663,10 @@ def main() -> None:
     p.add_argument("--fresh", action="store_true", help="delete the stored runs first and run them all again")
     a = p.parse_args()
     methods = [m for m in a.methods.split(",") if m]
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in SCRIPT]
     if unknown or BASE not in methods:
-        raise SystemExit(f"error: --methods takes {', '.join(METHODS)}, {BASE} among them (got {a.methods!r})")
-    methods = [m for m in METHODS if m in methods]  # BASE first: its run evaluates the policy before training
+        raise SystemExit(f"error: --methods takes {', '.join(SCRIPT)}, {BASE} among them (got {a.methods!r})")
+    methods = [m for m in METHODS + BASELINES if m in methods]  # BASE first: its run evaluates the policy first
     try:
         seeds = [int(s) for s in a.seeds.split(",")]
     except ValueError:

@@ -104,6 +104,17 @@ def test_page_reports_an_undefined_auroc_as_undefined():
 # -- one comparison end to end, on the tiny model -----------------------------------------------------------------
 
 
+def test_the_baselines_are_methods_it_takes():
+    """--methods takes the baselines (run from baselines/), each named, coloured and with its claims; a name it
+    does not know is a one-line error naming them."""
+    assert set(compare.BASELINES) <= set(compare.NAMES) & set(compare.COLORS)
+    assert set(compare.BASELINES) <= {m for m, *_ in compare.CLAIMS}
+    assert all((ROOT / script).is_file() for script in compare.SCRIPT.values()), compare.SCRIPT
+    assert compare.SCRIPT["gspo"] == "baselines/gspo.py" and compare.SCRIPT["egpo"] == "egpo.py"
+    bad = run_cli("scripts/compare_real.py", "--methods", "grpo_base,gpso", "--render_only")
+    assert bad.returncode != 0 and "--methods takes" in bad.stderr and "gspo" in bad.stderr.splitlines()[-1]
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
