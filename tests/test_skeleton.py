@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
-from train_utils import ROOT
+from train_utils import BASELINES, ROOT, user_env
 
 METHOD_LINE = re.compile(r"[\w. -]+ \(.*arXiv \d{4}\.\d{5}.*\)")  # the docstring's first line of a method
 
@@ -178,6 +178,23 @@ def test_scripts_stay_readable(script):
         base = (ROOT / "grpo_base.py").read_text().splitlines()
         changed = sum(line[:1] in "+-" for line in difflib.ndiff(base, src.splitlines()) if line[:2] in ("+ ", "- "))
         assert changed <= DECLARED[script]["diff"], f"{script}: {changed} changed lines against grpo_base.py"
+
+
+@pytest.mark.parametrize("script", BASELINES)
+def test_a_baseline_runs_as_a_file_from_anywhere(script, tmp_path):
+    """`python baselines/x.py` (and accelerate launch, which runs it the same way) finds common/ through the
+    script's sys.path line, from any working directory; its --help still loads no heavy library."""
+    import subprocess
+    import sys
+
+    env = user_env(PYTHONPROFILEIMPORTTIME="1")
+    proc = subprocess.run([sys.executable, str(ROOT / script), "--help"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-2000:]
+    imported = {
+        line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "import time:" in line
+    }
+    assert "common" in imported and not imported & {"torch", "transformers", "vllm", "accelerate"}, sorted(imported)
 
 
 def _imports(path: Path) -> set[str]:

@@ -11,6 +11,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ["grpo_base.py", "edge_grpo.py", "egpo.py", "cw_grpo.py", "pro_grpo.py"]
+# The baselines the papers compare against (issue 35): the same skeleton, run from baselines/. Each has its own
+# oracle test with its demo and SmolLM2 runs (tests/test_<name>.py), so the suites over SCRIPTS leave them out.
+BASELINES = sorted(f"baselines/{p.name}" for p in (ROOT / "baselines").glob("*.py") if p.stem != "__init__")
 # Two short steps on the tiny models: what the scripts' end-to-end tests run.
 TWO_STEPS = ("--steps", "2", "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "16")
 
@@ -41,7 +44,7 @@ def script_flags(script: str, **values):
     """(Args, RunFlags) of a training script with these values, as its command line would give them."""
     from common.run_flags import RunFlags
 
-    module = importlib.import_module(script.removesuffix(".py"))
+    module = importlib.import_module(script.removesuffix(".py").replace("/", "."))  # baselines/x.py: baselines.x
     names = {f.name for f in dataclasses.fields(module.Args)}
     args = module.Args(**{k: v for k, v in values.items() if k in names})
     run = RunFlags(**{k: v for k, v in values.items() if k not in names})
