@@ -202,6 +202,50 @@ def shared_prefix(batch: dict, idx: list[int], device) -> SharedPrefix | None:
     return SharedPrefix(ids, to_device(pos, device), mask[:, None], source)
 
 
+@dataclass
+class Packed:
+    """A micro-batch's real tokens in one row [1, T], one sequence after another, position ids restarting at 0
+    per sequence (padding-free: TRL's padding_free, verl's remove-padding; `common.logprobs._packed`). Built on
+    the host from where each row's real tokens lie; the device gets its tensors without a sync."""
+
+    take: torch.Tensor  # [T] long: each packed token's flat place in the micro-batch's [n, L] input_ids
+    position_ids: torch.Tensor  # [1, T] long
+    flash: dict  # the sequence boundaries for flash-attention's varlen kernel (`flash_varlen_kwargs`)
+    first: list[int]  # host, per row: the column of its first real token ([n, L] layout)
+    end: list[int]  # host, per row: one past the column of its last real token
+    start: list[int]  # host, per row: the packed position of its first token
+
+
+def flash_varlen_kwargs(lengths: list[int], device) -> dict:
+    """The packed row's sequence boundaries as transformers' flash-attention integration takes them (5.19:
+    `modeling_flash_attention_utils._flash_attention_forward`, reached through the model's forward kwargs):
+    given all four, every layer runs the varlen kernel on them instead of inferring them from the position
+    ids (`_is_packed_sequence`, then `prepare_fa_kwargs_from_position_ids`: a few device syncs per layer, in
+    the forward and again in a checkpointed recompute). Cumulative lengths: int32, made on the host and sent
+    without blocking; the longest length: a Python int (a tensor would be read back). SDPA, eager and flex
+    attention ignore them (they take the boundaries from the position ids once per forward)."""
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    cu = to_device(cu, device)
+    longest = max(lengths, default=0)
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
+def packed(first: list[int], end: list[int], width: int, device) -> Packed:
+    """The `Packed` layout of n rows of `width` columns whose real tokens are columns first[j] .. end[j] - 1."""
+    take, pos, start, at = [], [], [], 0
+    for j, (a, b) in enumerate(zip(first, end)):
+        take.append(j * width + torch.arange(a, b))
+        pos.append(torch.arange(b - a))
+        start.append(at)
+        at += b - a
+    lengths = [b - a for a, b in zip(first, end)]
+    take, pos = torch.cat(take), torch.cat(pos)[None]
+    return Packed(
+        to_device(take, device), to_device(pos, device), flash_varlen_kwargs(lengths, device), first, end, start
+    )
+
+
 def select(batch: dict[str, torch.Tensor], idx: list[int], layout: str = "padded") -> dict[str, torch.Tensor]:
     """The rows `idx` of a `pack`ed batch, cut to their own longest prompt and completion.
 
@@ -210,22 +254,25 @@ def select(batch: dict[str, torch.Tensor], idx: list[int], layout: str = "padded
     its peers) gives row 0 with nothing to train on: the forward runs, its loss is 0.
     The lengths come from the batch's host lists and the row indices go to the device
     without blocking: cutting a micro-batch never waits for the device.
-    "layout", how `common.logprobs.sequence_logprobs` runs the rows: `layout` ("padded", or "packed":
-    the real tokens in one row), or for `layout="shared"` the rows' `shared_prefix` where it computes
-    less than the padded rows (else "padded").
+    "layout", how `common.logprobs.sequence_logprobs` runs the rows: "padded"; for `layout="packed"` their
+    `Packed` layout (the real tokens in one row); for `layout="shared"` their `shared_prefix` where it
+    computes less than the padded rows (else "padded").
     """
     device = batch["input_ids"].device
     rows = to_device(torch.tensor(idx or [0]), device)
     P = batch["prompt_mask"].shape[1]
-    p_max = max(batch["prompt_lens"][i] for i in idx or [0])
-    c_max = max(1, max(batch["completion_lens"][i] for i in idx or [0]))
+    p_lens, c_lens = ([batch[k][i] for i in idx or [0]] for k in ("prompt_lens", "completion_lens"))
+    p_max, c_max = max(p_lens), max(1, max(c_lens))
     cols = slice(P - p_max, P + c_max)
+    if layout == "packed":
+        layout = packed([p_max - p for p in p_lens], [p_max + c for c in c_lens], p_max + c_max, device)
+    elif layout == "shared":
+        layout = (idx and shared_prefix(batch, idx, device)) or "padded"
     return {
         "rows": rows,
         "input_ids": batch["input_ids"][rows, cols],
         "attention_mask": batch["attention_mask"][rows, cols],
         "completion_mask": batch["completion_mask"][rows, :c_max] * (1.0 if idx else 0.0),
         "prompt_mask": batch["prompt_mask"][rows, P - p_max :],
-        "layout": (layout == "shared" and idx and shared_prefix(batch, idx, device))
-        or layout.replace("shared", "padded"),
+        "layout": layout,
     }

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from common.batching import SharedPrefix, to_device
+from common.batching import Packed, SharedPrefix, packed, to_device
 
 # Bytes of one chunk's fp32 [rows, V] logits; a chunk holds about four such tensors at once (logits / T,
 # log-softmax, probabilities, a gradient). CPU: 64 MiB, 110 rows at Qwen2.5's vocabulary. GPU: 512 MiB,
@@ -257,14 +257,17 @@ def sequence_logprobs(
     [B, K] for the last K tokens when `logits_to_keep=K` (the completion part of
     a prompt + completion batch). `layout` (a micro-batch's, `common.batching.select`):
     "padded" runs the rows as they are; two layouts compute less, and give 0 at padded positions:
-    - "packed": the real tokens only, in one row (`_packed`);
+    - a `common.batching.Packed` (or "packed": made from `attention_mask`): the real tokens only, in
+      one row (`_packed`);
     - a `common.batching.SharedPrefix`: each prompt computed once for all its completions (`_shared`).
     """
     K = input_ids.shape[1] - 1 if logits_to_keep is None else logits_to_keep
     if isinstance(layout, SharedPrefix):
         return _shared(model, input_ids, layout, temperature, K, with_entropy, chunk_rows)
     if layout == "packed":
-        return _packed(model, input_ids, attention_mask, temperature, K, with_entropy, chunk_rows)
+        layout = _packed_from_mask(attention_mask)
+    if isinstance(layout, Packed):
+        return _packed(model, input_ids, layout, temperature, K, with_entropy, chunk_rows)
     # position_ids from the mask so that left-padded prompts get the same
     # positions as the unpadded prompt had in the rollout engine.
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -280,14 +283,6 @@ def sequence_logprobs(
         ).logits
     out = out.view(B, K, 2).float()  # a few bytes per token
     return out[..., 0], out[..., 1] if with_entropy else None
-
-
-def _scatter(out: torch.Tensor, kept: torch.Tensor, with_entropy: bool):
-    """[M, 2] scores of the kept positions -> logp (and entropy) [B, K], 0 elsewhere."""
-    out = out.float()
-    logp = out.new_zeros(kept.shape).masked_scatter(kept, out[:, 0])
-    ent = out.new_zeros(kept.shape).masked_scatter(kept, out[:, 1]) if with_entropy else None
-    return logp, ent
 
 
 def _shared(model, input_ids, prefix: SharedPrefix, temperature, K, with_entropy, chunk_rows):
@@ -318,34 +313,48 @@ def _shared(model, input_ids, prefix: SharedPrefix, temperature, K, with_entropy
     return logp, ent
 
 
-def _packed(model, input_ids, attention_mask, temperature, K, with_entropy, chunk_rows):
+def _packed(model, input_ids, layout: Packed, temperature, K, with_entropy, chunk_rows):
     """`sequence_logprobs` padding-free (TRL's padding_free, verl's remove-padding): the real tokens
     of every row, one sequence after another in a single row [1, T], with position ids restarting
     at 0 per sequence and no attention mask. transformers (>= 5) reads the restarts as sequence
-    boundaries (`masking_utils.find_packed_sequence_indices`): flash-attention runs its varlen kernel
-    on them and flex-attention a block-sparse mask, so no compute goes to padding; SDPA and eager
-    get a dense [T, T] block-diagonal causal mask instead, correct but with attention over all T^2
-    pairs. The output layer runs only on the positions that predict a kept token.
-    Each row's real tokens must be contiguous (`common.batching.pack`'s layout)."""
+    boundaries (`masking_utils.find_packed_sequence_indices`, once per forward): flex-attention
+    builds a block-sparse mask from them, SDPA and eager a dense [T, T] block-diagonal causal mask
+    (correct, but attention over all T^2 pairs). flash-attention's varlen kernel takes the
+    boundaries from `layout.flash` (`common.batching.flash_varlen_kwargs`), so no layer infers them.
+    The output layer runs only on the positions that predict a kept token. Every index is made on
+    the host from `layout` and sent without blocking: no device sync."""
     B, L = input_ids.shape
-    real = attention_mask.bool()
-    position_ids = attention_mask.long().cumsum(-1) - 1
-    where = real.flatten().cumsum(0).view(B, L) - 1  # each real token's place in the packed row
+    device = input_ids.device
     # A kept token (one of the last K columns) is scored if it and the token before it are real.
-    kept = real[:, L - K :] & real[:, L - K - 1 : L - 1]
-    source = where[:, L - K - 1 : L - 1][kept]  # the packed positions that predict them
-    M = source.numel()
+    columns, source = [], []
+    for j, (first, end, start) in enumerate(zip(layout.first, layout.end, layout.start)):
+        t = torch.arange(max(L - K, first + 1), max(L - K, first + 1, end))
+        columns.append(j * K + t - (L - K))  # its flat place in [B, K]
+        source.append(start + t - 1 - first)  # the packed position that predicts it
+    M = sum(len(c) for c in columns)
+    columns, source = to_device(torch.cat(columns), device), to_device(torch.cat(source), device)
     keep = source if M else source.new_zeros(1)  # transformers keeps these positions only
-    with _head_returns_logprobs(
-        model, input_ids[:, L - K :][kept], lambda h: h[0, :M], temperature, with_entropy, chunk_rows
-    ):
+    targets = input_ids[:, L - K :].flatten()[columns]
+    with _head_returns_logprobs(model, targets, lambda h: h[0, :M], temperature, with_entropy, chunk_rows):
         out = model(
-            input_ids=input_ids[real][None],
-            position_ids=position_ids[real][None],
+            input_ids=input_ids.view(-1)[layout.take][None],
+            position_ids=layout.position_ids,
             use_cache=False,
             logits_to_keep=keep,
-        ).logits
-    return _scatter(out, kept, with_entropy)
+            **layout.flash,
+        ).logits.float()
+    logp = out.new_zeros(B * K).index_put((columns,), out[:, 0]).view(B, K)
+    ent = out.new_zeros(B * K).index_put((columns,), out[:, 1]).view(B, K) if with_entropy else None
+    return logp, ent
+
+
+def _packed_from_mask(attention_mask: torch.Tensor) -> Packed:
+    """The `Packed` layout of rows whose real tokens (1 in the mask) are contiguous, from the mask: one
+    host read (`common.batching.select` makes it from the batch's host lengths instead)."""
+    real = attention_mask.bool().cpu()
+    first = real.int().argmax(1)
+    end = (first + real.sum(1)).tolist()
+    return packed(first.tolist(), end, attention_mask.shape[1], attention_mask.device)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

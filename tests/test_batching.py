@@ -44,6 +44,39 @@ def test_select_cuts_to_the_micro_batch_lengths_and_empty_trains_nothing():
     assert empty["rows"].tolist() == [0] and empty["completion_mask"].sum() == 0
 
 
+def test_flash_varlen_kwargs_are_the_cumulative_lengths_in_int32_and_a_host_int():
+    """What transformers' flash-attention integration needs to run its varlen kernel without inferring the
+    boundaries in every layer: cu_seq_lens_q/k [n + 1] int32 (one tensor for both), max_length_q/k a Python
+    int, so that nothing is read back from the device."""
+    import torch
+
+    from common.batching import flash_varlen_kwargs
+
+    kw = flash_varlen_kwargs([3, 5, 2], "cpu")
+    assert set(kw) == {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"}
+    assert kw["cu_seq_lens_q"].tolist() == [0, 3, 8, 10] and kw["cu_seq_lens_q"].dtype == torch.int32
+    assert kw["cu_seq_lens_k"] is kw["cu_seq_lens_q"]
+    assert kw["max_length_q"] == kw["max_length_k"] == 5 and type(kw["max_length_q"]) is int
+
+
+def test_select_packs_the_real_tokens_from_the_host_lengths():
+    """layout="packed": the micro-batch's real tokens in one row, position ids restarting per sequence, and
+    the boundaries for flash-attention, all from the batch's host lengths (no device read)."""
+    from common.batching import Packed
+
+    batch = pack([[1] * p for p in PROMPTS], as_completions([[2] * c for c in COMPLETIONS]), pad_id=0)
+    for idx in ([1, 4, 2], []):  # prompts 9, 7, 5 and completions 2, 1, 30; an empty micro-batch runs row 0
+        mb = select(batch, idx, "packed")
+        layout, rows = mb["layout"], idx or [0]
+        assert isinstance(layout, Packed)
+        lengths = [PROMPTS[r] + COMPLETIONS[r] for r in rows]
+        real = mb["input_ids"].flatten()[layout.take]
+        assert real.tolist() == [t for r in rows for t in [1] * PROMPTS[r] + [2] * COMPLETIONS[r]]
+        assert layout.position_ids.tolist() == [[i for n in lengths for i in range(n)]]
+        assert layout.flash["cu_seq_lens_q"].tolist() == [sum(lengths[:i]) for i in range(len(rows) + 1)]
+        assert layout.flash["max_length_q"] == max(lengths)
+
+
 def test_rows_with_loss_reads_the_advantage_at_completion_tokens():
     import math
 

@@ -346,8 +346,9 @@ def test_all_flat_update_still_steps_on_zero_gradients(tiny_random_model):
 
 def count_host_syncs(monkeypatch) -> list:
     """Record each call from this repository's code (scripts, common/; not tests/, not torch.optim's host step
-    counters) that would make the host wait for a CUDA device: a value read (.item(), .tolist(), bool(t), ...)
-    or a Python list used as an index, read or written (a blocking host-to-device copy). As
+    counters) that would make the host wait for a CUDA device: a value read (.item(), .tolist(), bool(t), ...),
+    a Python list used as an index, read or written (a blocking host-to-device copy), or a boolean mask as an
+    index (its size is read back). As
     benchmarks/host_syncs.py counts them, which also counts transformers' own."""
     import sys
     from pathlib import Path
@@ -370,7 +371,8 @@ def count_host_syncs(monkeypatch) -> list:
         monkeypatch.setattr(
             torch.Tensor, name, lambda t, *a, _o=original, **k: (calls.append(1) if ours() else None, _o(t, *a, **k))[1]
         )
-    listed = lambda i: isinstance(i, list) or (isinstance(i, tuple) and any(isinstance(j, list) for j in i))  # noqa: E731
+    blocking = lambda i: isinstance(i, list) or (torch.is_tensor(i) and i.dtype == torch.bool)  # noqa: E731
+    listed = lambda i: blocking(i) or (isinstance(i, tuple) and any(blocking(j) for j in i))  # noqa: E731
     for name in ("__getitem__", "__setitem__"):
         original = getattr(torch.Tensor, name)
         monkeypatch.setattr(
@@ -399,11 +401,13 @@ def test_update_reads_nothing_from_the_device_per_micro_batch(tiny_random_model,
     assert counts[0] == counts[1] <= 2, counts  # the rows to train, and the optimiser step's sums
 
 
+@pytest.mark.parametrize("layout", ["padded", "packed", "shared"])
 @pytest.mark.parametrize("script", ["grpo_base", "pro_grpo"])
-def test_old_logprobs_waits_for_the_device_never(tiny_random_model, monkeypatch, script):
+def test_old_logprobs_waits_for_the_device_never(tiny_random_model, monkeypatch, script, layout):
     """The scoring pass writes each micro-batch's log-probs at its rows' device index (`select`'s "rows"),
     not at a Python list of them (a blocking copy per micro-batch); an empty micro-batch (a rank with fewer
-    rows than its peers) writes nothing."""
+    rows than its peers) writes nothing. Each layout's indices are made on the host (the packed one's too:
+    it took the real tokens with a boolean mask)."""
     import importlib
 
     from common.batching import micro_batches
@@ -415,7 +419,7 @@ def test_old_logprobs_waits_for_the_device_never(tiny_random_model, monkeypatch,
              list(range(12)), 2) + [[]]}  # fmt: skip
     outs = {}
     for name, plan in plans.items():
-        s = scoring_session(model, ref_model=model)
+        s = scoring_session(model, ref_model=model, layout=layout)
         s.micro_batch_plan = lambda batch, rows, plan=plan: plan
         syncs = count_host_syncs(monkeypatch)
         outs[name] = module.old_logprobs(s, batch, module.Args(group_size=3))

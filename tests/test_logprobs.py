@@ -269,6 +269,61 @@ def test_padding_free_equals_the_padded_pass(tiny_random_dir, attn, keep):
         torch.testing.assert_close(packed[2][k], padded[2][k], rtol=1e-4, atol=1e-4, msg=lambda m, k=k: f"{k}: {m}")
 
 
+def varlen_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """flash-attention's varlen kernel, on CPU: causal attention within each sequence of a packed row, whose
+    boundaries it takes from `cu_seq_lens_q/k` and `max_length_q/k` alone (the kwargs transformers hands
+    `_flash_attention_forward`), never from the position ids. Records each call's kwargs."""
+    import torch.nn.functional as F
+
+    VARLEN_CALLS.append({k: kwargs.get(k) for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")})
+    cu, longest = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
+    assert query.shape[0] == 1 and attention_mask is None and cu.dtype == torch.int32 and type(longest) is int
+    bounds = cu.tolist()
+    assert kwargs["cu_seq_lens_k"].tolist() == bounds and bounds[-1] == query.shape[2]
+    out = torch.empty_like(query)
+    for a, b in zip(bounds, bounds[1:]):
+        assert b - a <= longest
+        q, k, v = (x[:, :, a:b] for x in (query, key, value))
+        out[:, :, a:b] = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+VARLEN_CALLS: list[dict] = []
+
+
+def test_padding_free_hands_flash_attention_the_boundaries_from_the_host(tiny_random_dir):
+    """Under flash-attention, transformers takes a packed row's boundaries from the forward's kwargs
+    (`cu_seq_lens_q/k`, `max_length_q/k`) when all four are given, else infers them from the position ids in
+    every layer (device syncs). An attention that uses those kwargs alone (`varlen_attention`, registered as
+    transformers' flash-attention is: its own attention function, flash's mask function) gets them in every
+    layer, made by `select` from the host lengths, and gives the padded pass's log-probs and entropies."""
+    from transformers import AttentionInterface, AttentionMaskInterface, AutoModelForCausalLM
+    from transformers.masking_utils import flash_attention_mask
+
+    from common.batching import pack, select
+
+    AttentionInterface.register("varlen_test", varlen_attention)
+    AttentionMaskInterface.register("varlen_test", flash_attention_mask)
+    padded_model = AutoModelForCausalLM.from_pretrained(tiny_random_dir, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir, attn_implementation="varlen_test")
+    g = torch.Generator().manual_seed(0)
+    V = model.config.vocab_size
+    prompts = [torch.randint(3, V, (p,), generator=g).tolist() for p in (3, 9, 5, 1, 7)]
+    batch = pack(prompts, as_completions([torch.randint(3, V, (c,), generator=g).tolist() for c in (4, 1, 9, 6, 2)]), 0)
+    mb = select(batch, [0, 1, 2, 3, 4], "packed")
+    ids, attn_mask, C = mb["input_ids"], mb["attention_mask"], mb["completion_mask"].shape[1]
+    VARLEN_CALLS.clear()
+    with torch.no_grad():
+        logp, ent = sequence_logprobs(model, ids, attn_mask, 0.7, C, with_entropy=True, layout=mb["layout"])
+        want = sequence_logprobs(padded_model, ids, attn_mask, 0.7, C, with_entropy=True)
+    assert len(VARLEN_CALLS) == model.config.num_hidden_layers
+    assert all(call["cu_seq_lens_q"] is mb["layout"].flash["cu_seq_lens_q"] for call in VARLEN_CALLS)
+    assert VARLEN_CALLS[0]["max_length_q"] == 5 + 9  # the longest sequence
+    mask = mb["completion_mask"]
+    torch.testing.assert_close(logp * mask, want[0] * mask, rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(ent * mask, want[1] * mask, rtol=1e-5, atol=2e-5)
+
+
 # Groups of rows sharing a prompt: (prompt length, completion lengths), varied so that the padded layout
 # left-pads prompts, right-pads completions, and holds empty completions and a one-token prompt.
 SHARED_GROUPS = [(6, [4, 1, 0, 3]), (2, [5, 5]), (1, [2]), (9, [1, 3, 2])]
