@@ -46,13 +46,16 @@ DECLARED = {
     "cw_grpo.py": {"prefix": "cw", "main": {"5"}, "functions": set(), "flags": set(), "diff": 120},
     # old_logprobs() scores the prompt too, for c(q).
     "pro_grpo.py": {"prefix": "pro", "main": {"5"}, "functions": {"old_logprobs"}, "flags": {"weight_decay"}, "diff": 130},
-    # The baselines (baselines/): each paper's idea, nothing else.
-    "baselines/dr_grpo.py": {"prefix": "dr", "main": {"5"}, "functions": set(), "flags": set(), "diff": 45},
+    # The baselines (baselines/): each paper's idea, nothing else. DAPO: dynamic sampling fills the step with
+    # mixed groups (setup: its checks; 2-3: sampling until full, scored as it goes), overlong shaping (5), its log (8).
+    "baselines/dapo.py": {"prefix": "dapo", "main": {"setup", "2", "3", "5", "8"}, "functions": set(), "flags": set(),
+                          "diff": 200},
+    "baselines/dr_grpo.py": {"prefix": "dr", "main": {"5"}, "functions": set(), "flags": set(), "diff": 60},
     # The sequence ratio replaces the token ratio in the loss; the advantage is GRPO's.
-    "baselines/gspo.py": {"prefix": "grpo", "main": set(), "functions": {"policy_loss"}, "flags": set(), "diff": 45},
+    "baselines/gspo.py": {"prefix": "grpo", "main": set(), "functions": {"policy_loss"}, "flags": set(), "diff": 60},
     # The loss selects tokens by covariance; step_metrics logs how many it selected.
     "baselines/kl_cov.py": {
-        "prefix": "kl_cov", "main": {"5"}, "functions": {"policy_loss", "step_metrics"}, "flags": set(), "diff": 90,
+        "prefix": "kl_cov", "main": {"5"}, "functions": {"policy_loss", "step_metrics"}, "flags": set(), "diff": 125,
     },
 }  # fmt: skip
 ALWAYS_FREE = {"Args", "validate", "grpo_advantages"}  # the docstring and imports are free too
