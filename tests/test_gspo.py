@@ -76,10 +76,7 @@ def test_demo_learns_and_smollm2_runs_two_steps(tmp_path):
     steps on the real SmolLM2 run clean."""
     from test_learning import MARGIN, ROLLOUT, STEPS
 
-    from common.tiny_model import ensure_tiny_model
-
-    rows = run_script("baselines/gspo.py", tmp_path / "demo", "--model", str(ensure_tiny_model()),
-                      "--rollout", ROLLOUT, "--steps", str(STEPS))  # fmt: skip
+    rows = run_script("baselines/gspo.py", tmp_path / "demo", "--rollout", ROLLOUT, "--steps", str(STEPS))  # fmt: skip
     accuracy = [r["train/accuracy"] for r in rows]
     assert sum(accuracy[-2:]) / 2 > accuracy[0] + MARGIN, accuracy
     rows = run_script("baselines/gspo.py", tmp_path / "smollm2", "--model", "smollm2", "--rollout", "hf",

@@ -137,10 +137,7 @@ def test_demo_learns_and_smollm2_runs_two_steps(variant, tmp_path):
     steps on the real SmolLM2 run clean, with each variant."""
     from test_learning import MARGIN, ROLLOUT, STEPS
 
-    from common.tiny_model import ensure_tiny_model
-
-    rows = run_script("baselines/kl_cov.py", tmp_path / "demo", "--model", str(ensure_tiny_model()),
-                      "--variant", variant, "--rollout", ROLLOUT, "--steps", str(STEPS))  # fmt: skip
+    rows = run_script("baselines/kl_cov.py", tmp_path / "demo", "--variant", variant, "--rollout", ROLLOUT, "--steps", str(STEPS))  # fmt: skip
     accuracy = [r["train/accuracy"] for r in rows]
     assert sum(accuracy[-2:]) / 2 > accuracy[0] + MARGIN, accuracy
     if variant == "kl_cov":  # at least one token per micro-batch (Clip-Cov's band may be empty on the demo)
