@@ -204,6 +204,8 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
             group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
             limits = range_text(f)
             text = f.metadata.get("help", "")
+            if also := getattr(f.metadata.get("choices"), "also", None):  # choices that admit more than they list
+                text += f", {also}"
             if f.metadata.get("positional"):
                 many = typing.get_origin(kind) is list
                 item = typing.get_args(kind)[0] if many else convert

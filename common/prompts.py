@@ -51,11 +51,25 @@ USER_TEMPLATES: dict[str, str] = {
     "dapo_native": f"{DAPO_PREFIX}\n\n{{problem}}\n\n{DAPO_SUFFIX}",
     "evalscope_native": "{problem}\n" + QWEN_MATH_SYSTEM,
 }
-TEMPLATE_CHOICES = [*TEMPLATES, *NATIVE_TEMPLATES, *USER_TEMPLATES]
-TEMPLATE_HELP = (
-    f"prompt template: one of {', '.join(TEMPLATE_CHOICES)} (*_native: rendered by the model's own chat template), "
-    "or a template of your own: a string or a file holding {problem}"
-)
+
+
+class TemplateChoices(list):
+    """The template names, as a flag's choices (listed in --help and in a bad name's error), which also admit a
+    template of one's own (`own_template`): the scripts' `--template` takes either."""
+
+    also = "or a template of your own: a string or a file holding {problem}"
+
+    def __contains__(self, value) -> bool:
+        if list.__contains__(self, value):
+            return True
+        try:
+            own_template(value)
+        except (ValueError, TypeError):
+            return False
+        return True
+
+
+TEMPLATE_CHOICES = TemplateChoices([*TEMPLATES, *NATIVE_TEMPLATES, *USER_TEMPLATES])
 PLACEHOLDER = "{problem}"
 
 

@@ -97,15 +97,19 @@ class Session:
         """Rewards of the step's completions (`rows`: each completion's dataset row)."""
         import torch
 
-        from common.rewards import RewardFnError, compute_rewards
+        from common.rewards import RewardFnError, compute_rewards, flat_reason, reward_columns
 
+        columns = reward_columns(rows, self.tokenizer.decode) if self.custom_rewards else None
         try:
             r = compute_rewards(
                 texts, [row["answer"] for row in rows], self.reward_terms, self.verifier,
-                prompt_ends_with_think=self.opens_think, custom=self.custom_rewards,
+                prompt_ends_with_think=self.opens_think, custom=self.custom_rewards, columns=columns,
             )  # fmt: skip
         except RewardFnError as e:
             raise SystemExit(f"error: --reward_fn: {e}") from None
+        if not self.scored_once and (why := flat_reason(r, texts, self.group_size)):  # say why at once, not in 10 steps
+            self.logger.write(why)
+        self.scored_once = True
         self.unchecked += len(r.checked) - sum(r.checked)
         as_tensor = lambda x, dtype: torch.tensor(x, device=self.device, dtype=dtype)
         return Scores(
@@ -279,6 +283,7 @@ def start_session(
         context=(max_prompt_len, max_completion_len + extra_context, extra_context_flags), check_data=check_data,
     )  # fmt: skip
     gpu, say0 = torch.cuda.is_available(), print if pre.is_main else lambda _: None
+    stop = check_prompt_format(terms, pre.rows[0]["prompt_ids"], pre.tokenizer, template, few_shot, run.stop, say0)
     precision = precision_for(run.precision, gpu)
     # The slow part of start-up, before the progress bar: say what it is.
     say0(
@@ -301,6 +306,7 @@ def start_session(
         run, pre.model_path, pre.tokenizer, accelerator.unwrap_model(policy), mode, precision,
         seed=seed + accelerator.process_index, max_prompt_len=max_prompt_len, added_len=max_completion_len + extra_context,
         rows=pre.rows, eval_sets=pre.eval_sets, prompts_per_step=prompts_per_step, group_size=group_size, say=say0,
+        stop=stop,
     )  # fmt: skip
     start_step = resume(run.resume, accelerator, pre.run_dir, policy, opt, scheduler, sampler, engine)
     verifier, logger = open_logs(
@@ -322,6 +328,7 @@ def start_session(
         saved_step=start_step or None, last_save=time.monotonic(), skipped_this_step=False,
         _cuda_sync=torch.cuda.synchronize if gpu else None,
         few_shot=few_shot, few_shot_pool=pool_of(pre.rows, few_shot) if few_shot else None,
+        group_size=group_size, scored_once=False,
     )  # fmt: skip
     session.guard.checkpoint_hint = lambda: session.saved_step
     if run.eval_steps and run.eval_before and start_step == 0:
@@ -354,6 +361,26 @@ def check_launch_and_rewards(
             probe_reward_fn(load_reward_fn(spec), per_step, say0) for spec in (reward_fn or "").split(",") if spec
         ]
     return terms, custom
+
+
+def check_prompt_format(terms: list[str], prompt_ids: list[int], tokenizer, template: str, few_shot: int,
+                        stop: str | None, say) -> list[str]:  # fmt: skip
+    """Before any model loads: a reward term that reads an answer format the prompt asks against is refused, one
+    it does not ask for is warned (`common.rewards.format_mismatch`, on a prompt as rendered, worked examples
+    included). Returns the stop strings (--stop's and the few-shot format's own), saying the implied one."""
+    from common.prompts import stop_strings
+    from common.rewards import format_mismatch
+
+    found = format_mismatch(terms, tokenizer.decode(prompt_ids), template)
+    if found and found[0] == "error":
+        require(False, found[1])
+    if found:
+        say(found[1])
+    with clear_errors("--stop"):
+        stops, line = stop_strings(stop, template, few_shot)
+    if line:
+        say(line)
+    return stops
 
 
 @dataclass
@@ -531,11 +558,12 @@ def load_models(
 
 def rollout_engine(
     run: RunFlags, model_path: str, tokenizer, policy, mode, precision: Precision, *, seed: int, max_prompt_len: int,
-    added_len: int, rows: list[dict], eval_sets: dict, prompts_per_step: int, group_size: int, say,
+    added_len: int, rows: list[dict], eval_sets: dict, prompts_per_step: int, group_size: int, say, stop: list[str] = (),
 ):  # fmt: skip
     """The rollout engine of --rollout (`common.rollout.make_engine`), sized for a step's rollout or an
     evaluation on this rank, whichever is larger, for sequences of `max_prompt_len` + `added_len` tokens (the
-    completion and any extra context); `seed`: this rank's. Says when its KV cache cannot hold a step at once."""
+    completion and any extra context); `seed`: this rank's; `stop`: the stop strings. Says when its KV cache
+    cannot hold a step at once."""
     from common.rollout import make_engine
 
     world = mode.world
@@ -547,6 +575,7 @@ def rollout_engine(
         gpu_memory_utilization=run.vllm_gpu_memory_utilization, sleep=run.vllm_sleep,
         max_num_seqs=run.vllm_max_num_seqs or min(1024, max(rows_per_rank, eval_rows_per_rank)),
         max_num_batched_tokens=run.vllm_max_num_batched_tokens, synced=mode.sharded, per_prompt_seeds=run.per_prompt_seeds,
+        stop=stop,
     )  # fmt: skip
     kv_note = engine.kv_cache_note(
         [len(r["prompt_ids"]) for r in rows], prompts_per_step // world, group_size, added_len

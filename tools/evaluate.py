@@ -20,7 +20,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from common.cli import arg, parse_args, require
-from common.prompts import TEMPLATE_HELP, check_template, parse_stop
+from common.prompts import TEMPLATE_CHOICES, check_template, parse_stop
 from common.run_flags import vllm_available
 
 BENCHMARK_NAMES = "math500, aime24, aime25, amc23, amc, minerva, olympiadbench, gsm8k, synthetic"
@@ -38,7 +38,11 @@ class Args:
     limit: int | None = arg(None, "evaluate only the first N problems of each benchmark (smoke tests)", at_least=1)
     problem_field: str | None = arg(None, "column holding the problem (default: known per benchmark, else 'problem')")
     answer_field: str | None = arg(None, "column holding the gold answer (default: known per benchmark, else 'answer')")
-    template: str = arg("qwen_math", TEMPLATE_HELP + " (a training run's: its own, unless given)")
+    template: str = arg(
+        "qwen_math",
+        "prompt template (a training run's: its own, unless given); *_native: the model's chat template",
+        TEMPLATE_CHOICES,
+    )
     few_shot: int = arg(
         0, "K worked examples before each problem (a training run's: its own, unless given)", at_least=0
     )
