@@ -197,7 +197,7 @@ def test_every_panel_has_a_readable_title_and_axis_labels():
         assert axes[title].get_ylabel() == ylabel
     for title, ax in axes.items():
         assert "/" not in title.replace("pass@", "")  # no raw keys
-        assert ax.get_ylabel() and ax.get_xlabel() == "optimiser step"
+        assert ax.get_ylabel() and ax.get_xlabel() == "training step"
     legend = fig.legends[0]
     assert [t.get_text() for t in legend.get_texts()] == ["egpo", "egpo_c1"]
 
@@ -213,6 +213,13 @@ def test_titles_of_metrics_without_an_entry_come_from_the_key():
     assert plot.describe("time/sync_s") == ("Time: sync (seconds)", "seconds")
     assert plot.describe("eval/gsm8k/pass@8") == ("Eval pass@8 (gsm8k)", "pass@8")
     assert plot.describe("eval/mean/response_len") == ("Eval response length (benchmark mean)", "tokens")
+
+
+def test_the_x_axis_names_what_it_shows():
+    """Its values are metrics.jsonl's "step", a rollout batch (several optimiser steps with --mu or
+    --num_minibatches): the axis said "optimiser step"."""
+    ax = panels(plot.figure({"a": rows_for(steps=5)}, ["train/accuracy"]))["Training accuracy (= reward)"]
+    assert ax.get_xlabel() == "training step" and list(ax.get_lines()[-1].get_xdata()) == [1, 2, 3, 4, 5]
 
 
 def test_training_curves_are_smoothed_by_default_raw_faint_behind():

@@ -8,7 +8,8 @@ Each RUN_DIR holds the `metrics.jsonl` a training script writes (one JSON object
 "step" and metric keys; null for a value that was not finite) and, optionally, the
 `eval_results.json` of `tools/evaluate.py`.
 
-The figure has one panel per metric, x axis the optimiser step, one colour per run. First what
+The figure has one panel per metric, x axis the training step (the "step" of metrics.jsonl: one rollout
+batch, with --mu x --num_minibatches optimiser steps), one colour per run. First what
 every script logs: training accuracy and reward (one panel when reward is accuracy alone in every
 run), the periodic evaluation's overall pass@1, policy entropy, response length, groups with no
 signal (all rewards equal) and the within-group advantage variance. Then a method's own metrics
@@ -62,7 +63,7 @@ METHODS = {
     "dr": "Dr. GRPO",
     "kl_cov": "KL-Cov / Clip-Cov",
 }
-XLABEL = "optimiser step"
+XLABEL = "training step"  # metrics.jsonl's "step": one rollout batch, not an optimiser step
 
 # key -> (panel title, y-axis label). A method's keys are in the order its panels appear.
 LABELS: dict[str, tuple[str, str]] = {
