@@ -1,0 +1,413 @@
+"""DAPO (Decoupled Clip and Dynamic sAmpling Policy Optimization, arXiv 2503.14476), one file, top to bottom.
+
+grpo_base.py plus DAPO's four techniques (`diff grpo_base.py baselines/dapo.py` shows all of them):
+
+    J = 1/sum_i |o_i| sum_i sum_t min(rho_it A_i, clip(rho_it, 1 - eps_low, 1 + eps_high) A_i)    (eq. 8)
+        s.t. 0 < |{o_i : o_i is right}| < G
+    A_i = (R_i - mean(R)) / std(R),  R_i = R(o_i) + R_length(|o_i|)                             (eqs. 9, 7, 13)
+    R_length(L) = 0 for L <= L_max - L_cache; ((L_max - L_cache) - L) / L_cache up to L_max; -1 beyond  (eq. 13)
+
+Clip-Higher (eps_high 0.28 > eps_low 0.2), the token-level mean over the batch (--loss_agg token-mean),
+no KL term, the soft overlong punishment over the last L_cache = --overlong_buffer_frac x L_max tokens
+(L_max = --max_completion_len), and dynamic sampling: groups whose answers are all right or all wrong
+are dropped and more prompts are drawn, generated and scored (common/dynamic_sampling.py) until the step
+holds --prompts_per_step mixed groups, at most --max_gen_batches generation batches a step.
+Every decision: docs/algorithms/dapo.md.
+
+    python baselines/dapo.py                  # CPU demo: a tiny model learns to box its sums
+    accelerate launch --config_file configs/accelerate/ddp_8gpu.yaml baselines/dapo.py \\
+        --config recipes/dapo_qwen2.5-math-1.5b.yaml
+"""
+
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from baselines/: common/ is at the root
+
+from common.cli import arg, flag_record, parse_args, require
+from common.prompts import TEMPLATE_CHOICES
+from common.run_flags import RunFlags, check_tis_support
+
+
+@dataclass
+class Args:
+    # What to train. The defaults run the CPU demo; recipes/ holds each paper's setting.
+    model: str = arg(
+        "tiny",
+        "HF hub name or local path (a run or checkpoint directory too); 'tiny' is the shipped CPU demo model, 'smollm2' converts SmolLM2-135M-Instruct",
+    )
+    dataset: str = arg("synthetic-arith", "hub name, local .jsonl/.json/.parquet, or 'synthetic-arith'")
+    template: str = arg(
+        "qwen_math", "prompt template; *_native: rendered by the model's own chat template", TEMPLATE_CHOICES
+    )
+    few_shot: int = arg(
+        0, "K worked examples from the dataset's solutions before each problem (earlier chat turns)", at_least=0
+    )
+    rewards: str = arg(
+        "accuracy", "comma-separated reward terms: accuracy, boxed_format, think_format, think_answer_format, dapo"
+    )
+    reward_fn: str | None = arg(
+        None, "your own reward terms, comma-separated module:function or file.py:function (README)"
+    )
+    steps: int = arg(30, "optimisation steps (one rollout batch each)", at_least=1, resumable=True)
+    epochs: float | None = arg(None, "if set, overrides --steps: passes over the dataset", above=0, resumable=True)
+    prompts_per_step: int = arg(16, "prompts per step over all ranks; each gets --group_size completions", at_least=1)
+    max_prompt_len: int = arg(512, "prompts longer than this (tokens) are dropped at load time", at_least=1)
+    max_completion_len: int = arg(48, "max new tokens per completion", at_least=1)
+    seed: int = arg(0, "random seed (data order, sampling, init)")
+    # Optimiser.
+    lr: float = arg(2e-4, "AdamW learning rate (the papers use 1e-6 on 1.5B-7B models)", above=0, resumable=True)
+    lr_schedule: str = arg("constant", "after the warm-up", ["constant", "cosine", "linear"], resumable=True)
+    warmup_steps: int = arg(0, "linear learning-rate warm-up (optimiser steps)", at_least=0, resumable=True)
+    weight_decay: float = arg(0.0, "AdamW weight decay", at_least=0)
+    grad_clip: float = arg(1.0, "max global gradient norm", above=0, resumable=True)
+    # The method. Defaults: docs/algorithms/dapo.md (the paper; verl where the paper gives none).
+    group_size: int = arg(8, "G: completions per prompt", at_least=2)
+    temperature: float = arg(1.0, "sampling temperature T; log-probs are computed from logits / T", above=0)
+    top_p: float = arg(1.0, "nucleus sampling", above=0, at_most=1)
+    eps_low: float = arg(0.2, "clip range: rho >= 1 - eps_low", at_least=0, below=1)
+    eps_high: float = arg(0.28, "clip range: rho <= 1 + eps_high (Clip-Higher, Sec. 3.1)", at_least=0)
+    beta: float = arg(0.0, "k3 KL weight to the initial model (0: no reference model is loaded)", at_least=0)
+    loss_agg: str = arg(
+        "token-mean",
+        "loss aggregation (eq. 8: over all tokens)",
+        ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"],
+    )
+    mu: int = arg(1, "optimisation passes over each rollout batch", at_least=1)
+    num_minibatches: int = arg(1, "optimiser steps per pass (the rollout batch split in this many)", at_least=1)
+    tis_cap: float = arg(
+        0.0,
+        "if > 0: weight each token's loss by min(pi_old / pi_rollout, tis_cap) (vLLM-vs-trainer mismatch)",
+        at_least=0,
+    )
+    max_gen_batches: int = arg(
+        10, "dynamic sampling: generation batches a step may draw before it gives up (0: no limit)", at_least=0
+    )
+    overlong_buffer_frac: float = arg(
+        0.2, "L_cache / L_max of eq. 13 (0: no overlong punishment); L_max = --max_completion_len", at_least=0, below=1
+    )
+    overlong_penalty: float = arg(1.0, "R_length's weight (eq. 13: 1, down to -1 at L_max)", at_least=0)
+
+
+def validate(args: Args, run: RunFlags) -> None:
+    """Cross-flag checks (each flag's own range is checked as it is parsed), before anything loads."""
+    n = args.prompts_per_step * args.group_size
+    require(
+        n % args.num_minibatches == 0,
+        f"--num_minibatches={args.num_minibatches} must divide prompts_per_step * group_size = {n}",
+    )
+    check_tis_support(args.tis_cap, args.top_p)
+    require(
+        args.overlong_buffer_frac == 0 or overlong_cache(args) >= 1,
+        f"--overlong_buffer_frac {args.overlong_buffer_frac} of --max_completion_len {args.max_completion_len} is "
+        "under one token: raise it, or set 0 for no overlong punishment",
+    )
+    run.validate()
+
+
+def overlong_cache(args: Args) -> int:
+    """L_cache of eq. 13 in tokens: the paper's 4,096 of L_max = 20,480 is --overlong_buffer_frac 0.2."""
+    return round(args.overlong_buffer_frac * args.max_completion_len)
+
+
+if __name__ == "__main__":  # --help and a bad flag's one-line error, before torch and the libraries load (seconds)
+    CLI = parse_args(Args, RunFlags, description=__doc__)
+    validate(*CLI)
+
+from functools import partial  # noqa: E402
+
+import torch  # noqa: E402
+
+from common.batching import pack, rows_with_loss, select  # noqa: E402
+from common.distributed import global_sum  # noqa: E402
+from common.dynamic_sampling import fewest_over_ranks, fill_groups  # noqa: E402
+from common.logprobs import masked_mean, sequence_logprobs  # noqa: E402
+from common.rollout import prompt_seeds  # noqa: E402
+from common.session import Scores, start_session  # noqa: E402
+
+
+def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.Tensor:
+    """A_i = (r_i - mean(r)) / (std(r) + eps) within each group of G (GRPO paper, eq. 3 of the four papers).
+    A group whose rewards are all equal gets A = 0 ("advantage collapse")."""
+    r = rewards.view(-1, G)
+    return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)).view(-1)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, cache: int) -> torch.Tensor:
+    """R_length (eq. 13) of completions of `lengths` tokens: 0 up to max_len - cache, then falling linearly to -1
+    at max_len, -1 beyond (the engine cuts at max_len: a truncated completion gets -1). cache 0: no punishment."""
+    if cache == 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    return -((lengths - (max_len - cache)).clamp(min=0) / cache).clamp(max=1.0)
+
+
+def sample_groups(s, args: Args, timer, tally: Counter, rows: list[dict]) -> list[dict]:
+    """One generation batch of dynamic sampling: G completions for each of this rank's `rows` (none once it is
+    full; the engine is still called) from pi_old, scored, the overlong punishment added (eqs. 7, 13). One
+    seed per prompt, from its place in the global generation batch (the sampler's draw). One dict per group."""
+    G = args.group_size
+    with timer("rollout"):
+        seeds = prompt_seeds(args.seed, s.sampler.step - 1, args.prompts_per_step, s.rank, len(rows))
+        prompts = [r["prompt_ids"] for r in rows]
+        groups = s.engine.generate(prompts, G, args.max_completion_len, args.temperature, args.top_p, seed=seeds)
+    if not rows:
+        return []
+    completions = [c for g in groups for c in g]
+    texts = s.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+    with timer("scoring"):
+        scores = s.score(texts, [r for r in rows for _ in range(G)])
+    lengths = torch.tensor([len(c.token_ids) for c in completions], device=scores.reward.device)
+    punish = overlong_penalty(lengths, args.max_completion_len, overlong_cache(args))
+    reward = scores.reward + args.overlong_penalty * punish
+    tally.update(completions=len(completions), correct=scores.accuracy.sum())  # summed on the device
+    return [
+        {"row": row, "completions": group, "texts": texts[i * G : (i + 1) * G]}
+        | {k: v[i * G : (i + 1) * G] for k, v in (("reward", reward), ("accuracy", scores.accuracy), ("checked", scores.checked))}
+        for i, (row, group) in enumerate(zip(rows, groups))
+    ]  # fmt: skip
+
+
+def mixed_groups(groups: list[dict], G: int) -> list[bool]:
+    """Dynamic sampling's filter (eq. 8's constraint 0 < #right < G): keep a group whose answers are neither all
+    right nor all wrong, by accuracy (the paper's is_equivalent; verl's metric `acc`: a punished length alone
+    does not make a group mixed), and whose every answer was checked (else it would get no advantage)."""
+    if not groups:
+        return []
+    right = torch.stack([g["accuracy"] for g in groups]).sum(1)
+    checked = torch.stack([g["checked"] for g in groups]).all(1)
+    return ((right > 0) & (right < G) & checked).tolist()
+
+
+def sampling_metrics(s, got, tally: Counter, prompts_per_step: int) -> dict:
+    """Dynamic sampling's figures, over all ranks: the generation batches it drew, the mixed groups it trains
+    on, the share of sampled groups that were mixed, whether it gave up, and the accuracy of all it sampled
+    (train/accuracy is the trained groups')."""
+    n = global_sum(
+        s.accelerator,
+        {"kept": got.kept, "seen": got.kept_seen, "generated": got.generated}
+        | {"correct": tally["correct"], "completions": tally["completions"]},
+    )
+    return {
+        "dapo/gen_batches": got.batches,
+        "dapo/kept_groups": n["kept"],
+        "dapo/kept_frac": n["kept"] / prompts_per_step,
+        "dapo/mixed_frac": n["seen"] / max(n["generated"], 1),
+        "dapo/gave_up": float(got.gave_up),
+        "dapo/sampled_accuracy": n["correct"] / max(n["completions"], 1),
+    }
+
+
+def dapo_advantages(rewards: torch.Tensor, old: dict, batch: dict, G: int, args: Args) -> tuple[torch.Tensor, dict]:
+    """GRPO's group-normalised advantage (eq. 9) of the shaped rewards R_i = R(o_i) + R_length(|o_i|); and the
+    overlong figures: the share of completions in the punished last L_cache tokens, and their mean R_length."""
+    lengths = torch.as_tensor(batch["completion_lens"], device=rewards.device)
+    punish = overlong_penalty(lengths, args.max_completion_len, overlong_cache(args))
+    metrics = {"dapo/overlong_frac": (punish < 0).float().mean(), "dapo/overlong_penalty": punish.mean()}
+    return group_advantages(rewards, G), metrics
+
+
+def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=None, rollout_logp=None):
+    """Clipped surrogate (PPO/GRPO) per token, aggregated as --loss_agg says.
+
+    logp, mask: [n, C] of one micro-batch; old_logp, ref_logp, rollout_logp and a token-level adv
+    may be wider (the whole batch's C) and are cut to C; adv: [n] or [n, C]. num_seqs / num_tokens:
+    this rank's share of the mini-batch's sequences / tokens (the global count / the ranks), so
+    that the micro-batches' losses, summed and averaged over ranks, are exactly the mini-batch's.
+    --tis_cap C > 0: each token's surrogate is weighted by min(pi_old / pi_rollout, C).
+    Returns the loss and token sums for the step's metrics (0-dim tensors, left on the device).
+    """
+    C = logp.shape[1]
+    adv = adv[:, None] if adv.dim() == 1 else adv[:, :C]
+    old_logp = old_logp[:, :C]
+    ratio = torch.exp(logp - old_logp)
+    clipped = torch.clamp(ratio, 1 - args.eps_low, 1 + args.eps_high)
+    per_token = -torch.min(ratio * adv, clipped * adv)
+    tis = torch.ones_like(logp)
+    if args.tis_cap > 0:  # engine-inserted tokens (NaN log-prob) keep weight 1
+        tis = torch.exp(old_logp - rollout_logp[:, :C]).nan_to_num(nan=1.0).clamp(max=args.tis_cap).detach()
+        per_token = per_token * tis
+    if args.beta > 0:
+        d = ref_logp[:, :C] - logp
+        per_token = per_token + args.beta * (torch.exp(d) - d - 1)  # k3 estimator
+    masked = per_token * mask
+    if args.loss_agg == "token-mean":
+        loss = masked.sum() / num_tokens
+    elif args.loss_agg == "seq-mean-token-mean":
+        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / num_seqs
+    else:  # seq-mean-token-sum-norm (Dr. GRPO): a constant denominator
+        loss = masked.sum() / (num_seqs * args.max_completion_len)
+    with torch.no_grad():
+        sums = {
+            "clip_low": (((ratio < 1 - args.eps_low) & (adv < 0)) * mask).sum(),  # the clip bounds a decrease
+            "clip_high": (((ratio > 1 + args.eps_high) & (adv > 0)) * mask).sum(),  # ... an increase
+            "approx_kl": ((ratio - 1 - (logp - old_logp)) * mask).sum(),  # k3 KL(pi_old || pi_theta)
+            "tis_capped": ((tis >= args.tis_cap) * mask).sum() if args.tis_cap > 0 else 0.0,
+            "tokens": mask.sum(),
+        }
+    return loss, sums
+
+
+def old_logprobs(s, batch: dict, args: Args) -> dict:
+    """No-grad pass of the trainer over the rollout batch, before any update: pi_old's log-probs and
+    entropies [N, C], and the reference model's log-probs when --beta > 0."""
+    out = {k: torch.zeros_like(batch["completion_mask"]) for k in ("logp", "entropy", "ref_logp")}
+    with torch.no_grad():
+        for idx in s.micro_batch_plan(batch, list(range(len(batch["input_ids"])))):
+            mb = select(batch, idx, s.layout)
+            r = mb["rows"][: len(idx)]  # on the device (a list index would be a blocking copy); none if idx is empty
+            C = mb["completion_mask"].shape[1]
+            ids, attn = mb["input_ids"], mb["attention_mask"]
+            logp, ent = sequence_logprobs(
+                s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True, layout=mb["layout"]
+            )
+            out["logp"][r, :C], out["entropy"][r, :C] = logp[: len(idx)], ent[: len(idx)]
+            if s.ref_model is not None:
+                ref_logp, _ = sequence_logprobs(
+                    s.ref_model, ids, attn, args.temperature, logits_to_keep=C, layout=mb["layout"]
+                )
+                out["ref_logp"][r, :C] = ref_logp[: len(idx)]
+    return out
+
+
+def update(s, batch: dict, old: dict, advantages: torch.Tensor, args: Args, step: int) -> Counter:
+    """Clipped-surrogate updates: --mu passes over the rollout batch, each in --num_minibatches optimiser
+    steps, each over micro-batches whose gradients accumulate. Returns sums for the step's metrics, over
+    all ranks. A row whose loss is identically 0 (advantage 0 everywhere, no KL term) is left out of the
+    micro-batches; the denominators still count it. Statistics stay on the device until the optimiser step."""
+    n = len(batch["input_ids"])
+    size = n // args.num_minibatches
+    live = rows_with_loss(advantages, batch["completion_mask"], every_row=args.beta > 0)
+    sums = Counter(skipped_rows=n - sum(live))
+    s.model.train()
+    for _ in range(args.mu):
+        order = torch.randperm(n).tolist() if args.num_minibatches > 1 else list(range(n))
+        for first in range(0, n, size):
+            rows = order[first : first + size]
+            num_tokens = global_sum(s.accelerator, sum(batch["completion_lens"][r] for r in rows)) / s.world
+            plan, local = s.micro_batch_plan(batch, [r for r in rows if live[r]]), Counter()
+            for i, idx in enumerate(plan):
+                mb = select(batch, idx, s.layout)
+                r = mb["rows"]
+                with s.accumulate(last=i == len(plan) - 1):
+                    C = mb["completion_mask"].shape[1]
+                    logp, _ = sequence_logprobs(
+                        s.model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C,
+                        layout=mb["layout"],
+                    )  # fmt: skip
+                    loss, stats = policy_loss(
+                        logp, old["logp"][r], advantages[r], mb["completion_mask"], args, len(rows), num_tokens,
+                        old["ref_logp"][r], batch["rollout_logp"][r],
+                    )  # fmt: skip
+                    s.accelerator.backward(loss)
+                local.update(stats | {"loss": loss.detach()})
+            opt = s.optimizer_step(step + 1, local)  # clip; a NaN/inf or spiking update is skipped
+            sums.update(opt.sums | {"loss": opt.loss, "skipped": not opt.applied, "optimizer_steps": 1})
+            sums["grad_norm"] = opt.grad_norm
+    return sums
+
+
+def step_metrics(s, scores, batch: dict, old: dict, advantages: torch.Tensor, sums: Counter, G: int, timer) -> dict:
+    """The step's figures (docs/algorithms/grpo_base.md#metrics): token-level ones weighted by tokens over all ranks."""
+    mask, rollout_logp = batch["completion_mask"], batch["rollout_logp"]
+    r = scores.reward.view(-1, G)
+    per_seq_adv = advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)
+    tok = global_sum(s.accelerator, {"entropy": (old["entropy"] * mask).sum(), "mask": mask.sum()})
+    per_token = lambda k: sums[k] / max(sums["tokens"], 1)  # noqa: E731
+    return {
+        "train/reward": scores.reward.mean(),
+        "train/accuracy": scores.accuracy.mean(),
+        "train/response_len": mask.sum(-1).mean(),
+        "train/truncated_frac": (~batch["finished"]).sum().item() / len(mask),
+        "train/entropy": tok["entropy"] / max(tok["mask"], 1),
+        "train/zero_adv_group_frac": (r.max(1).values == r.min(1).values).float().mean(),
+        "train/adv_var_within_group": per_seq_adv.view(-1, G).var(1).mean(),
+        "train/rollout_logp_gap": masked_mean(
+            (rollout_logp.nan_to_num() - old["logp"]).abs(), mask * rollout_logp.isfinite()
+        ),
+        "train/grad_norm": sums["grad_norm"],
+        "train/clip_frac_low": per_token("clip_low"),
+        "train/clip_frac_high": per_token("clip_high"),
+        "train/approx_kl": per_token("approx_kl"),
+        "train/tis_capped_frac": per_token("tis_capped"),
+        "train/loss": sums["loss"] / sums["optimizer_steps"],
+        "train/skipped_steps": sums["skipped"],
+        "train/skipped_rows": sums["skipped_rows"],
+        "time/tokens_per_s": mask.sum() / sum(timer.seconds.values()),
+    }
+
+
+def main(args: Args, run: RunFlags) -> None:
+    """1. Set up: policy, optimiser, data, rollout engine, verifier, logger (common/session.py).
+    Then each step:
+    2. Rollout: G completions per prompt from pi_old.
+    3. Rewards.
+    4. pi_old's log-probs of the rollout, from the trainer before any update.
+    5. Advantages.
+    6. Clipped-surrogate updates.
+    7. Sync: the rollout engine gets the new weights.
+    8. Log, evaluate, save.
+    """
+    G = args.group_size
+    s = start_session(
+        Path(__file__).stem, run, flag_record(args, run), model=args.model, dataset=args.dataset, template=args.template,
+        few_shot=args.few_shot,
+        rewards=args.rewards, reward_fn=args.reward_fn, seed=args.seed, steps=args.steps, epochs=args.epochs,
+        prompts_per_step=args.prompts_per_step, group_size=G, max_prompt_len=args.max_prompt_len,
+        max_completion_len=args.max_completion_len, top_p=args.top_p,
+        optimizer=partial(torch.optim.AdamW, lr=args.lr, weight_decay=args.weight_decay), grad_clip=args.grad_clip,
+        lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps, optimizer_steps_per_step=args.mu * args.num_minibatches,
+        reference_model=args.beta > 0,
+    )  # fmt: skip
+
+    with s:  # closed on any exit: the closing line after the last step, the bar's end before an error
+        for step in s.steps():  # ends early, after saving a checkpoint, on SIGTERM / Ctrl-C
+            timer, tally = s.timer(), Counter()
+
+            # 2. Rollout with dynamic sampling (Sec. 3.2): generation batches of prompts, G completions each from
+            # pi_old, scored as they come; only mixed groups are kept, until each rank holds its share of
+            # --prompts_per_step, at most --max_gen_batches batches (common/dynamic_sampling.py).
+            got = fill_groups(
+                s.sampler.next_batch, partial(sample_groups, s, args, timer, tally), partial(mixed_groups, G=G),
+                args.prompts_per_step // s.world, args.max_gen_batches, partial(fewest_over_ranks, s.accelerator),
+            )  # fmt: skip
+            sampled = sampling_metrics(s, got, tally, args.prompts_per_step)
+            if got.gave_up and s.is_main:
+                s.logger.write(
+                    f"step {step + 1}: dynamic sampling gave up after --max_gen_batches {args.max_gen_batches} with "
+                    f"{sampled['dapo/kept_groups']:.0f} of {args.prompts_per_step} mixed groups; the rest are groups it "
+                    "dropped, trained as without dynamic sampling: raise --max_gen_batches (0: no limit)"
+                )
+            rollout_rows = [g["row"] for g in got.groups for _ in range(G)]
+            completions = [c for g in got.groups for c in g["completions"]]
+            texts = [t for g in got.groups for t in g["texts"]]
+
+            # 3. Rewards: each group's, scored as it was sampled, the overlong punishment added (eqs. 7, 13).
+            scores = Scores(*(torch.cat([g[k] for g in got.groups]) for k in ("reward", "accuracy", "checked")))
+
+            # 4. pi_old's log-probs (and token entropies) from the trainer, before any update.
+            with timer("old_logp"):
+                s.engine.sleep()
+                batch = pack([r["prompt_ids"] for r in rollout_rows], completions, s.tokenizer.pad_token_id, s.device)
+                old = old_logprobs(s, batch, args)
+
+            # 5. Advantages; a group holding an answer the verifier had no time to check gets none.
+            advantages, info = dapo_advantages(scores.reward, old, batch, G, args)
+            advantages = scores.without_unchecked_groups(advantages, G)
+
+            # 6. Clipped-surrogate updates.
+            with timer("update"):
+                sums = update(s, batch, old, advantages, args, step)
+
+            # 7. Sync: the rollout engine samples from the new policy next step.
+            with timer("sync"):
+                s.sync_weights()
+
+            # 8. Log (a few completions too), evaluate, save.
+            metrics = step_metrics(s, scores, batch, old, advantages, sums, G, timer) | info | sampled
+            s.end_step(step + 1, metrics, timer, samples=(rollout_rows, texts, scores.reward, advantages))
+
+
+if __name__ == "__main__":
+    main(*CLI)
