@@ -37,6 +37,8 @@ MODELS = {
     ),
 }  # fmt: skip
 RECIPES = sorted(p.name for p in (ROOT / "recipes").glob("*.yaml"))
+SCRIPTS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")
+FIVE = [r for r in RECIPES if r.startswith(tuple(f"{s}_" for s in SCRIPTS))]  # the five scripts' recipes
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +171,7 @@ def test_the_preflight_under_each_real_engine(mode, tmp_path):
     models fit, whatever the engine, as `check_plan` says with the count made without an engine."""
     pytest.importorskip("deepspeed") if mode.startswith("zero") else None
     plans, expected = {}, {}
-    for recipe in RECIPES:
+    for recipe in FIVE:
         plan = launch_plan(recipe)
         sizes, count = MODELS[plan["model"]]
         model_dir = tmp_path / recipe
@@ -196,8 +198,49 @@ def test_the_preflight_under_each_real_engine(mode, tmp_path):
     rows = [json.loads(f.read_text()) for f in sorted((tmp_path / "run").glob("preflight-rank*.json"))]
     assert sorted(r["rank"] for r in rows) == [0, 1], out[-3000:]
     for r in rows:
-        assert r["mode"] == mode and r["world"] == 2
+        assert r["mode"] == mode and r["world"] == 2 and r["mixed"] == "bf16"
+        if mode == "fsdp2":  # gradients reduced in fp32, as DDP's (common.distributed.make_accelerator)
+            assert r["fsdp_dtypes"] == ["torch.bfloat16", "torch.float32"]
+        if mode.startswith("zero"):
+            ds = r["ds_config"]
+            assert ds["data_types"] == {"grad_accum_dtype": "fp32"} and ds["communication_data_type"] == "fp32"
+            assert ds["gradient_clipping"] == 1.0 and ds["train_batch_size"] == 2 * RunFlags().micro_batch_size
+            gathered = ds["zero_optimization"].get("stage3_gather_16bit_weights_on_model_save", False)
+            assert gathered is (mode == "zero3")  # the HF copy in each checkpoint
         assert r["zero3_hook"] is r["zero3_hook_after"] is (mode == "zero3")  # set by the engine, and left set
-        assert {recipe: r[recipe] for recipe in RECIPES} == expected
+        assert {recipe: r[recipe] for recipe in FIVE} == expected
     assert "refused" in expected["pro_grpo_qwen2.5-7b.yaml"]
     assert all("plan" in v for k, v in expected.items() if "1.5b" in k)
+
+
+@pytest.mark.parametrize(
+    "precision,gpu,expected",
+    [  # (accelerate's mixed precision, policy weights, reference model, rollout engine, activation bytes)
+        ("auto", True, ("bf16", torch.float32, torch.bfloat16, "bfloat16", 2)),
+        ("bf16", True, ("bf16", torch.bfloat16, torch.bfloat16, "bfloat16", 2)),
+        ("fp32", True, ("no", torch.float32, torch.bfloat16, "float32", 4)),
+        ("auto", False, ("no", torch.float32, torch.float32, "float32", 4)),
+        ("bf16", False, ("no", torch.bfloat16, torch.float32, "float32", 2)),
+        ("fp32", False, ("no", torch.float32, torch.float32, "float32", 4)),
+    ],
+)
+def test_precision_on_a_gpu_and_on_cpu(precision, gpu, expected):
+    """The session's dtypes, from --precision and whether a GPU trains (the session asks torch once)."""
+    from dataclasses import astuple
+
+    from common.session import precision_for
+
+    assert astuple(precision_for(precision, gpu)) == expected
+
+
+def test_the_session_plans_memory_on_a_gpu_only(tiny_random_dir):
+    """check_memory: the plan on a device of the stated GiB, refused past it; nothing planned on CPU (None)."""
+    from common.distributed import ParallelMode
+    from common.session import check_memory
+
+    run, mode = RunFlags(), ParallelMode("ddp", 2)
+    assert check_memory(run, str(tiny_random_dir), mode, False, None) is None
+    plan = check_memory(run, str(tiny_random_dir), mode, False, 10.0)
+    assert plan["vLLM"] == pytest.approx(run.vllm_gpu_memory_utilization * 10.0) and plan["margin"] == 2.0
+    with pytest.raises(SystemExit, match=r"^error: memory: each GPU would hold .* of its 2\.0 "):
+        check_memory(run, str(tiny_random_dir), mode, False, 2.0)

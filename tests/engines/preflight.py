@@ -4,7 +4,7 @@
         tests/engines/preflight.py PLANS.json RUN_DIR
 
 The accelerator comes from the session's own step (`common.session.open_accelerator`, as `start_session`
-builds it); then, for each plan of PLANS.json (a recipe's model config directory and flags), the parameter
+builds it on a GPU: bf16 mixed precision, whose engine settings are reported); then, for each plan of PLANS.json (a recipe's model config directory and flags), the parameter
 count and `common.session.check_memory` on a device of the stated GiB: the plan, or the one line it stops
 with. Under ZeRO-3 the accelerator leaves transformers' ZeRO-3 hook set (an HfDeepSpeedConfig alive): the
 count must neither crash in zero.Init nor see partitioned (empty) parameters, and the hook must stay set.
@@ -24,10 +24,23 @@ from common.session import check_memory, open_accelerator, precision_for
 plans, run_dir = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
 first = next(iter(plans.values()))
 run_dir.mkdir(parents=True, exist_ok=True)  # as check_writable leaves it, before the accelerator
+# As a GPU run builds it: bf16 autocast (accelerate allows it on CPU), so the engines' bf16 settings are made too.
 accelerator, mode = open_accelerator(
-    RunFlags(output_dir=str(run_dir)), 1.0, precision_for("auto", gpu=False), run_dir, first["model_dir"], False, None
+    RunFlags(output_dir=str(run_dir)), 1.0, precision_for("auto", gpu=True), run_dir, first["model_dir"], False, None
 )
-facts = {"rank": accelerator.process_index, "mode": mode.kind, "world": mode.world}
+facts = {
+    "rank": accelerator.process_index,
+    "mode": mode.kind,
+    "world": mode.world,
+    "mixed": accelerator.mixed_precision,
+}
+if (fsdp := getattr(accelerator.state, "fsdp_plugin", None)) is not None:
+    policy = fsdp.mixed_precision_policy
+    facts["fsdp_dtypes"] = [str(policy.param_dtype), str(policy.reduce_dtype)]
+if (ds := getattr(accelerator.state, "deepspeed_plugin", None)) is not None:
+    config = ds.deepspeed_config
+    keys = ("data_types", "communication_data_type", "gradient_clipping", "train_batch_size", "zero_optimization")
+    facts["ds_config"] = {k: config.get(k) for k in keys}
 facts["zero3_hook"] = is_deepspeed_zero3_enabled()
 for name, plan in plans.items():
     run = dataclasses.replace(RunFlags(), **plan["flags"])
