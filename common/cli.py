@@ -269,6 +269,31 @@ def _given(parser: argparse.ArgumentParser, names: list[str], argv: list[str]) -
     return {name for name in names if values.get(name) is not unset}
 
 
+def not_utf8(path) -> str:
+    """Where a text file that should be UTF-8 (a dataset, a recipe, a log, a template) stops being it, and the fix:
+    the file, the line, the byte, and the command that converts it."""
+    from pathlib import Path
+
+    path = Path(path)
+    with open(path, "rb") as f:
+        if f.read(2) in (b"\xff\xfe", b"\xfe\xff"):
+            return (
+                f"{path} is UTF-16 (it starts with a UTF-16 byte-order mark), not UTF-8; convert it: "
+                f"iconv -f UTF-16 -t UTF-8 {path} > {path.with_suffix('.utf8' + path.suffix)}"
+            )
+        f.seek(0)
+        for lineno, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return (
+                    f"{path}: line {lineno}: byte 0x{line[e.start]:02x} (column {e.start + 1}) is not UTF-8: the file "
+                    f"is in another encoding (latin-1 / cp1252?); convert it, e.g. iconv -f LATIN1 -t UTF-8 {path} > "
+                    f"{path.with_suffix('.utf8' + path.suffix)}"
+                )
+    return f"{path} is not UTF-8"
+
+
 def _recipe(path: str, converters: dict, fields: dict) -> dict:
     """A recipe's flags, each converted and checked as its command-line flag would be."""
     import yaml
@@ -276,6 +301,8 @@ def _recipe(path: str, converters: dict, fields: dict) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             raw = yaml.safe_load(f) or {}
+    except UnicodeDecodeError:
+        raise SystemExit(f"error: --config: {not_utf8(path)}") from None
     except (OSError, yaml.YAMLError) as e:
         raise SystemExit(f"error: --config: cannot read {path} ({type(e).__name__}: {e})") from None
     if not isinstance(raw, dict):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from common.answers import extract_answer
 from common.benchmarks import AGGREGATES
+from common.cli import not_utf8
 from common.jsonl import read_jsonl, write_jsonl
 from common.prompts import few_shot_examples, format_few_shot_prompt
 from common.verifier import MathVerifier
@@ -217,7 +218,10 @@ def read_records(path: str | os.PathLike) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"records file not found: {path}")
-    records = read_jsonl(path)
+    try:
+        records = read_jsonl(path)
+    except UnicodeDecodeError:
+        raise ValueError(not_utf8(path)) from None
     for lineno, rec in enumerate(records, 1):
         missing = [
             k

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.cli import clear_errors, require
+from common.cli import clear_errors, not_utf8, require
 from common.prompts import (
     DAPO_PREFIX,
     DAPO_SUFFIX,
@@ -141,27 +141,6 @@ def _data_files(directory: Path, split: str) -> list[Path]:
     return files
 
 
-def _not_utf8(path: Path) -> str:
-    """Where a text file stops being UTF-8, and the fix: the file, the line, the byte."""
-    with open(path, "rb") as f:
-        if f.read(2) in (b"\xff\xfe", b"\xfe\xff"):
-            return (
-                f"{path} is UTF-16 (it starts with a UTF-16 byte-order mark), not UTF-8; convert it: "
-                f"iconv -f UTF-16 -t UTF-8 {path} > {path.with_suffix('.utf8' + path.suffix)}"
-            )
-        f.seek(0)
-        for lineno, line in enumerate(f, 1):
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError as e:
-                return (
-                    f"{path}: line {lineno}: byte 0x{line[e.start]:02x} (column {e.start + 1}) is not UTF-8: the file "
-                    f"is in another encoding (latin-1 / cp1252?); convert it, e.g. iconv -f LATIN1 -t UTF-8 {path} > "
-                    f"{path.with_suffix('.utf8' + path.suffix)}"
-                )
-    return f"{path} is not UTF-8"
-
-
 def _json_lines(path: Path, lines: Iterator[str], first_line: int = 1) -> Iterator[dict]:
     """Rows of JSON Lines text (blank lines skipped); ValueError naming the file and line of one that is not JSON."""
     for lineno, line in enumerate(lines, first_line):
@@ -200,7 +179,7 @@ def _json_rows(path: Path, text: str, split: str) -> list:
 
 def _read_file(path: Path, split: str) -> Iterator[dict]:
     """A data file's rows. Text files are UTF-8 (a byte-order mark allowed); another encoding is refused naming
-    the file, the line and the fix (`_not_utf8`)."""
+    the file, the line and the fix (`common.cli.not_utf8`)."""
     if path.suffix in (".jsonl", ".json"):
         try:
             with open(path, encoding="utf-8-sig") as f:
@@ -209,7 +188,7 @@ def _read_file(path: Path, split: str) -> Iterator[dict]:
                 else:
                     yield from _json_rows(path, f.read(), split)
         except UnicodeDecodeError:
-            raise ValueError(_not_utf8(path)) from None
+            raise ValueError(not_utf8(path)) from None
     elif path.suffix == ".parquet":
         import pyarrow.parquet as pq
 

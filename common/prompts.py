@@ -2,6 +2,8 @@
 was trained on. `{problem}` is substituted with str.replace, never str.format: both the templates
 (\\boxed{}) and the problems (LaTeX) are full of braces."""
 
+import os
+
 QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 
 # DAPO-Math-17k's instruction around each problem (arXiv 2503.14476): the answer goes on a last
@@ -60,8 +62,8 @@ class TemplateChoices(list):
     also = "or a template of your own: a string or a file holding {problem}"
 
     def __contains__(self, value) -> bool:
-        if list.__contains__(self, value):
-            return True
+        if list.__contains__(self, value) or os.path.isfile(os.path.expanduser(str(value))):
+            return True  # a file: read (and any problem with it said) where the template is used
         try:
             own_template(value)
         except (ValueError, TypeError):
@@ -76,15 +78,17 @@ PLACEHOLDER = "{problem}"
 def own_template(template: str) -> str:
     """The text of a template of one's own (`--template`): a file's contents, or the string itself, which must
     hold `{problem}`. ValueError naming the template names and the placeholder otherwise (a mistyped name)."""
-    import os
-
     text = template
     if os.path.isfile(os.path.expanduser(template)):
         try:
             with open(os.path.expanduser(template), encoding="utf-8-sig") as f:
                 text = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"cannot read the template file {template} ({e}); save it as UTF-8 text") from None
+        except UnicodeDecodeError:
+            from common.cli import not_utf8
+
+            raise ValueError(not_utf8(os.path.expanduser(template))) from None
+        except OSError as e:
+            raise ValueError(f"cannot read the template file {template} ({e.strerror})") from None
         if PLACEHOLDER not in text:
             raise ValueError(
                 f"the template file {template} has no {PLACEHOLDER} placeholder: put it where the problem goes"
@@ -94,7 +98,7 @@ def own_template(template: str) -> str:
             f"{template!r} is neither a template name ({', '.join(TEMPLATE_CHOICES)}) nor a file, nor a template "
             f"string holding {PLACEHOLDER}"
         )
-    return text.replace("\\n", "\n") if "\n" not in text else text  # a shell's literal \n in a one-line string
+    return text.replace("\\n", "\n") if "\n" not in text else text  # a shell's literal \\n in a one-line string
 
 
 def check_template(template: str) -> None:

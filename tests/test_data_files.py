@@ -71,3 +71,68 @@ def test_the_line_named_is_the_bad_one(tmp_path):
     path.write_bytes(b"".join(line.encode() for line in lines[:2]) + "é".encode("latin-1") + lines[2].encode())
     with pytest.raises(ValueError, match="d.jsonl: line 3: byte 0xe9"):
         load_math_dataset(str(path))
+
+
+# Every reader of a text file a user gives, on a latin-1 file: one line naming the file, the line and the fix.
+def _dataset(path):
+    load_math_dataset(str(path))
+
+
+def _benchmark(path):
+    from common.benchmarks import load_benchmarks
+
+    load_benchmarks(f"mine={path}")
+
+
+def _recipe(path):
+    import grpo_base
+    from common.cli import parse_args
+    from common.run_flags import RunFlags
+
+    parse_args(grpo_base.Args, RunFlags, argv=["--config", str(path)])
+
+
+def _template(path):
+    from common.prompts import format_prompt
+
+    format_prompt("1 + 1?", str(path))
+
+
+def _records(path):
+    from common.evaluation import read_records
+
+    read_records(path)
+
+
+def _metrics(path):
+    import tools.plot as plot
+
+    plot.read_metrics(path)
+
+
+READERS = {  # reader -> (file name, its UTF-8 text, with one latin-1 "é" on line 2)
+    "--dataset": (_dataset, "d.jsonl", '{"problem": "1 + 1?", "answer": "2"}\n{"problem": "é", "answer": "2"}\n'),
+    "--benchmarks name=FILE": (_benchmark, "b.jsonl", '{"problem": "1?", "answer": "1"}\n{"problem": "é", "answer": "1"}\n'),
+    "--config recipe": (_recipe, "r.yaml", "steps: 2\n# é\n"),
+    "--template file": (_template, "t.txt", "Q: {problem}\nA (é):"),
+    "--rescore records": (
+        _records, "e.jsonl",
+        '{"benchmark": "a", "answer": "1", "completions": ["x"], "num_tokens": [1], "finished": [true]}\n'
+        '{"benchmark": "a", "answer": "é", "completions": ["x"], "num_tokens": [1], "finished": [true]}\n',
+    ),
+    "tools.plot metrics.jsonl": (_metrics, "metrics.jsonl", '{"step": 1, "train/reward": 0.5}\n{"step": 2, "n": "é"}\n'),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_every_reader_of_a_users_text_file_names_a_bad_encoding(tmp_path, reader):
+    read, name, text = READERS[reader]
+    path = tmp_path / name
+    path.write_bytes(text.encode("utf-8"))
+    read(path)  # UTF-8: read
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises((ValueError, SystemExit)) as error:
+        read(path)
+    message = str(error.value)
+    assert str(path) in message and "line 2: byte 0xe9" in message and "iconv -f LATIN1 -t UTF-8" in message
+    assert "\n" not in message

@@ -32,7 +32,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.cli import arg, parse_args
+from common.cli import arg, not_utf8, parse_args
 from common.evaluation import RESULTS_FILE
 from common.jsonl import iter_jsonl
 
@@ -177,6 +177,8 @@ def read_metrics(run: str | Path) -> list[dict]:
     by_step: dict[float, dict] = {}
     try:
         rows = list(iter_jsonl(path, skip_torn_last_line=True))
+    except UnicodeDecodeError:
+        raise LogError(not_utf8(path)) from None
     except ValueError as e:  # names the file and line
         raise LogError(str(e)) from None
     for lineno, row in enumerate(rows, 1):
