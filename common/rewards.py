@@ -382,10 +382,11 @@ def prompt_asks(prompt: str, cue: str = "") -> set[str]:
     return asks
 
 
-def format_mismatch(terms: list[str], prompt: str, template: str) -> tuple[str, str] | None:
+def format_mismatch(terms: list[str], prompt: str, template: str, who: str = "") -> tuple[str, str] | None:
     """("error" or "warning", one line) when a reward term reads an answer format the prompt does not ask for:
     an error when the prompt asks for another answer format instead (every completion would score alike:
-    `--rewards dapo` under a \\boxed{} template), a warning when it asks for none; None when they agree."""
+    `--rewards dapo` under a \\boxed{} template), a warning when it asks for none; None when they agree.
+    `who`: the reader, when it is not a reward (an evaluation reads as `accuracy` does)."""
     from common.prompts import answer_cue
 
     asks = prompt_asks(prompt, answer_cue(template))
@@ -395,15 +396,16 @@ def format_mismatch(terms: list[str], prompt: str, template: str) -> tuple[str, 
             continue
         what, fix = FORMATS[reads]
         label = template if "{problem}" not in template and len(template) < 60 else "(yours)"
+        reader, other = (who, "docs/EVALUATION.md") if who else (f"--rewards {term}", "a reward that reads it")
         instead = sorted(asks & {"boxed", "answer_line"})
         if instead and reads != "think":
             asked = " and ".join(FORMATS[f][0] for f in instead)
             return "error", (
-                f"--rewards {term} reads {what}, but the prompt of --template {label} asks for {asked}: every "
-                f"completion would score alike; use {fix} with {term}, or a reward that reads {asked}"
+                f"{reader} reads {what}, but the prompt of --template {label} asks for {asked}: every "
+                f"completion would score alike; use {fix} with it, or {other}"
             )
         return "warning", (
-            f"warning: --rewards {term} reads {what}, and the prompt of --template {label} does not ask for it "
+            f"warning: {reader} reads {what}, and the prompt of --template {label} does not ask for it "
             f"(nor do its worked examples): a model that does not write it scores alike on every completion; "
             f"{fix} asks for it"
         )

@@ -283,7 +283,9 @@ def start_session(
         context=(max_prompt_len, max_completion_len + extra_context, extra_context_flags), check_data=check_data,
     )  # fmt: skip
     gpu, say0 = torch.cuda.is_available(), print if pre.is_main else lambda _: None
-    stop = check_prompt_format(terms, pre.rows[0]["prompt_ids"], pre.tokenizer, template, few_shot, run.stop, say0)
+    stop = check_prompt_format(
+        terms, pre.rows[0]["prompt_ids"], pre.tokenizer, template, few_shot, run.stop, say0, bool(run.eval_steps)
+    )
     precision = precision_for(run.precision, gpu)
     # The slow part of start-up, before the progress bar: say what it is.
     say0(
@@ -364,18 +366,22 @@ def check_launch_and_rewards(
 
 
 def check_prompt_format(terms: list[str], prompt_ids: list[int], tokenizer, template: str, few_shot: int,
-                        stop: str | None, say) -> list[str]:  # fmt: skip
+                        stop: str | None, say, evaluates: bool = False) -> list[str]:  # fmt: skip
     """Before any model loads: a reward term that reads an answer format the prompt asks against is refused, one
     it does not ask for is warned (`common.rewards.format_mismatch`, on a prompt as rendered, worked examples
-    included). Returns the stop strings (--stop's and the few-shot format's own), saying the implied one."""
+    included); `evaluates`: the evaluation during training, which reads \\boxed{}, is warned of either.
+    Returns the stop strings (--stop's and the few-shot format's own), saying the implied one."""
     from common.prompts import stop_strings
     from common.rewards import format_mismatch
 
-    found = format_mismatch(terms, tokenizer.decode(prompt_ids), template)
+    prompt = tokenizer.decode(prompt_ids)
+    found = format_mismatch(terms, prompt, template)
     if found and found[0] == "error":
         require(False, found[1])
     if found:
         say(found[1])
+    if evaluates and (found := format_mismatch(["accuracy"], prompt, template, who="--eval_steps' evaluation")):
+        say(found[1] if found[0] == "warning" else f"warning: {found[1]}")
     with clear_errors("--stop"):
         stops, line = stop_strings(stop, template, few_shot)
     if line:

@@ -81,3 +81,13 @@ def test_reward_functions_of_your_own_get_the_prompt_and_columns_as_keywords():
                             columns=columns)  # fmt: skip
     assert seen["named"] == [3, 3, 5] and r.total == [3.5, 3.5, 5.5]
     assert seen["trl"] == ["answer", "level", "problems", "prompts"]
+
+
+@pytest.mark.parametrize("template, few_shot", list(TABLE))
+def test_the_evaluation_reads_as_accuracy_does(template, few_shot):
+    """tools.evaluate and --eval_steps read the last \\boxed{}: the same table's accuracy column, said as theirs."""
+    prompt = format_few_shot_prompt("What is 7 + 5?", template, SHOTS[:few_shot])
+    found = format_mismatch(["accuracy"], prompt, template, who="this evaluation")
+    assert (found[0] if found else "ok") == TABLE[template, few_shot]["accuracy"]
+    if found:
+        assert found[1].startswith(("this evaluation reads", "warning: this evaluation reads"))

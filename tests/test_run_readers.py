@@ -141,3 +141,17 @@ def test_end_to_end_a_quick_check_follows_the_run_and_leaves_its_evaluation(tiny
     assert (config["template"], config["few_shot"], config["stop_strings"]) == ("plain", 2, ["\nEnd", "\nQuestion:"])
     assert json.loads((run / "eval_results.json").read_text()) == own
     assert plot.read_eval(run)[0] == own["summary"]
+
+
+def test_a_run_whose_template_the_evaluation_cannot_read_is_refused(tiny_random_dir, tmp_path):
+    """Following the run's template must not score a run trained on "Answer:" lines with the \\boxed{} reader
+    (every answer wrong): refused in one line, before the engine starts."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_random_dir, run / "model")
+    write_manifest(run / "model")
+    answer_line = "Solve it. The last line of your response is Answer: X.\n{problem}"
+    (run / "run_config.json").write_text(json.dumps({"flags": {"template": answer_line, "rewards": "dapo"}}))
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    args = dataclasses.replace(tool.Args(), model=str(run), limit=1, n=1, rollout="hf")
+    with pytest.raises(SystemExit, match=r"this evaluation reads \\boxed\{\}, but the prompt .* asks for an 'Answer"):
+        tool.main(args, None, given={"model", "limit", "n", "rollout"})

@@ -252,6 +252,7 @@ def main(args: Args, ks: list[int] | None, given: set[str] | None = None) -> Non
     from common.evaluation import evaluate, format_table, write_results
     from common.models import context_length, hub_error, load_tokenizer, model_to_load
     from common.prompts import few_shot_examples, format_few_shot_prompt, stop_strings
+    from common.rewards import format_mismatch
     from common.rollout import make_engine
 
     quiet_libraries()
@@ -275,6 +276,12 @@ def main(args: Args, ks: list[int] | None, given: set[str] | None = None) -> Non
             raise
     pool = few_shot_pool_for(args, run)
     shots = lambda problem: few_shot_examples(problem, pool, args.few_shot) if args.few_shot else []  # noqa: E731
+    first = next(iter(benchmarks.values()))[0]["problem"]
+    with clear_errors("--template"):
+        prompt = format_few_shot_prompt(first, args.template, shots(first), tokenizer)
+    if found := format_mismatch(["accuracy"], prompt, args.template, who="this evaluation"):  # it reads \boxed{}
+        require(found[0] != "error", found[1])
+        print(found[1])
     longest = max(
         len(
             tokenizer(
