@@ -202,7 +202,7 @@ def sampling_metrics(s, got, tally: Counter, prompts_per_step: int) -> dict:
 def dapo_advantages(rewards: torch.Tensor, old: dict, batch: dict, G: int, args: Args) -> tuple[torch.Tensor, dict]:
     """GRPO's group-normalised advantage (eq. 9) of the shaped rewards R_i = R(o_i) + R_length(|o_i|); and the
     overlong figures: the share of completions in the punished last L_cache tokens, and their mean R_length."""
-    lengths = torch.as_tensor(batch["completion_lens"], device=rewards.device)
+    lengths = batch["completion_mask"].sum(-1)  # each completion's tokens
     punish = overlong_penalty(lengths, args.max_completion_len, overlong_cache(args))
     metrics = {"dapo/overlong_frac": (punish < 0).float().mean(), "dapo/overlong_penalty": punish.mean()}
     return group_advantages(rewards, G), metrics

@@ -93,7 +93,8 @@ def test_advantage_is_grpo_s_of_the_shaped_reward(G):
     correct = [rng.choice([1.0, -1.0]) for _ in range(groups * G)]
     lens = [rng.randint(1, 40) for _ in range(groups * G)]
     shaped = torch.tensor(correct) + overlong_penalty(torch.tensor(lens), 40, overlong_cache(args))
-    adv, metrics = dapo_advantages(shaped, {}, {"completion_lens": lens}, G, args)
+    mask = torch.tensor([[1.0] * n + [0.0] * (40 - n) for n in lens])
+    adv, metrics = dapo_advantages(shaped, {}, {"completion_mask": mask}, G, args)
     for g in range(groups):
         r = [correct[i] + eq13(lens[i], 40, 10) for i in range(g * G, (g + 1) * G)]
         want = [(x - statistics.fmean(r)) / (statistics.stdev(r) + 1e-6) for x in r]
