@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from engines.launch import CONFIGS, PROBE, TIMEOUT_RC, facts, launch, variant_config
+from engines.launch import CONFIGS, PROBE, TIMEOUT_RC, launch, read_facts, variant_config
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="pip install deepspeed")
 pytestmark = [
@@ -33,7 +33,7 @@ def run_probe(tmp_path_factory, key: str, config, *args: str, timeout: float = 1
         out = tmp_path_factory.mktemp(key)
         rc, output = launch(config, PROBE, "--out", str(out / "run"), "--steps", str(STEPS), *args, timeout=timeout)
         assert rc == 0, f"{key}: rc={rc}\n{output[-5000:]}"
-        rows = facts(output)
+        rows = read_facts(out / "run")
         assert len(rows) == 2, f"{key}: expected a fact line per rank\n{output[-3000:]}"
         _RUNS[key] = rows
     return _RUNS[key]

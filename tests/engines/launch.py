@@ -25,7 +25,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs" / "accelerate"
 ENTRY = Path(__file__).resolve().with_name("cpu_entry.py")
 PROBE = Path(__file__).resolve().with_name("probe.py")
-FACTS_PREFIX = "ENGINE_FACTS "
 TIMEOUT_RC = 124
 
 
@@ -137,10 +136,19 @@ def _kill_tree(proc: subprocess.Popen, only_if_alive: bool = False) -> None:
         pass
 
 
-def facts(output: str) -> list[dict]:
-    """The probe's JSON lines, sorted by process_index."""
-    rows = [json.loads(line[len(FACTS_PREFIX) :]) for line in output.splitlines() if line.startswith(FACTS_PREFIX)]
-    return sorted(rows, key=lambda r: r.get("process_index", -1))
+def write_facts(out_dir: str | os.PathLike, rank: int, facts: dict) -> None:
+    """A rank's facts, in a file of its own under `out_dir` (written whole, then renamed). Not on stdout: the
+    ranks share the launcher's output, where another rank's lines can cut a long one in two."""
+    path = Path(out_dir) / f"facts-rank{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".tmp").write_text(json.dumps(facts))
+    path.with_suffix(".tmp").rename(path)
+
+
+def read_facts(out_dir: str | os.PathLike) -> list[dict]:
+    """The facts every rank wrote under `out_dir` (`write_facts`), rank 0 first."""
+    files = sorted(Path(out_dir).glob("facts-rank*.json"), key=lambda f: int(f.stem.removeprefix("facts-rank")))
+    return [json.loads(f.read_text()) for f in files]
 
 
 def variant_config(src: str | os.PathLike, dst: str | os.PathLike, **changes) -> Path:

@@ -16,16 +16,15 @@ Output: a line `ENGINE_FACTS {...}` per rank (tests/engines/launch.py `facts`).
 
 import argparse
 import contextlib
-import json
 import os
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import torch
+from launch import write_facts  # tests/engines/ is on the path of the launched script
 
 T0 = time.monotonic()
-FACTS_PREFIX = "ENGINE_FACTS "
 VOCAB, SEQ, ROWS = 512, 16, 2
 
 
@@ -337,7 +336,7 @@ def main():
         f["checksum_after_load_state"] = checksum(full_named_weights(accelerator, model))
 
     f["seconds"] = round(time.monotonic() - T0, 1)
-    print(FACTS_PREFIX + json.dumps(f), flush=True)
+    write_facts(out, accelerator.process_index, f)
     accelerator.wait_for_everyone()
     accelerator.end_training()
 
