@@ -87,6 +87,30 @@ def test_the_few_shot_examples_follow_the_runs_dataset_and_seed(tmp_path):
     assert pool == few_shot_pool(rows, 2, 5)
 
 
+def test_the_few_shot_examples_follow_the_runs_columns_and_bad_rows(tmp_path):
+    """A run trained on its own columns (--problem_field q --answer_field gold --solution_field worked), some rows
+    without a usable answer dropped (--bad_rows drop): the evaluation draws its examples from the same rows."""
+    from common.math_data import load_prompts
+    from common.prompts import pool_of
+
+    rows = [{"q": f"{a} + 1?", "gold": None if a % 3 == 0 else str(a + 1), "worked": f"so {a + 1}"} for a in range(30)]
+    write_jsonl(rows, tmp_path / "mine.jsonl")
+    flags = {"dataset": str(tmp_path / "mine.jsonl"), "seed": 4, "few_shot": 2, "problem_field": "q"}
+    flags |= {"answer_field": "gold", "solution_field": "worked"}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run_config.json").write_text(json.dumps({"flags": flags}))
+
+    class Tok:  # load_prompts tokenises; one id per character is enough here
+        def __call__(self, text, add_special_tokens=False):
+            return type("T", (), {"input_ids": [ord(c) for c in text]})()
+
+    trained, _ = load_prompts(flags["dataset"], Tok(), "plain", 10_000, problem_field="q", answer_field="gold",
+                              solution_field="worked", bad_rows="drop", say=lambda _: None, few_shot=2, seed=4)  # fmt: skip
+    pool = tool.few_shot_pool_for(dataclasses.replace(tool.Args(), few_shot=2), run)
+    assert [(r["problem"], r["solution"]) for r in pool] == [(r["problem"], r["solution"]) for r in pool_of(trained, 2)]
+
+
 def test_a_dapo_run_is_noted():
     _, _, lines = tool.follow_run(tool.Args(), {"rewards": "dapo"}, given=set())
     assert any("DAPO" in line and "boxed" in line for line in lines)

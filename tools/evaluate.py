@@ -197,17 +197,21 @@ def output_dir(args: Args, model_path: str, run: Path | None, tag: str = "") -> 
 
 def few_shot_pool_for(args: Args, run: Path | None) -> list[dict] | None:
     """The rows --few_shot draws its worked examples from, as training drew them (`common.prompts.few_shot_pool`):
-    from --few_shot_dataset, else the training run's --dataset with its --seed, else synthetic-arith."""
+    from --few_shot_dataset, else the training run's --dataset (in its --problem_field / --answer_field /
+    --solution_field columns, rows without a usable answer left out) with its --seed, else synthetic-arith."""
     if not args.few_shot:
         return None
     from common.cli import clear_errors
-    from common.math_data import load_math_dataset
+    from common.math_data import iter_math_dataset
     from common.prompts import few_shot_pool
 
-    flags = run_flags(run)
+    flags = run_flags(run) if not args.few_shot_dataset else {}
     source = args.few_shot_dataset or flags.get("dataset", "synthetic-arith")
+    columns = {k: flags.get(k) for k in ("problem_field", "answer_field", "solution_field")}  # the run's, as trained
     with clear_errors("--few_shot_dataset"):
-        rows = load_math_dataset(source)
+        rows = list(
+            iter_math_dataset(source, **columns, strict=True)
+        )  # unusable answers: None, left out as training did
     with clear_errors("--few_shot"):
         return few_shot_pool(
             [r for r in rows if r["problem"].strip() and r["answer"] is not None], args.few_shot, flags.get("seed", 0)
