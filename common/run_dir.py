@@ -3,7 +3,9 @@
     output_dir/
         run_config.json   {"flags": the run's flags, "history": one entry per start and resume}
         metrics.jsonl     one row per step; samples.jsonl: a few completions per step (common/metrics.py)
-        eval_results.json, eval_records.jsonl    the last evaluation (--eval_steps); eval-step-0/: the one before training
+        eval_results.json, eval_records.jsonl    the last evaluation (--eval_steps, or tools.evaluate's of the run);
+                          eval-step-0/: the one before training; eval-checkpoint-N/, eval-<settings>/: tools.evaluate's
+                          of a checkpoint and its quick checks (an overwritten run's are deleted with it)
         checkpoint-<N>/   common/checkpoint.py
         model/            the final model, HF format (transformers and vLLM load it)
         .lock             pid, host and start time of the run using it (common/run_dir.py RunLock)
