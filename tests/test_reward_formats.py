@@ -91,3 +91,31 @@ def test_the_evaluation_reads_as_accuracy_does(template, few_shot):
     assert (found[0] if found else "ok") == TABLE[template, few_shot]["accuracy"]
     if found:
         assert found[1].startswith(("this evaluation reads", "warning: this evaluation reads"))
+
+
+def test_a_training_run_checks_at_start():
+    """start_session's check, before any model loads: refused, warned, the stop strings said and returned."""
+    from common.session import check_prompt_format
+
+    class Tok:  # the prompt as token ids: one per character
+        def __call__(self, text):
+            return [ord(c) for c in text]
+
+        def decode(self, ids):
+            return "".join(map(chr, ids))
+
+    tok, said = Tok(), []
+    boxed = tok(format_few_shot_prompt("7 + 5?", "qwen_math", []))
+    with pytest.raises(SystemExit, match="--rewards dapo reads an 'Answer: ...' last line, but the prompt"):
+        check_prompt_format(["dapo"], boxed, tok, "qwen_math", 0, None, said.append)
+    plain = tok(format_few_shot_prompt("7 + 5?", "plain", SHOTS))
+    assert check_prompt_format(["accuracy"], plain, tok, "plain", 2, "</s>", said.append) == ["</s>", "\nQuestion:"]
+    assert said == [
+        "stop strings: '\\nQuestion:', implied by --few_shot 2 under --template plain, and --stop's ['</s>']"
+    ]
+    mine = "Answer on a last line 'Answer: X'.\n{problem}"
+    said.clear()
+    check_prompt_format(
+        ["dapo"], tok(format_few_shot_prompt("7 + 5?", mine, [])), tok, mine, 0, None, said.append, True
+    )
+    assert len(said) == 1 and said[0].startswith("warning: --eval_steps' evaluation reads \\boxed{}, but the prompt")
