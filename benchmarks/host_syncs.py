@@ -3,15 +3,16 @@
     python benchmarks/host_syncs.py
 
 On a GPU, reading a device value on the host (`.item()`, `.tolist()`, `bool(t)`, `float(t)`,
-...) and a blocking host-to-device copy (`torch.tensor(list, device=...)`, indexing a device
-tensor with a Python list, reading or writing) wait until the device has finished all queued work: the GPU then
-idles while Python prepares the next kernel. torch's own detector
-(`torch.cuda.set_sync_debug_mode`) works on CUDA only, so this counts the calls themselves, by
-patching them, on CPU: every one of them would be a sync on CUDA. (On CPU they also catch host
-tensors, so the count is an upper bound.) It runs grpo_base.old_logprobs() (the no-grad scoring
-pass) and grpo_base.update() (one process, the demo model, one optimiser step) over the same rows
-cut into 2, 4 and 8 micro-batches and splits the count into a fixed part and a part per
-micro-batch, by where each call is made.
+...), a blocking host-to-device copy (`torch.tensor(list, device=...)`, a Python list as the
+index of a device tensor, read or written) and a boolean mask as an index (its size is read
+back) wait until the device has finished all queued work: the GPU then idles while Python
+prepares the next kernel. torch's own detector (`torch.cuda.set_sync_debug_mode`) works on CUDA
+only, so this counts the calls themselves, by patching them, on CPU: every one of them would be
+a sync on CUDA. (On CPU they also catch host tensors, so the count is an upper bound.) It runs
+grpo_base.old_logprobs() (the no-grad scoring pass) and grpo_base.update() (one process, the
+demo model, one optimiser step) over the same rows cut into 2, 4 and 8 micro-batches, padded and
+packed (--padding_free), and splits the count into a fixed part and a part per micro-batch (its
+scoring and its training forward together), by where each call is made.
 """
 
 import collections
@@ -58,8 +59,11 @@ def patch() -> None:
         setattr(torch.Tensor, name, counted)
     getitem, setitem, tensor = torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.tensor
 
-    def listed(index) -> bool:  # a Python list as an index is copied to the device first
-        return isinstance(index, list) or (isinstance(index, tuple) and any(isinstance(i, list) for i in index))
+    def blocking(i) -> bool:  # a Python list is copied to the device first; a boolean mask's size is read back
+        return isinstance(i, list) or (torch.is_tensor(i) and i.dtype == torch.bool)
+
+    def listed(index) -> bool:
+        return blocking(index) or (isinstance(index, tuple) and any(blocking(i) for i in index))
 
     def counted_getitem(self, index):
         if listed(index) and (where := caller()):
@@ -105,27 +109,30 @@ def main() -> None:
     rewards[::G], rewards[1::G] = 0.0, 1.0  # every group mixed: every row is trained
     adv = grpo_base.group_advantages(rewards, G)
     patch()
-    totals = {}
-    for micro_batches in (2, 4, 8):
-        s, args = update_session(model, micro_batch_size=n // micro_batches), grpo_base.Args(group_size=G)
-        s.ref_model = None
-        grpo_base.update(s, batch, old, adv, args, step=0)  # warm-up
-        COUNTS.clear()
-        grpo_base.old_logprobs(s, batch, args)
-        grpo_base.update(s, batch, old, adv, args, step=0)
-        totals[micro_batches] = dict(COUNTS)
-    where = sorted(set().union(*totals.values()))
-    print(
-        f"host syncs in grpo_base.old_logprobs() + update() of {n} rows, one optimiser step (demo model, CPU-counted)\n"
-    )
+    for layout in ("padded", "packed"):  # packed: --padding_free
+        totals = {}
+        for micro_batches in (2, 4, 8):
+            s, args = update_session(model, micro_batch_size=n // micro_batches), grpo_base.Args(group_size=G)
+            s.ref_model, s.layout = None, layout
+            grpo_base.update(s, batch, old, adv, args, step=0)  # warm-up
+            COUNTS.clear()
+            grpo_base.old_logprobs(s, batch, args)
+            grpo_base.update(s, batch, old, adv, args, step=0)
+            totals[micro_batches] = dict(COUNTS)
+        print(f"host syncs in grpo_base.old_logprobs() + update() of {n} rows, one optimiser step, {layout} layout")
+        print("(demo model, CPU-counted)\n")
+        table(totals)
+
+
+def table(totals: dict) -> None:
     print("| called from | 2 micro-batches | 4 | 8 | per micro-batch | fixed |")
     print("|---|---|---|---|---|---|")
-    rows = []
+    where = sorted(set().union(*totals.values()))
     for w in where + ["total"]:
         c = [sum(totals[m].values()) if w == "total" else totals[m].get(w, 0) for m in (2, 4, 8)]
         per_mb = (c[2] - c[0]) / 6
-        rows.append(f"| {w} | {c[0]} | {c[1]} | {c[2]} | {per_mb:g} | {c[0] - 2 * per_mb:g} |")
-    print("\n".join(rows))
+        print(f"| {w} | {c[0]} | {c[1]} | {c[2]} | {per_mb:g} | {c[0] - 2 * per_mb:g} |")
+    print()
 
 
 if __name__ == "__main__":

@@ -337,7 +337,7 @@ def _packed(model, input_ids, layout: Packed, temperature, K, with_entropy, chun
     targets = input_ids[:, L - K :].flatten()[columns]
     with _head_returns_logprobs(model, targets, lambda h: h[0, :M], temperature, with_entropy, chunk_rows):
         out = model(
-            input_ids=input_ids.view(-1)[layout.take][None],
+            input_ids=input_ids.reshape(-1)[layout.take][None],
             position_ids=layout.position_ids,
             use_cache=False,
             logits_to_keep=keep,
