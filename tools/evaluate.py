@@ -148,10 +148,9 @@ def follow_run(args: Args, flags: dict, given: set[str]) -> tuple[Args, dict, li
         if theirs in flags and ours in given and flags[theirs] != getattr(args, ours)
     }
     lines = []
-    if followed:
-        shown = " ".join(
-            f"--{k} {v!r}" if isinstance(v, str) or v is None else f"--{k} {v}" for k, v in followed.items()
-        )
+    if shown := " ".join(
+        f"--{k} {v!r}" if isinstance(v, str) else f"--{k} {v}" for k, v in followed.items() if v is not None
+    ):
         lines.append(f"settings from the run's run_config.json: {shown}")
     lines += [f"--{k} {new!r} given here, over the run's {old!r}" for k, (old, new) in overridden.items()]
     if "dapo" in str(flags.get("rewards", "")).split(","):
