@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from baselin
 
 from common.cli import arg, flag_record, parse_args, require
 from common.prompts import TEMPLATE_CHOICES
-from common.run_flags import RunFlags, check_tis_support
+from common.run_flags import RunFlags, check_batch_split, check_tis_support, launch_world
 
 
 @dataclass
@@ -93,11 +93,7 @@ class Args:
 
 def validate(args: Args, run: RunFlags) -> None:
     """Cross-flag checks (each flag's own range is checked as it is parsed), before anything loads."""
-    n = args.prompts_per_step * args.group_size
-    require(
-        n % args.num_minibatches == 0,
-        f"--num_minibatches={args.num_minibatches} must divide prompts_per_step * group_size = {n}",
-    )
+    check_batch_split(args.prompts_per_step, args.group_size, args.num_minibatches, launch_world())
     check_tis_support(args.tis_cap, args.top_p)
     require(
         args.overlong_buffer_frac == 0 or overlong_cache(args) >= 1,
@@ -224,7 +220,6 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
     ratio = torch.exp(logp - old_logp)
     clipped = torch.clamp(ratio, 1 - args.eps_low, 1 + args.eps_high)
     per_token = -torch.min(ratio * adv, clipped * adv)
-    tis = torch.ones_like(logp)
     if args.tis_cap > 0:  # engine-inserted tokens (NaN log-prob) keep weight 1
         tis = torch.exp(old_logp - rollout_logp[:, :C]).nan_to_num(nan=1.0).clamp(max=args.tis_cap).detach()
         per_token = per_token * tis
@@ -243,7 +238,7 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
             "clip_low": (((ratio < 1 - args.eps_low) & (adv < 0)) * mask).sum(),  # the clip bounds a decrease
             "clip_high": (((ratio > 1 + args.eps_high) & (adv > 0)) * mask).sum(),  # ... an increase
             "approx_kl": ((ratio - 1 - (logp - old_logp)) * mask).sum(),  # k3 KL(pi_old || pi_theta)
-            "tis_capped": ((tis >= args.tis_cap) * mask).sum() if args.tis_cap > 0 else 0.0,
+            **({"kl_ref": ((torch.exp(d) - d - 1) * mask).sum()} if args.beta > 0 else {}),  # k3 KL(pi_theta || pi_ref)
             "tokens": mask.sum(),
         }
     return loss, sums
@@ -304,17 +299,24 @@ def update(s, batch: dict, old: dict, advantages: torch.Tensor, args: Args, step
                 local.update(stats | {"loss": loss.detach()})
             opt = s.optimizer_step(step + 1, local)  # clip; a NaN/inf or spiking update is skipped
             sums.update(opt.sums | {"loss": opt.loss, "skipped": not opt.applied, "optimizer_steps": 1})
+            sums["batch_tokens"] += num_tokens * s.world  # every completion token, trained or not
             sums["grad_norm"] = opt.grad_norm
     return sums
 
 
-def step_metrics(s, scores, batch: dict, old: dict, advantages: torch.Tensor, sums: Counter, G: int, timer) -> dict:
-    """The step's figures (docs/algorithms/grpo_base.md#metrics): token-level ones weighted by tokens over all ranks."""
+def step_metrics(
+    s, scores, batch: dict, old: dict, advantages: torch.Tensor, sums: Counter, G: int, timer, tis_cap: float = 0.0
+) -> dict:
+    """The step's figures (docs/algorithms/grpo_base.md#metrics): token-level ones weighted by tokens over all ranks;
+    clip and TIS shares of every completion token of the batch, approx_kl of the tokens trained on."""
     mask, rollout_logp = batch["completion_mask"], batch["rollout_logp"]
     r = scores.reward.view(-1, G)
     per_seq_adv = advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)
-    tok = global_sum(s.accelerator, {"entropy": (old["entropy"] * mask).sum(), "mask": mask.sum()})
-    per_token = lambda k: sums[k] / max(sums["tokens"], 1)  # noqa: E731
+    # --tis_cap: tokens whose weight min(pi_old / pi_rollout, cap) is capped, from the rollout (as policy_loss)
+    capped = (old["logp"] - rollout_logp).exp().nan_to_num(nan=1.0) >= tis_cap if tis_cap > 0 else 0 * mask
+    tok = {"entropy": (old["entropy"] * mask).sum(), "mask": mask.sum(), "tis_capped": (capped * mask).sum()}
+    tok = global_sum(s.accelerator, tok)
+    per_token = lambda k, n="tokens": sums[k] / max(sums[n], 1)  # noqa: E731
     return {
         "train/reward": scores.reward.mean(),
         "train/accuracy": scores.accuracy.mean(),
@@ -327,10 +329,11 @@ def step_metrics(s, scores, batch: dict, old: dict, advantages: torch.Tensor, su
             (rollout_logp.nan_to_num() - old["logp"]).abs(), mask * rollout_logp.isfinite()
         ),
         "train/grad_norm": sums["grad_norm"],
-        "train/clip_frac_low": per_token("clip_low"),
-        "train/clip_frac_high": per_token("clip_high"),
+        "train/clip_frac_low": per_token("clip_low", "batch_tokens"),  # a flat row's tokens are never clipped
+        "train/clip_frac_high": per_token("clip_high", "batch_tokens"),
         "train/approx_kl": per_token("approx_kl"),
-        "train/tis_capped_frac": per_token("tis_capped"),
+        "train/kl_ref": per_token("kl_ref") if "kl_ref" in sums else float("nan"),  # --beta 0: no reference (null)
+        "train/tis_capped_frac": tok["tis_capped"] / max(tok["mask"], 1),
         "train/loss": sums["loss"] / sums["optimizer_steps"],
         "train/skipped_steps": sums["skipped"],
         "train/skipped_rows": sums["skipped_rows"],
@@ -405,7 +408,7 @@ def main(args: Args, run: RunFlags) -> None:
                 s.sync_weights()
 
             # 8. Log (a few completions too), evaluate, save.
-            metrics = step_metrics(s, scores, batch, old, advantages, sums, G, timer) | info | sampled
+            metrics = step_metrics(s, scores, batch, old, advantages, sums, G, timer, args.tis_cap) | info | sampled
             s.end_step(step + 1, metrics, timer, samples=(rollout_rows, texts, scores.reward, advantages))
 
 
