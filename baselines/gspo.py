@@ -152,6 +152,7 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
             "clip_low": (((seq_ratio < 1 - args.eps_low) & (adv < 0)) * mask).sum(),  # tokens of clipped responses
             "clip_high": (((seq_ratio > 1 + args.eps_high) & (adv > 0)) * mask).sum(),
             "approx_kl": ((ratio - 1 - (logp - old_logp)) * mask).sum(),  # k3 KL(pi_old || pi_theta)
+            **({"kl_ref": ((torch.exp(d) - d - 1) * mask).sum()} if args.beta > 0 else {}),  # k3 KL(pi_theta || pi_ref)
             "tokens": mask.sum(),
         }
     return loss, sums
@@ -245,6 +246,7 @@ def step_metrics(
         "train/clip_frac_low": per_token("clip_low", "batch_tokens"),  # a flat row's tokens are never clipped
         "train/clip_frac_high": per_token("clip_high", "batch_tokens"),
         "train/approx_kl": per_token("approx_kl"),
+        "train/kl_ref": per_token("kl_ref") if "kl_ref" in sums else float("nan"),  # --beta 0: no reference (null)
         "train/tis_capped_frac": tok["tis_capped"] / max(tok["mask"], 1),
         "train/loss": sums["loss"] / sums["optimizer_steps"],
         "train/skipped_steps": sums["skipped"],

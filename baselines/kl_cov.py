@@ -204,6 +204,7 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
             "clip_high": (((ratio > 1 + args.eps_high) & (adv > 0)) * was_clipped * mask).sum(),
             "cov_chosen": (chosen * mask).sum(),
             "approx_kl": ((ratio - 1 - (logp - old_logp)) * mask).sum(),  # k3 KL(pi_old || pi_theta)
+            **({"kl_ref": ((torch.exp(d) - d - 1) * mask).sum()} if args.beta > 0 else {}),  # k3 KL(pi_theta || pi_ref)
             "tokens": mask.sum(),
         }
     return loss, sums
@@ -297,6 +298,7 @@ def step_metrics(
         "train/clip_frac_low": per_token("clip_low", "batch_tokens"),  # a flat row's tokens are never clipped
         "train/clip_frac_high": per_token("clip_high", "batch_tokens"),
         "train/approx_kl": per_token("approx_kl"),
+        "train/kl_ref": per_token("kl_ref") if "kl_ref" in sums else float("nan"),  # --beta 0: no reference (null)
         "train/tis_capped_frac": tok["tis_capped"] / max(tok["mask"], 1),
         "kl_cov/chosen_frac": per_token("cov_chosen"),  # tokens KL-Cov penalised / Clip-Cov cut, of those trained
         "train/loss": sums["loss"] / sums["optimizer_steps"],
