@@ -61,7 +61,7 @@ TABLE_FLAG = re.compile(r"`--(\w+) ([^`]+)`")  # `--lr 1e-6` in the "recipe uses
 # Recipe keys about the machine, not the paper's setting: no row needed.
 SYSTEM_KEYS = {"output_dir", "save_steps", "save_minutes", "gradient_checkpointing", "max_tokens_per_micro_batch", "vllm_sleep",
                "vllm_gpu_memory_utilization"}  # fmt: skip
-METHODS = ["edge_grpo", "egpo", "cw_grpo", "pro_grpo", "dr_grpo", "gspo", "kl_cov"]
+METHODS = ["edge_grpo", "egpo", "cw_grpo", "pro_grpo", "dapo", "dr_grpo", "gspo", "kl_cov"]
 
 
 def setting_table(script: str) -> list[dict]:
