@@ -258,7 +258,9 @@ ROLLOUT = "vllm" if vllm_available() else "hf"
 def test_two_steps_on_smollm2(tmp_path):
     """A real pretrained model with two worked examples: some groups are mixed, and the step trains on them."""
     flags = ["--model", "smollm2", "--rollout", ROLLOUT, "--few_shot", "2", "--lr", "1e-5", *TWO_STEPS]
-    rows = run_script("baselines/dapo.py", tmp_path, *flags, "--max_gen_batches", "3", timeout=600)
+    # 32 tokens: 16 would cut "a + b = c. The answer is \\boxed{c}." before its box closes.
+    more = ("--max_completion_len", "32", "--max_gen_batches", "3")
+    rows = run_script("baselines/dapo.py", tmp_path, *flags, *more, timeout=600)
     assert [r["step"] for r in rows] == [1, 2] and all(r["train/skipped_steps"] == 0 for r in rows)
     assert all(1 <= r["dapo/gen_batches"] <= 3 for r in rows)
     assert any(r["dapo/kept_groups"] > 0 and r["train/grad_norm"] > 0 for r in rows)
