@@ -1,12 +1,13 @@
 """Write the README's CPU-demo table from runs of `python grpo_base.py --eval_steps 10 --seed S` over several seeds
-(scripts/compare_demo.sh runs them): each cell is the range over the seeds, `lo–hi`. The table sits between the two
-marker lines below; tests/test_learning.py holds a fresh run to it.
+and thread counts (scripts/compare_demo.sh runs them): each cell is the range over the runs, `lo–hi`. The runs'
+figures are kept in docs/demo_runs.json, the table sits between the two marker lines below, and
+tests/test_learning.py holds the table to the kept runs and a fresh run to the table.
 
-Why a range: the same command on another CPU rounds a kernel differently, one sampled token changes, and from
-there the run's samples differ as they would under another seed. The spread over seeds is what a run on any
-machine can be held to; a single run's figures are not.
+Why a range: every machine loads the same shipped demo model, but another CPU or thread count rounds a kernel
+differently, one sampled token changes, and from there the run's samples differ as they would under another
+seed. The spread over seeds and threads is what a run on any machine can be held to; a single run's figures are not.
 
-    python scripts/readme_demo_table.py runs/compare_demo/grpo_base runs/compare_demo/grpo_base_seed1 ... [--readme README.md]
+    python scripts/readme_demo_table.py runs/compare_demo/grpo_base_seed0_t1 ... [--readme README.md]
 """
 
 import json
@@ -17,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.jsonl import read_jsonl  # noqa: E402
 
-BEGIN = "<!-- demo table: written by scripts/readme_demo_table.py from runs of `python grpo_base.py --eval_steps 10`, one per --seed -->"
+BEGIN = "<!-- demo table: written by scripts/readme_demo_table.py from runs of `python grpo_base.py --eval_steps 10` (docs/demo_runs.json) -->"
+RUNS = Path(__file__).resolve().parent.parent / "docs" / "demo_runs.json"
 MARK = "<!-- demo table:"  # BEGIN's start: the marker line is rewritten whole
 END = "<!-- end of demo table -->"
 STEPS = (0, 10, 20, 30)
@@ -40,13 +42,19 @@ def cell(vs: list) -> str:
     return lo if lo == hi else f"{lo}{DASH}{hi}"
 
 
-def table(runs: list[list[dict]], seeds: str) -> str:
-    per_run = [values(rows) for rows in runs]
-    train = [cell([t[i] for t, _ in per_run]) for i in range(len(STEPS))]
-    evals = [cell([e[i] for _, e in per_run]) for i in range(len(STEPS))]
+def listed(values: list) -> str:
+    """[2, 0, 1, 0] -> '0, 1, 2'."""
+    return ", ".join(str(v) for v in sorted(set(values)))
+
+
+def table(runs: list[dict]) -> str:
+    """The markdown table of kept runs ({"seed", "threads", "train", "eval"} each)."""
+    train = [cell([r["train"][i] for r in runs]) for i in range(len(STEPS))]
+    evals = [cell([r["eval"][i] for r in runs]) for i in range(len(STEPS))]
+    over = f"seeds {listed([r['seed'] for r in runs])} × {listed([r['threads'] for r in runs])} threads"
     return "\n".join(
         [
-            f"| step (range over seeds {seeds}) | " + " | ".join(str(s) for s in STEPS) + " |",
+            f"| step (range over {over}) | " + " | ".join(str(s) for s in STEPS) + " |",
             "|---|" + "---|" * len(STEPS),
             "| training accuracy (T = 1, 128 samples; step 1 for 0) | " + " | ".join(train) + " |",
             "| eval pass@1 on the 100 sums (T = 0.6, 4 samples each) | " + " | ".join(evals) + " |",
@@ -70,15 +78,22 @@ def main() -> None:
         readme, args = Path(args[i + 1]), args[:i] + args[i + 2 :]
     if not args:
         raise SystemExit(f"usage: {Path(__file__).name} RUN_DIR [RUN_DIR ...] [--readme README.md]")
-    runs = [read_jsonl(Path(run) / "metrics.jsonl", skip_torn_last_line=True) for run in args]
-    seeds = [json.loads((Path(run) / "run_config.json").read_text())["flags"]["seed"] for run in args]
+    runs = [kept(Path(run)) for run in args]
+    RUNS.write_text("[\n" + ",\n".join(json.dumps(r) for r in runs) + "\n]\n")  # a run a line
     text = readme.read_text()
     if MARK not in text or END not in text:
         raise SystemExit(f"error: {readme} has no demo-table markers")
     head, rest = text.split(MARK, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{BEGIN}\n{table(runs, ', '.join(map(str, sorted(seeds))))}\n{END}{tail}")
-    print(f"wrote the demo table of {readme} from {len(runs)} runs")
+    readme.write_text(f"{head}{BEGIN}\n{table(runs)}\n{END}{tail}")
+    print(f"wrote {RUNS} and the demo table of {readme} from {len(runs)} runs")
+
+
+def kept(run: Path) -> dict:
+    """What the table keeps of a run: its seed and torch threads (run_config.json) and its figures at STEPS."""
+    config = json.loads((run / "run_config.json").read_text())
+    train, evals = values(read_jsonl(run / "metrics.jsonl", skip_torn_last_line=True))
+    return {"seed": config["flags"]["seed"], "threads": config["history"][0]["threads"], "train": train, "eval": evals}
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
     python -m tools.tiny_model --output /tmp/tiny            # then: python grpo_base.py --model /tmp/tiny
 
 `--model tiny` does not need this: it loads the model shipped in models/tiny-arith, whose tiny_model.json
-holds the command that made it. A rebuild differs from it by this machine's CPU kernels and thread count
-(weights apart by up to ~0.4 between 1 and 2 threads), so the README's demo figures are not a rebuild's.
+holds the command that made it. A rebuild differs from it by this machine's CPU kernels and thread count,
+so the README's demo figures are not a rebuild's.
 """
 
 from dataclasses import dataclass
