@@ -78,11 +78,14 @@ COLORS = {
     "kl_cov": "tab:olive",
 }
 DASH = "–"
+ARROW = "→"
 
 # Each paper's claim: (method, what the paper says, the figure that measures it, the direction it claims).
 CLAIMS = [
     ("edge_grpo", "GEC gives all-equal groups a signal: fewer groups with zero advantage", "zero_adv", "lower"),
-    ("edge_grpo", "EDA spreads the advantages: larger within-group advantage variance", "adv_var", "higher"),
+    # GEC's edits enter this figure too (a replaced completion's reward, EDA's small P on it): it reads GEC + EDA
+    # together; telling EDA's share apart needs a run with --gec off.
+    ("edge_grpo", "GEC + EDA spread the advantages: larger within-group advantage variance", "adv_var", "higher"),
     ("edge_grpo", "higher accuracy", "pass1_after", "higher"),
     ("egpo", "calibration: its confidence separates right from wrong answers better", "auroc_after", "higher"),
     ("egpo", "higher accuracy", "pass1_after", "higher"),
@@ -334,6 +337,19 @@ KEY_NAMES = {
 }
 
 
+def fell_line(figures: dict) -> str:
+    """Which runs end below the policy they started from (held-out pass@1, the same seed's evaluation before)."""
+    fell = [
+        f"{NAMES[m]} seed {seed} ({fmt(figures[BASE][seed]['pass1_before'])} {ARROW} {fmt(f['pass1_after'])})"
+        for m, runs in figures.items()
+        for seed, f in runs.items()
+        if seed in figures[BASE] and f["pass1_after"] < figures[BASE][seed]["pass1_before"]
+    ]
+    if not fell:
+        return "that every run ends above its start in held-out pass@1"
+    return "where training lost ground: held-out pass@1 ended below its start in " + ", ".join(fell)
+
+
 def key_name(key: str, figures: dict) -> str:
     if key == "passmax_after":
         k = next(iter(next(iter(figures.values())).values()))["ks_after"][-1]
@@ -525,8 +541,8 @@ def page(figures: dict, infos: dict) -> str:
     add(
         f"`--model {model}`, {steps} steps of {flags[flags.index('--prompts_per_step') + 1]} prompts. {seeds_line} "
         "What it can show: whether each mechanism moves its own figure (zero-advantage groups, advantage "
-        "variance, entropy, the confidence's ranking) on this model, at what cost per step, and that none of "
-        "them breaks training. What it cannot: the papers' gains on their benchmarks, which come from hundreds of "
+        f"variance, entropy, the confidence's ranking) on this model, at what cost per step, and {fell_line(figures)}. "
+        "What it cannot: the papers' gains on their benchmarks, which come from hundreds of "
         "steps on larger models with long reasoning; sums answered in one line leave little room for the entropy "
         "and confidence signals these methods act on."
         + (
