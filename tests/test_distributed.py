@@ -335,7 +335,7 @@ def test_vllm_engine_arguments_on_a_gpu_and_on_cpu():
 
 
 @needs_vllm
-def test_vllm_takes_every_engine_argument():
+def test_vllm_takes_every_engine_argument(tiny_random_dir):
     """Each name is one vllm.LLM (0.32) passes on to its EngineArgs, or one of LLM's own; EngineArgs builds from
     them (no engine is started)."""
     import dataclasses
@@ -345,7 +345,7 @@ def test_vllm_takes_every_engine_argument():
     from common.rollout import vllm_engine_args
 
     for gpu in (True, False):
-        args = vllm_engine_args("m", gpu=gpu, max_model_len=4096, seed=0, dtype="bfloat16", distributed=True,
+        args = vllm_engine_args(str(tiny_random_dir), gpu=gpu, max_model_len=4096, seed=0, dtype="bfloat16", distributed=True,
                                 gpu_memory_utilization=0.5, enable_sleep_mode=True, max_num_seqs=64)  # fmt: skip
         own = {"use_tqdm_on_load"}  # LLM's own (vllm/entrypoints/llm.py)
         fields = {f.name for f in dataclasses.fields(EngineArgs)}

@@ -79,7 +79,7 @@ def launch_plan(recipe: str) -> dict:
             "reference_model": args.beta > 0, "vllm_utilization": run.vllm_gpu_memory_utilization}  # fmt: skip
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", FIVE)
 def test_every_recipe_fits_an_80gb_gpu(recipe, parameters):
     plan = launch_plan(recipe)
     used = check_plan(parameters[plan.pop("model")], **plan, total_gib=H100_GIB)
