@@ -244,3 +244,22 @@ def test_the_session_plans_memory_on_a_gpu_only(tiny_random_dir):
     assert plan["vLLM"] == pytest.approx(run.vllm_gpu_memory_utilization * 10.0) and plan["margin"] == 2.0
     with pytest.raises(SystemExit, match=r"^error: memory: each GPU would hold .* of its 2\.0 "):
         check_memory(run, str(tiny_random_dir), mode, False, 2.0)
+
+
+def test_the_count_is_the_same_while_transformers_zero3_hook_is_set(tmp_path):
+    """What accelerate's DeepSpeed plugin (stage 3) leaves behind: a live stage-3 HfDeepSpeedConfig, so that
+    from_config would build inside zero.Init (on the meta device: "Cannot copy out of meta tensor"; here, with no
+    process group, zero.Init looks for MPI and fails). The count turns the hook off for its build and puts it back."""
+    pytest.importorskip("deepspeed")
+    from transformers.integrations import HfDeepSpeedConfig, is_deepspeed_zero3_enabled
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    sizes, count = MODELS["Qwen/Qwen2.5-Math-1.5B"]
+    (tmp_path / "config.json").write_text(json.dumps(QWEN2 | sizes))
+    hook = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
+    try:
+        assert is_deepspeed_zero3_enabled()
+        assert count_parameters(str(tmp_path)) == count
+        assert is_deepspeed_zero3_enabled() and hook.is_zero3()  # put back for the engine
+    finally:
+        unset_hf_deepspeed_config()
