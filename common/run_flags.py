@@ -230,7 +230,7 @@ def check_batch_split(prompts_per_step: int, group_size: int, num_minibatches: i
     require(
         rows % num_minibatches == 0,
         f"--num_minibatches={num_minibatches} must divide each rank's rows: --prompts_per_step {prompts_per_step} / "
-        f"{world} processes x --group_size {group_size} = {rows}; use one of {', '.join(map(str, divisors))}",
+        f"{world} process{'es' * (world > 1)} x --group_size {group_size} = {rows}; use one of {', '.join(map(str, divisors))}",
     )
 
 
