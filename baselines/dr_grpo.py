@@ -12,7 +12,7 @@ L_max = --max_completion_len, a constant (--loss_agg seq-mean-token-sum-norm, th
 Every decision: docs/algorithms/dr_grpo.md (`diff grpo_base.py baselines/dr_grpo.py` shows all of it).
 
     python baselines/dr_grpo.py               # CPU demo: a tiny model learns to box its sums
-    accelerate launch --config_file configs/accelerate/ddp_8gpu.yaml baselines/dr_grpo.py \\
+    accelerate launch --config_file configs/accelerate/zero3.yaml baselines/dr_grpo.py \\
         --config recipes/dr_grpo_qwen2.5-math-7b.yaml
 """
 

@@ -14,7 +14,8 @@ seq-mean-token-mean, the default) the loss and its gradient are eq. (5)'s. Every
 docs/algorithms/gspo.md (`diff grpo_base.py baselines/gspo.py` shows all of it).
 
     python baselines/gspo.py                  # CPU demo: a tiny model learns to box its sums
-    accelerate launch --config_file configs/accelerate/zero3.yaml baselines/gspo.py \\
+    accelerate launch --config_file configs/accelerate/multi_node.yaml --num_machines 8 --num_processes 64 \\
+        --machine_rank 0 baselines/gspo.py \\
         --config recipes/gspo_qwen3-30b-a3b-base.yaml
 """
 

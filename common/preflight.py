@@ -9,7 +9,8 @@ minutes of loading at 7B). What is resident on each GPU then, per parameter P of
   mode says (docs/SCALING.md "Per-GPU budget"); `bytes_per_parameter` below;
 - the reference model (`--beta > 0`): bf16, whole on every GPU (2 P);
 - vLLM's share: utilisation x the GPU's total (its weights and KV cache; released during the update
-  with `--vllm_sleep`, but taken back at the next rollout, beside the optimiser state);
+  with `--vllm_sleep`, but taken back at the next rollout, beside the optimiser state); it must hold
+  the whole model, as each rank's vLLM is colocated with no tensor parallelism;
 - a margin for the CUDA context, workspaces and a checkpointed micro-batch's activations
   (`MARGIN_GIB`, a floor: the check refuses what cannot fit, it does not promise what will).
 """
@@ -64,6 +65,13 @@ def check_plan(
         "vLLM": vllm_utilization * total_gib,
         "margin": margin_gib,
     }
+    weights = parameters * (4 if precision == "fp32" else 2) / GIB  # vLLM's copy, in the trainer's dtype
+    if vllm_utilization and plan["vLLM"] <= weights:  # colocated, no tensor parallelism: the whole model on each GPU
+        raise SystemExit(
+            f"error: memory: vLLM's share of each GPU, {plan['vLLM']:.1f} GiB (--vllm_gpu_memory_utilization "
+            f"{vllm_utilization} x {total_gib:.1f}), cannot hold the model's {weights:.1f} GiB of weights: raise it "
+            f"well above {weights / total_gib:.2f} (the rest is its KV cache), or use GPUs with more memory"
+        )
     need = sum(plan.values())
     if need <= total_gib:
         return plan

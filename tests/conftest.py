@@ -16,7 +16,7 @@ def tiny_random_dir(tmp_path_factory):
     """A random (untrained) tiny Qwen2 checkpoint directory with its tokenizer."""
     from common.tiny_model import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-random", sft_steps=0)
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-random", sft_steps=0, manifest=False)
 
 
 @pytest.fixture(scope="session")

@@ -51,7 +51,7 @@ RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 FLAG = re.compile(r"(?<![\w-])--([A-Za-z][\w-]*)")
 PLACEHOLDER = re.compile(r"<[^<>\n]*>")  # <the main command's flags>, <lower>: stands for something
 SEPARATORS = {";", "&&", "||", "|", "&"}
-METRIC = re.compile(r"`((?:train|time|reward|eval|edge|gec|egpo|cw|pro|dr|kl_cov)/[^`\s]+)`")
+METRIC = re.compile(r"`((?:train|time|reward|eval|edge|gec|egpo|cw|pro|dr|kl_cov|dapo)/[^`\s]+)`")
 
 
 def rel(path: Path) -> str:
@@ -433,6 +433,7 @@ def logged_metrics() -> dict[str, frozenset[str]]:
 
     import torch
 
+    from common.dynamic_sampling import Filled
     from common.session import Session
 
     G, C, P = 4, 5, 3
@@ -447,7 +448,8 @@ def logged_metrics() -> dict[str, frozenset[str]]:
     }  # fmt: skip
     out = {}
     for name, fn in [("edge_grpo", "edge_advantages"), ("egpo", "egpo_advantages"), ("cw_grpo", "cw_advantages"),
-                     ("pro_grpo", "pro_advantages"), ("dr_grpo", "dr_advantages"), ("kl_cov", "kl_cov_advantages")]:  # fmt: skip
+                     ("pro_grpo", "pro_advantages"), ("dr_grpo", "dr_advantages"), ("kl_cov", "kl_cov_advantages"),
+                     ("dapo", "dapo_advantages")]:  # fmt: skip
         module = importlib.import_module(PAGE_SCRIPT[name].replace("/", "."))
         advantages, info = getattr(module, fn)(rewards, old, batch, G, module.Args())
         out[name] = set(info)
@@ -461,6 +463,8 @@ def logged_metrics() -> dict[str, frozenset[str]]:
     shared = set(base.step_metrics(s, scores, batch, old, rewards, sums, G, timer))
     kl_cov = importlib.import_module("baselines.kl_cov")  # its step_metrics adds what the loss selected
     out["kl_cov"] |= set(kl_cov.step_metrics(s, scores, batch, old, rewards, sums, G, timer)) - shared
+    dapo = importlib.import_module("baselines.dapo")  # dynamic sampling's figures, beside the advantage's
+    out["dapo"] |= set(dapo.sampling_metrics(s, Filled([], 0, 1, 0, 0, False), Counter(), 4))
     shared |= set(re.findall(r'"((?:train|time|reward)/\w+)"', inspect.getsource(Session.end_step)))
     return {k: frozenset(v) for k, v in out.items()} | {"shared": frozenset(shared)}
 

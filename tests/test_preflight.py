@@ -3,8 +3,8 @@
 session runs it, and the shared-filesystem check, before any weight loads, and under each real
 engine (DDP, FSDP2, ZeRO-2, ZeRO-3 on 2 gloo processes) it counts what it counts without one."""
 
+import importlib
 import json
-import re
 
 import pytest
 import torch
@@ -18,22 +18,28 @@ from common.run_flags import RunFlags
 
 H100_GIB = 79.2  # torch.cuda.get_device_properties(0).total_memory of an 80 GB H100, in GiB
 QWEN2 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 28, "head_dim": 128}
+QWEN2_7B = {"hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4,
+            "vocab_size": 152064, "tie_word_embeddings": False}  # fmt: skip
 # The recipes' models (their config.json sizes) and their parameter counts.
 MODELS = {
-    "Qwen/Qwen2.5-7B": (
-        {"hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4,
-         "vocab_size": 152064, "tie_word_embeddings": False},
-        7_615_616_512,
-    ),
+    "Qwen/Qwen2.5-7B": (QWEN2 | QWEN2_7B, 7_615_616_512),
+    "Qwen/Qwen2.5-Math-7B": (QWEN2 | QWEN2_7B, 7_615_616_512),  # Qwen2.5-7B's sizes, a 4k context
     "Qwen/Qwen2.5-Math-1.5B": (
-        {"hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12, "num_key_value_heads": 2,
-         "vocab_size": 151936, "tie_word_embeddings": True},
+        QWEN2 | {"hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12, "num_key_value_heads": 2,
+                 "vocab_size": 151936, "tie_word_embeddings": True},
         1_543_714_304,
     ),
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": (
-        {"hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12, "num_key_value_heads": 2,
-         "vocab_size": 151936, "tie_word_embeddings": False},
+        QWEN2 | {"hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12, "num_key_value_heads": 2,
+                 "vocab_size": 151936, "tie_word_embeddings": False},
         1_777_088_000,
+    ),
+    "Qwen/Qwen3-30B-A3B-Base": (  # a mixture of experts: 128 experts of which 8 a token, 30.5B parameters in all
+        {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048,
+         "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+         "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+         "vocab_size": 151936, "tie_word_embeddings": False},
+        30_532_122_624,
     ),
 }  # fmt: skip
 RECIPES = sorted(p.name for p in (ROOT / "recipes").glob("*.yaml"))
@@ -47,7 +53,7 @@ def parameters(tmp_path_factory):
     counts = {}
     for name, (sizes, _) in MODELS.items():
         path = tmp_path_factory.mktemp("config")
-        (path / "config.json").write_text(json.dumps(QWEN2 | sizes))
+        (path / "config.json").write_text(json.dumps(sizes))
         counts[name] = count_parameters(str(path))
     return counts
 
@@ -56,31 +62,36 @@ def test_parameter_count_comes_from_the_config(parameters):
     assert parameters == {name: count for name, (_, count) in MODELS.items()}
 
 
+def launch_command(recipe: str) -> tuple[str, int | None, str]:
+    """(accelerate config, --num_processes or None, script) of the launch line in the recipe's header."""
+    line = next(x for x in (ROOT / "recipes" / recipe).read_text().splitlines() if "accelerate launch" in x)
+    tokens = line.split()
+    world = int(tokens[tokens.index("--num_processes") + 1]) if "--num_processes" in tokens else None
+    return tokens[tokens.index("--config_file") + 1], world, next(t for t in tokens if t.endswith(".py"))
+
+
 def recipe_flags(recipe: str):
-    """The recipe's (Args, RunFlags), parsed by its script."""
-    script = re.search(
-        r"--config_file \S+(?: --num_processes \d+)? (\w+)\.py", (ROOT / "recipes" / recipe).read_text()
-    )[1]
-    return parse_args(__import__(script).Args, RunFlags, argv=["--config", str(ROOT / "recipes" / recipe)])
+    """The recipe's (Args, RunFlags), parsed by its script (a top-level script or baselines/<name>.py)."""
+    module = importlib.import_module(launch_command(recipe)[2].removesuffix(".py").replace("/", "."))
+    return parse_args(module.Args, RunFlags, argv=["--config", str(ROOT / "recipes" / recipe)])
 
 
 def launch_plan(recipe: str) -> dict:
     """The recipe's flags and the layout of the accelerate command in its header."""
-    text = (ROOT / "recipes" / recipe).read_text()
-    command = re.search(r"--config_file (\S+)(?: --num_processes (\d+))? (\w+)\.py", text)
-    launch = yaml.safe_load((ROOT / command.group(1)).read_text())
-    world = int(command.group(2) or launch["num_processes"])
+    config, world, _ = launch_command(recipe)
+    launch = yaml.safe_load((ROOT / config).read_text())
     kind = launch["distributed_type"]
     mode = {"NO": "single", "MULTI_GPU": "ddp", "FSDP": "fsdp2"}.get(
         kind
     ) or f"zero{launch['deepspeed_config']['zero_stage']}"
     args, run = recipe_flags(recipe)
-    return {"model": args.model, "mode": mode, "world": world, "precision": run.precision,
+    return {"model": args.model, "mode": mode, "world": world or launch["num_processes"], "precision": run.precision,
             "reference_model": args.beta > 0, "vllm_utilization": run.vllm_gpu_memory_utilization}  # fmt: skip
 
 
-@pytest.mark.parametrize("recipe", FIVE)
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_fits_an_80gb_gpu(recipe, parameters):
+    """The five scripts' recipes and the baselines': a recipe whose launch the preflight refuses is a broken recipe."""
     plan = launch_plan(recipe)
     used = check_plan(parameters[plan.pop("model")], **plan, total_gib=H100_GIB)
     assert sum(used.values()) <= H100_GIB
@@ -176,7 +187,7 @@ def test_the_preflight_under_each_real_engine(mode, tmp_path):
         sizes, count = MODELS[plan["model"]]
         model_dir = tmp_path / recipe
         model_dir.mkdir()
-        (model_dir / "config.json").write_text(json.dumps(QWEN2 | sizes))
+        (model_dir / "config.json").write_text(json.dumps(sizes))
         run = recipe_flags(recipe)[1]
         flags = {
             "precision": run.precision,
@@ -255,7 +266,7 @@ def test_the_count_is_the_same_while_transformers_zero3_hook_is_set(tmp_path):
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     sizes, count = MODELS["Qwen/Qwen2.5-Math-1.5B"]
-    (tmp_path / "config.json").write_text(json.dumps(QWEN2 | sizes))
+    (tmp_path / "config.json").write_text(json.dumps(sizes))
     hook = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
     try:
         assert is_deepspeed_zero3_enabled()
@@ -263,3 +274,14 @@ def test_the_count_is_the_same_while_transformers_zero3_hook_is_set(tmp_path):
         assert is_deepspeed_zero3_enabled() and hook.is_zero3()  # put back for the engine
     finally:
         unset_hf_deepspeed_config()
+
+
+def test_a_vllm_share_too_small_for_the_weights_is_refused(parameters):
+    """Each rank's vLLM holds the whole model (colocated, no tensor parallelism): 30.5B parameters are 56.9 GiB in
+    bf16, more than a 0.3 share of an 80 GB GPU, however many GPUs shard the training state."""
+    plan = {"mode": "fsdp2", "world": 64, "precision": "auto", "reference_model": False, "total_gib": H100_GIB}
+    with pytest.raises(SystemExit) as stop:
+        check_plan(parameters["Qwen/Qwen3-30B-A3B-Base"], vllm_utilization=0.3, **plan)
+    assert str(stop.value).startswith("error: memory: vLLM's share of each GPU, 23.8 GiB (")
+    assert "cannot hold the model's 56.9 GiB of weights: raise it well above 0.72" in str(stop.value)
+    check_plan(parameters["Qwen/Qwen3-30B-A3B-Base"], vllm_utilization=0.85, **plan)  # 64 GPUs at 0.85 fit
