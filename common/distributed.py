@@ -55,7 +55,8 @@ def check_launch(env: dict, argv: list[str]) -> None:
         raise SystemExit(
             "error: accelerate launch was asked for several processes but started one (its --cpu launcher needs "
             "MPI); start them through torchrun: ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N "
-            f"{' '.join(argv)} (docs/SCALING.md)"
+            f"{' '.join(argv)} (docs/SCALING.md). The traceback below is accelerate's own report of a failed "
+            "process (`accelerate launch -q` leaves it out)"
         )
 
 

@@ -243,6 +243,9 @@ def test_a_launch_of_one_process_asked_for_two_stops_with_the_command_that_works
     line = proc.stderr.splitlines()[0]  # then accelerate's own report of a failed child (any failing script gets it)
     assert "asked for several processes but started one" in line
     assert "ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N grpo_base.py --model" in line
+    assert line.endswith(
+        "The traceback below is accelerate's own report of a failed process (`accelerate launch -q` leaves it out)"
+    )
     assert not (tmp_path / "run" / "run_config.json").exists()
 
 
