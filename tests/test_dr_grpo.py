@@ -3,7 +3,7 @@ written from the paper's objective in fp64 (loops, no vectorisation), and its CP
 
 import pytest
 import torch
-from train_utils import TWO_STEPS, run_script
+from train_utils import demo_learns_and_smollm2_runs
 
 from baselines.dr_grpo import Args, dr_advantages, policy_loss
 from common.cli import parse_args
@@ -86,13 +86,4 @@ def test_grpo_aggregation_stays_available():
 
 @pytest.mark.slow
 def test_demo_learns_and_smollm2_runs_two_steps(tmp_path):
-    """The CPU demo's accuracy rises over 8 steps (as tests/test_learning.py holds the five scripts to), and two
-    steps on the real SmolLM2 run clean."""
-    from test_learning import MARGIN, ROLLOUT, STEPS
-
-    rows = run_script("baselines/dr_grpo.py", tmp_path / "demo", "--rollout", ROLLOUT, "--steps", str(STEPS))  # fmt: skip
-    accuracy = [r["train/accuracy"] for r in rows]
-    assert sum(accuracy[-2:]) / 2 > accuracy[0] + MARGIN, accuracy
-    rows = run_script("baselines/dr_grpo.py", tmp_path / "smollm2", "--model", "smollm2", "--rollout", "hf",
-                      "--few_shot", "1", "--lr", "1e-5", *TWO_STEPS, timeout=600)  # fmt: skip
-    assert [r["step"] for r in rows] == [1, 2] and all(r["train/skipped_steps"] == 0 for r in rows)
+    demo_learns_and_smollm2_runs("baselines/dr_grpo.py", tmp_path)

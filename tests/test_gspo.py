@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from train_utils import TWO_STEPS, run_script
+from train_utils import demo_learns_and_smollm2_runs
 
 from baselines.gspo import Args, group_advantages, policy_loss
 
@@ -72,13 +72,4 @@ def test_the_ratio_is_one_per_response_and_length_normalised():
 
 @pytest.mark.slow
 def test_demo_learns_and_smollm2_runs_two_steps(tmp_path):
-    """The CPU demo's accuracy rises over 8 steps (as tests/test_learning.py holds the five scripts to), and two
-    steps on the real SmolLM2 run clean."""
-    from test_learning import MARGIN, ROLLOUT, STEPS
-
-    rows = run_script("baselines/gspo.py", tmp_path / "demo", "--rollout", ROLLOUT, "--steps", str(STEPS))  # fmt: skip
-    accuracy = [r["train/accuracy"] for r in rows]
-    assert sum(accuracy[-2:]) / 2 > accuracy[0] + MARGIN, accuracy
-    rows = run_script("baselines/gspo.py", tmp_path / "smollm2", "--model", "smollm2", "--rollout", "hf",
-                      "--few_shot", "1", "--lr", "1e-5", *TWO_STEPS, timeout=600)  # fmt: skip
-    assert [r["step"] for r in rows] == [1, 2] and all(r["train/skipped_steps"] == 0 for r in rows)
+    demo_learns_and_smollm2_runs("baselines/gspo.py", tmp_path)

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from train_utils import TWO_STEPS, run_script
+from train_utils import demo_learns_and_smollm2_runs
 
 from baselines.kl_cov import Args, kl_cov_advantages, policy_loss, token_covariance, validate
 from common.run_flags import RunFlags
@@ -135,13 +135,6 @@ def test_an_empty_band_is_a_one_line_error():
 def test_demo_learns_and_smollm2_runs_two_steps(variant, tmp_path):
     """The CPU demo's accuracy rises over 8 steps (as tests/test_learning.py holds the five scripts to), and two
     steps on the real SmolLM2 run clean, with each variant."""
-    from test_learning import MARGIN, ROLLOUT, STEPS
-
-    rows = run_script("baselines/kl_cov.py", tmp_path / "demo", "--variant", variant, "--rollout", ROLLOUT, "--steps", str(STEPS))  # fmt: skip
-    accuracy = [r["train/accuracy"] for r in rows]
-    assert sum(accuracy[-2:]) / 2 > accuracy[0] + MARGIN, accuracy
+    rows = demo_learns_and_smollm2_runs("baselines/kl_cov.py", tmp_path, "--variant", variant)
     if variant == "kl_cov":  # at least one token per micro-batch (Clip-Cov's band may be empty on the demo)
         assert all(r["kl_cov/chosen_frac"] > 0 for r in rows if r["train/skipped_rows"] < 16 * 8)
-    rows = run_script("baselines/kl_cov.py", tmp_path / "smollm2", "--model", "smollm2", "--rollout", "hf",
-                      "--variant", variant, "--few_shot", "1", "--lr", "1e-5", *TWO_STEPS, timeout=600)  # fmt: skip
-    assert [r["step"] for r in rows] == [1, 2] and all(r["train/skipped_steps"] == 0 for r in rows)

@@ -88,3 +88,17 @@ def scoring_session(model, micro_batch_size: int = 8, ref_model=None, layout: st
         return micro_batches(*lens, rows, micro_batch_size)
 
     return SimpleNamespace(model=model, ref_model=ref_model, micro_batch_plan=plan, layout=layout)
+
+
+def demo_learns_and_smollm2_runs(script: str, tmp_path: Path, *flags: str) -> list[dict]:
+    """A baseline's slow check: its CPU demo accuracy rises over the learning test's steps (as tests/test_learning.py
+    holds the five scripts to), and two steps on the real SmolLM2 run clean. Returns the demo run's rows."""
+    from test_learning import MARGIN, ROLLOUT, STEPS
+
+    rows = run_script(script, tmp_path / "demo", *flags, "--rollout", ROLLOUT, "--steps", str(STEPS))
+    accuracy = [r["train/accuracy"] for r in rows]
+    assert sum(accuracy[-2:]) / 2 > accuracy[0] + MARGIN, accuracy
+    real = run_script(script, tmp_path / "smollm2", "--model", "smollm2", "--rollout", "hf", *flags,
+                      "--few_shot", "1", "--lr", "1e-5", *TWO_STEPS, timeout=600)  # fmt: skip
+    assert [r["step"] for r in real] == [1, 2] and all(r["train/skipped_steps"] == 0 for r in real)
+    return rows
