@@ -252,6 +252,15 @@ class Session:
             self.saved_step, self.last_save = step, time.monotonic()
 
 
+def announce_loading(say, model_path: str, reference_model: bool, rollout: str, precision: str, gpu: bool) -> None:
+    """The slow part of start-up, before the progress bar: say what it is (and what --precision bf16 means on CPU)."""
+    from common.models import precision_note
+
+    say(f"loading {model_path}: the policy{', the reference model' * reference_model} and the {rollout} rollout engine")
+    if note := precision_note(precision, gpu):
+        say(note)
+
+
 def start_session(
     script: str, run: RunFlags, flags: tuple[dict, set[str]], *, model: str, dataset: str, template: str, rewards: str,
     reward_fn: str | None, seed: int, steps: int, epochs: float | None, prompts_per_step: int, group_size: int,
@@ -271,7 +280,6 @@ def start_session(
     from accelerate.utils import set_seed
 
     from common.health import SignalWatch, StopSignal, UpdateGuard
-    from common.models import precision_note
     from common.prompts import pool_of
     from common.sampler import PromptSampler
 
@@ -287,12 +295,7 @@ def start_session(
         terms, pre.rows[0]["prompt_ids"], pre.tokenizer, template, few_shot, run.stop, say0, bool(run.eval_steps)
     )
     precision = precision_for(run.precision, gpu)
-    # The slow part of start-up, before the progress bar: say what it is.
-    say0(
-        f"loading {pre.model_path}: the policy{', the reference model' * reference_model} and the {run.rollout} rollout engine"
-    )
-    if note := precision_note(run.precision, gpu):
-        say0(note)
+    announce_loading(say0, pre.model_path, reference_model, run.rollout, run.precision, gpu)
     accelerator, mode = open_accelerator(
         run, grad_clip, precision, pre.run_dir, pre.model_path, reference_model, device_memory_gib(gpu)
     )
