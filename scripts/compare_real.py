@@ -37,7 +37,18 @@ from common.jsonl import read_jsonl  # noqa: E402
 
 METHODS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")  # the default set
 BASELINES = ("dapo", "dr_grpo", "gspo", "kl_cov")  # baselines/<name>.py, taken by --methods
+# Each method against itself with its idea turned off: the same script, temperature and other defaults, so that
+# the difference is the idea alone (GRPO's runs differ from a method in its temperature and defaults as well).
+# name: (method, the flags that turn the idea off, in words). EGPO has no flag that turns its weighting off.
+ABLATIONS = {
+    "edge_grpo-off": ("edge_grpo", ["--gec", "off", "--eda", "false"], "GEC and EDA off"),
+    "edge_grpo-gec": ("edge_grpo", ["--eda", "false"], "GEC alone (EDA off)"),
+    "edge_grpo-eda": ("edge_grpo", ["--gec", "off"], "EDA alone (GEC off)"),
+    "cw_grpo-off": ("cw_grpo", ["--cw", "false"], "the kernel off"),
+    "pro_grpo-off": ("pro_grpo", ["--alpha", "0"], "the re-weighting off (alpha 0)"),
+}
 SCRIPT = {m: f"baselines/{m}.py" if m in BASELINES else f"{m}.py" for m in METHODS + BASELINES}
+SCRIPT |= {a: SCRIPT[m] for a, (m, _, _) in ABLATIONS.items()}
 BASE = "grpo_base"
 SEEDS = (0, 1)
 STEPS = 8
@@ -53,6 +64,9 @@ STORE, PAGE, FIGURE = "real_compare", "results_real.md", "compare_real.png"  # u
 RUN_FILE, METRICS_FILE, SAMPLES_FILE = "run.json", "metrics.jsonl", "eval_samples.jsonl"
 README_BEGIN = "<!-- real-model comparison: written by scripts/compare_real.py from docs/real_compare/ -->"
 README_END = "<!-- end of real-model comparison -->"
+# Each ablated method's page (docs/algorithms/<method>.md) carries the reading of its ablation, between these.
+READING_BEGIN = "<!-- real-model reading: written by scripts/compare_real.py from docs/real_compare/ -->"
+READING_END = "<!-- end of real-model reading -->"
 # Flags that name this machine's paths or the run's bookkeeping, not what is trained: left out of the page.
 LOCAL_FLAGS = {"dataset", "eval_benchmarks", "output_dir", "overwrite", "resume", "seed"}
 NAMES = {
@@ -66,6 +80,7 @@ NAMES = {
     "gspo": "GSPO",
     "kl_cov": "KL-Cov",
 }
+NAMES |= {a: f"{NAMES[m]}, {off}" for a, (m, _, off) in ABLATIONS.items()}
 COLORS = {
     "grpo_base": "black",
     "edge_grpo": "tab:blue",
@@ -77,6 +92,8 @@ COLORS = {
     "gspo": "tab:pink",
     "kl_cov": "tab:olive",
 }
+COLORS |= {a: COLORS[m] for a, (m, _, _) in ABLATIONS.items()}  # drawn dashed
+ORDER = METHODS + BASELINES + tuple(ABLATIONS)
 DASH = "–"
 ARROW = "→"
 
@@ -111,7 +128,8 @@ def settings(method: str, seed: int, model: str, steps: int) -> dict:
     evals = ["--eval_steps", str(steps), "--eval_n", str(EVAL_N), "--eval_temperature", str(EVAL_TEMPERATURE)]
     if method != BASE:  # the policy before training is every method's: evaluated once per seed, in BASE's run
         evals += ["--eval_before", "false"]
-    return {"method": method, "seed": seed, "model": model, "steps": steps, "flags": FLAGS + evals}
+    off = ABLATIONS[method][1] if method in ABLATIONS else []
+    return {"method": method, "seed": seed, "model": model, "steps": steps, "flags": FLAGS + off + evals}
 
 
 def run_one(method: str, seed: int, model: str, steps: int, data: tuple[Path, Path], runs: Path, store: Path) -> None:
@@ -262,10 +280,41 @@ def run_figures(rows: list[dict], samples: list[dict], info: dict) -> dict:
         out[f"auroc_{when}"] = auroc(flat_conf, flat_correct)
         scored = [y for c, y in zip(flat_conf, flat_correct) if c is not None]
         out[f"right_{when}"], out[f"wrong_{when}"] = sum(scored), len(scored) - sum(scored)
+    out |= mechanism_figures(train, info)
     # The eval logged in metrics.jsonl, for the check that the stored samples are that evaluation's.
     # (Only BASE's runs log the evaluation before training: None in the others.)
     out["logged_pass1"] = (by_step.get(0, {}).get(f"eval/{BENCH}/pass@1"), by_step[steps].get(f"eval/{BENCH}/pass@1"))
     return out
+
+
+def logged(rows: list[dict], key: str) -> list[float]:
+    """The steps' values of a metric, the steps that did not log it (or logged null) left out."""
+    return [r[key] for r in rows if r.get(key) is not None]
+
+
+def mechanism_figures(train: list[dict], info: dict) -> dict:
+    """What each idea did to the update, over the steps: the gradient norm before clipping (every script); for
+    EDGE-GRPO what GEC edited and fixed, what share of sum |A| its insertions carried, their entropy P against
+    every completion's, the largest |A_hat|; for CW-GRPO the kernel's weight on the top 1% of |covariance|.
+    None where the run did not log it."""
+    flags = info["flags"]
+    samples = int(flags[flags.index("--prompts_per_step") + 1]) * int(flags[flags.index("--group_size") + 1])
+    edits = [sum(r[f"gec/{b}"] for b in ("reflection", "injection", "replacement")) for r in train if "gec/fixed" in r]
+    reflections = sum(logged(train, "gec/reflection"))
+    largest = logged(train, "edge/adv_abs_max")
+    return {
+        "grad_norm": mean(logged(train, "train/grad_norm")),
+        "grad_norm_max": max(logged(train, "train/grad_norm"), default=None),
+        "gec_edited": sum(edits) / (samples * len(edits)) if edits else None,
+        "reflections": reflections if edits else None,
+        "reflections_fixed": sum(logged(train, "gec/reflection_fixed")) if edits else None,
+        "adv_share_injected": mean(logged(train, "edge/adv_share_injected")) if edits else None,
+        "P_injected": mean(logged(train, "edge/entropy_P_injected")),
+        "P_all": mean(logged(train, "edge/entropy_P")),
+        "adv_abs_max": max(largest, default=None),
+        "cw_top_share": mean(logged(train, "cw/cov_top1pct_share")),
+        "cw_top_weight": mean(logged(train, "cw/cov_top1pct_weight")),
+    }
 
 
 def load(store: Path) -> tuple[dict, dict]:
@@ -279,7 +328,7 @@ def load(store: Path) -> tuple[dict, dict]:
         infos.setdefault(info["method"], {})[info["seed"]] = info
     if BASE not in figures:
         raise SystemExit(f"error: {store} holds no {BASE} run: run `python scripts/compare_real.py` first")
-    order = [m for m in METHODS + BASELINES if m in figures]
+    order = [m for m in ORDER if m in figures]
     return {m: figures[m] for m in order}, {m: infos[m] for m in order}
 
 
@@ -357,7 +406,7 @@ def key_name(key: str, figures: dict) -> str:
     return KEY_NAMES[key]
 
 
-def readme_block(figures: dict, docs: str = "docs") -> str:
+def readme_block(figures: dict, infos: dict, docs: str = "docs") -> str:
     """The README's lines: the links, and each claim's verdict. docs: the page's folder, from the README's."""
     rows = [
         f"[{docs}/{PAGE}]({docs}/{PAGE}), figure [{docs}/{FIGURE}]({docs}/{FIGURE}). The claims' verdicts:",
@@ -366,13 +415,216 @@ def readme_block(figures: dict, docs: str = "docs") -> str:
         "|---|---|---|",
     ]
     rows += [f"| {NAMES[m]} | {text} | {v} |" for m, text, _, _, _, _, v in claims(figures)]
+    if groups := ablation_groups(figures):
+        rows += ["", "Each method against its own script with the idea turned off (the page's last section):", ""]
+        rows += [f"- **{NAMES[m]}** {reading(m, group, figures, infos)}" for m, group in groups.items()]
     return "\n".join(rows)
 
 
-def page(figures: dict, infos: dict) -> str:
+def relation(a: list, b: list, whose: str) -> str:
+    """'higher than GRPO's' when every seed of a lies above every seed of b, 'lower than ...' when below, else
+    'not told apart from ...' (the page's rule, without a claimed side)."""
+    v = verdict(a, b, "higher")
+    return {SUPPORTED: f"higher than {whose}", CONTRADICTED: f"lower than {whose}"}.get(
+        v, f"not told apart from {whose}"
+    )
+
+
+def per_seed(vs: list, digits: int = 3) -> str:
+    return ", ".join(fmt(v, digits) for v in vs)
+
+
+def ablation_section(figures: dict, infos: dict) -> list[str]:
+    """Each method beside its ablations and GRPO: accuracy, what reads the idea apart from the method's other
+    settings, and the mechanism's own figures (EDGE-GRPO's GEC and EDA, CW-GRPO's kernel)."""
+    groups = ablation_groups(figures)
+    temp = {m: infos[m][min(infos[m])]["script_flags"]["temperature"] for m in figures}
+    p1 = {m: seeds_of(figures[m], "pass1_after") for m in figures}
+    L = []
+    add = L.append
+    add("## Each method against its own ablation")
+    add("")
+    add(
+        "A method's runs above differ from GRPO's in its idea and also in its temperature and other defaults "
+        "(Setup). Each ablation runs the method's own script with the idea turned off and every other flag kept: "
+        "the method against its ablation reads the idea alone, the ablation against GRPO the rest. The same "
+        "evaluation as above (held-out pass@1 after the last step, T = 1 for all); a comparison reads 'higher' or "
+        "'lower' only when every seed of one lies beyond every seed of the other. The ablations:"
+    )
+    add("")
+    for abl in groups.values():
+        for a in abl:
+            add(f"- {NAMES[a]}: `{SCRIPT[a]} {' '.join(ABLATIONS[a][1])}`, {seeds_text({a: infos[a]})}")
+    add("")
+    add(
+        "| run | training T | held-out pass@1 after | training accuracy | advantage variance "
+        "| gradient norm before clipping: mean | largest |"
+    )
+    add("|---|---|---|---|---|---|---|")
+    for m in [BASE] + [r for of, abl in groups.items() for r in (of, *abl)]:
+        runs = figures[m]
+        norms = f"{cell(seeds_of(runs, 'grad_norm'), 2)} | {fmt(max(seeds_of(runs, 'grad_norm_max')), 1)}"
+        add(
+            f"| {NAMES[m]} | {temp[m]} | {cell(p1[m])} | {cell(seeds_of(runs, 'acc_mean'))} "
+            f"| {cell(seeds_of(runs, 'adv_var'))} | {norms} |"
+        )
+    add("")
+    add("| comparison | first, per seed | second, per seed | the first's held-out pass@1 is |")
+    add("|---|---|---|---|")
+    for m, abl in groups.items():
+        for first, second in [(m, BASE)] + [(m, a) for a in abl] + [(a, BASE) for a in abl]:
+            rel = relation(p1[first], p1[second], f"{NAMES[second]}'s")
+            add(f"| {NAMES[first]} against {NAMES[second]} | {per_seed(p1[first])} | {per_seed(p1[second])} | {rel} |")
+    add("")
+    add("What the ablations say, read off the table above:")
+    add("")
+    for m in groups:
+        add(f"- **{NAMES[m]}** {reading(m, groups[m], figures, infos)}")
+    add("")
+    if "edge_grpo" in groups:
+        L.extend(edge_mechanism(figures, infos, groups["edge_grpo"]))
+    if "cw_grpo" in groups:
+        L.extend(cw_mechanism(figures, groups["cw_grpo"]))
+    return L
+
+
+def ablation_groups(figures: dict) -> dict:
+    """{method: [its ablation with the whole idea off, its other stored ablations]} for the methods with the first."""
+    return {
+        m: [f"{m}-off"] + [a for a, (of, _, _) in ABLATIONS.items() if of == m and a in figures and a != f"{m}-off"]
+        for m in METHODS
+        if m in figures and f"{m}-off" in figures
+    }
+
+
+def reading(m: str, group: list, figures: dict, infos: dict) -> str:
+    """One sentence on a method's held-out pass@1 against GRPO, its own ablation, and that ablation against GRPO,
+    and what it comes from (cause_of); then each partial ablation against the whole one."""
+    full, *parts = group
+    p1 = {r: seeds_of(figures[r], "pass1_after") for r in (BASE, m, *group)}
+    off, t, base = ABLATIONS[full][2], infos[m][min(infos[m])]["script_flags"]["temperature"], f"{NAMES[BASE]}'s"
+    cause = cause_of(verdict(p1[m], p1[full], "higher"), verdict(p1[full], p1[BASE], "higher"), t)
+    line = (
+        f"(T = {t}): held-out pass@1 {relation(p1[m], p1[BASE], base)}, and "
+        f"{relation(p1[m], p1[full], 'its own with ' + off)}; that ablation's is "
+        f"{relation(p1[full], p1[BASE], base)}. So {cause}."
+    )
+    for a in parts:
+        line += f" With {ABLATIONS[a][2]}: {relation(p1[a], p1[full], 'with ' + off)}."
+    return line
+
+
+def cause_of(idea: str, rest: str, temperature) -> str:
+    """What a method's accuracy against GRPO comes from. idea: the verdict of the method against its ablation
+    ("higher"), rest: of the ablation against GRPO ("higher")."""
+    if idea == CONTRADICTED and rest == CONTRADICTED:
+        return "both the idea and the method's other settings cost accuracy here"
+    if idea == CONTRADICTED:
+        return "the idea itself costs accuracy here; the method's other settings are not told apart from GRPO's"
+    if rest == CONTRADICTED:
+        return f"what it loses against GRPO is its other settings' (training at T = {temperature} among them), not the idea's"
+    if idea == SUPPORTED:
+        return "the idea itself gains accuracy here"
+    return "neither the idea nor the other settings is told apart from GRPO at this scale"
+
+
+def logged_seeds(runs: dict, key: str) -> tuple[list, list]:
+    """(the seeds whose run logged `key`, their values)."""
+    seeds = [s for s in sorted(runs) if runs[s][key] is not None]
+    return seeds, [runs[s][key] for s in seeds]
+
+
+def edge_mechanism(figures: dict, infos: dict, ablations: list) -> list[str]:
+    """GEC's edits and EDA's scaling, in the EDGE-GRPO runs that have GEC on."""
+    group = int(FLAGS[FLAGS.index("--group_size") + 1])
+    rows = [m for m in ("edge_grpo", *ablations) if any(f["gec_edited"] for f in figures[m].values())]
+    L = ["### EDGE-GRPO: what GEC and EDA did", ""]
+    add = L.append
+    add(
+        "Per run with GEC on, over its steps: the share of completions GEC edited (the policy's wrong answers: "
+        "half continued after a reflection, a quarter given the right answer, a quarter swapped for the reference "
+        "solution); the reflections that ended in a right answer; the share of the step's sum |A| that the "
+        "completions ending in inserted text (answer or solution) carried, and their entropy P (eq. 3) against "
+        "every completion's; the largest |A| of any step."
+    )
+    add("")
+    add("| run | completions edited | reflections that fixed the answer | insertions' share of sum \\|A\\| "
+        "| P, insertions / all | largest \\|A\\| |")  # fmt: skip
+    add("|---|---|---|---|---|---|")
+    for m in rows:
+        runs = figures[m]
+        seeds, share = logged_seeds(runs, "adv_share_injected")
+        shares = "not logged"  # the runs before the metric (edge/adv_share_injected) was added
+        if share:
+            shares = cell(share) + (f" (seeds {', '.join(map(str, seeds))})" if len(seeds) < len(runs) else "")
+        fixed = f"{sum(seeds_of(runs, 'reflections_fixed')):.0f} of {sum(seeds_of(runs, 'reflections')):.0f}"
+        P = f"{cell(seeds_of(runs, 'P_injected'))} / {cell(seeds_of(runs, 'P_all'))}"
+        add(
+            f"| {NAMES[m]} | {cell(seeds_of(runs, 'gec_edited'))} | {fixed} | {shares} | {P} "
+            f"| {cell(seeds_of(runs, 'adv_abs_max'), 2)} |"
+        )
+    add("")
+    edge = figures["edge_grpo"]
+    bound = (group - 1) / group**0.5
+    add(
+        f"GRPO's |A| is at most (G - 1) / sqrt(G) = {bound:.2f} at G = {group}. "
+        f"In EDGE-GRPO the largest |A| per run was {per_seed(seeds_of(edge, 'adv_abs_max'), 2)}; the reflections "
+        f"fixed {sum(seeds_of(edge, 'reflections_fixed')):.0f} of {sum(seeds_of(edge, 'reflections')):.0f} answers, so "
+        "every completion GEC turned right had the answer put in by GEC, and a wrong answer the policy wrote "
+        "kept a positive advantage whenever an injection or a solution was spliced after it."
+        if sum(seeds_of(edge, "reflections_fixed")) == 0
+        else f"GRPO's |A| is at most (G - 1) / sqrt(G) = {bound:.2f} at G = {group}; in EDGE-GRPO the largest "
+        f"|A| per run was {per_seed(seeds_of(edge, 'adv_abs_max'), 2)}."
+    )
+    add("")
+    return L
+
+
+def cw_mechanism(figures: dict, ablations: list) -> list[str]:
+    """The kernel's weight on the tokens of extreme covariance, with it on and (computed, not applied) off."""
+    L = ["### CW-GRPO: what the kernel did", ""]
+    add = L.append
+    add(
+        "Per step, over the groups with a signal: the 1% of tokens with the largest |covariance| between "
+        "log-prob and advantage (Sec. 2.3), their share of the sum of |covariance|, and the mean kernel weight "
+        "on them (1: kept as GRPO keeps them; with the kernel off the weight is computed, not applied):"
+    )
+    add("")
+    add("| run | top 1%'s share of sum \\|covariance\\| | their mean weight | gradient norm before clipping, mean |")
+    add("|---|---|---|---|")
+    for m in ("cw_grpo", *ablations):
+        runs = figures[m]
+        add(
+            f"| {NAMES[m]} | {cell(seeds_of(runs, 'cw_top_share'))} | {cell(seeds_of(runs, 'cw_top_weight'))} "
+            f"| {cell(seeds_of(runs, 'grad_norm'), 2)} |"
+        )
+    add("")
+    w = mean(seeds_of(figures["cw_grpo"], "cw_top_weight"))
+    share = mean(seeds_of(figures["cw_grpo"], "cw_top_share"))
+    add(
+        f"The kernel keeps {w:.0%} of the advantage on the 1% of tokens that hold {share:.0%} of the covariance: "
+        "the tokens whose probability moves most with the reward are the ones whose update it takes away."
+    )
+    add("")
+    return L
+
+
+def seeds_text(infos: dict) -> str:
+    """'seeds 0, 1, 2', and the runs with fewer named."""
+    every = sorted({s for runs in infos.values() for s in runs})
+    fewer = {m: sorted(runs) for m, runs in infos.items() if sorted(runs) != every}
+    line = f"seeds {', '.join(map(str, every))}"
+    if fewer:
+        line += " (" + "; ".join(f"{NAMES[m]}: {', '.join(map(str, ss))}" for m, ss in fewer.items()) + ")"
+    return line
+
+
+def page(everything: dict, all_infos: dict) -> str:
+    """The page: the methods beside GRPO, then each method beside its own ablations."""
+    figures = {m: f for m, f in everything.items() if m not in ABLATIONS}
+    infos = {m: i for m, i in all_infos.items() if m not in ABLATIONS}
     base_info = infos[BASE][min(infos[BASE])]
     steps, model, flags = base_info["steps"], base_info["model"], base_info["flags"]
-    seeds = sorted({s for runs in infos.values() for s in runs})
     first = figures[BASE][min(figures[BASE])]
     ks = first["ks_after"]
     n_methods = len(figures)
@@ -389,7 +641,7 @@ def page(figures: dict, infos: dict) -> str:
     add("## Setup")
     add("")
     add(
-        f"- Model `--model {model}`; {n_methods} methods, seeds {', '.join(map(str, seeds))}, {steps} steps each; "
+        f"- Model `--model {model}`; {n_methods} methods, {seeds_text(infos)}, {steps} steps each; "
         f"the task of `scripts/real_model_demo.py`: {base_info['data']['train']} training sums "
         f'"What is a + b?" (a, b in 0..99), {base_info["data"]["held_out"]} held-out sums never trained on.'
     )
@@ -523,17 +775,19 @@ def page(figures: dict, infos: dict) -> str:
     )
     add("")
 
+    if any(m in ABLATIONS for m in everything):
+        L.extend(ablation_section(everything, all_infos))
     add("## What this scale can and cannot show")
     add("")
     base_p1 = seeds_of(figures[BASE], "pass1_after")
     n_samples = first["right_after"] + first["wrong_after"]
     temps = {m: runs[min(runs)]["script_flags"]["temperature"] for m, runs in infos.items()}
     other_t = [f"{NAMES[m]} (T = {temp})" for m, temp in temps.items() if temp != temps[BASE]]
-    if len(seeds) > 1:
+    if len(base_p1) > 1:
         seeds_line = (
-            f"GRPO's own {len(seeds)} seeds end {max(base_p1) - min(base_p1):.3f} apart in held-out pass@1 "
+            f"GRPO's own {len(base_p1)} seeds end {max(base_p1) - min(base_p1):.3f} apart in held-out pass@1 "
             f"({n_samples} samples each): a method's difference from GRPO smaller than the seeds' spread cannot be "
-            f"told from chance here. With {len(seeds)} seeds a range is those seeds themselves: 'supported' means "
+            f"told from chance here. With {len(base_p1)} seeds a range is those seeds themselves: 'supported' means "
             "every seed of the method beat every seed of GRPO, not a significant effect."
         )
     else:
@@ -541,7 +795,7 @@ def page(figures: dict, infos: dict) -> str:
     add(
         f"`--model {model}`, {steps} steps of {flags[flags.index('--prompts_per_step') + 1]} prompts. {seeds_line} "
         "What it can show: whether each mechanism moves its own figure (zero-advantage groups, advantage "
-        f"variance, entropy, the confidence's ranking) on this model, at what cost per step, and {fell_line(figures)}. "
+        f"variance, entropy, the confidence's ranking) on this model, at what cost per step, and {fell_line(everything)}. "
         "What it cannot: the papers' gains on their benchmarks, which come from hundreds of "
         "steps on larger models with long reasoning; sums answered in one line leave little room for the entropy "
         "and confidence signals these methods act on."
@@ -641,22 +895,48 @@ def draw(figures: dict, model: str, path: Path) -> None:
 # -- writing -------------------------------------------------------------------------------------------------------
 
 
-def write_readme(readme: Path, figures: dict, out: Path) -> None:
+def reading_block(m: str, figures: dict, infos: dict) -> str:
+    """A method page's lines: the reading of its ablation, and where the tables are."""
+    steps = infos[BASE][min(infos[BASE])]["steps"]
+    return (
+        f"On `--model {infos[BASE][min(infos[BASE])]['model']}`, two-digit sums, {steps} steps "
+        f"([results_real.md](../{PAGE}#each-method-against-its-own-ablation), the runs in "
+        f"[real_compare/](../{STORE}/)): **{NAMES[m]}** {reading(m, ablation_groups(figures)[m], figures, infos)}"
+    )
+
+
+def write_readings(out: Path, figures: dict, infos: dict) -> None:
+    """Each ablated method's reading into its page under out/algorithms/ (when that folder is there)."""
+    for m in ablation_groups(figures):
+        path = out / "algorithms" / f"{m}.md"
+        if not path.parent.is_dir():
+            continue
+        text = path.read_text()
+        if READING_BEGIN not in text or READING_END not in text:
+            raise SystemExit(f"error: {path} has no real-model reading markers ({READING_BEGIN} ... {READING_END})")
+        head, rest = text.split(READING_BEGIN, 1)
+        _, tail = rest.split(READING_END, 1)
+        path.write_text(f"{head}{READING_BEGIN}\n{reading_block(m, figures, infos)}\n{READING_END}{tail}")
+
+
+def write_readme(readme: Path, figures: dict, infos: dict, out: Path) -> None:
     text = readme.read_text()
     if README_BEGIN not in text or README_END not in text:
         raise SystemExit(f"error: {readme} has no real-model comparison markers")
     head, rest = text.split(README_BEGIN, 1)
     _, tail = rest.split(README_END, 1)
     docs = Path(os.path.relpath(out.resolve(), readme.resolve().parent)).as_posix()
-    readme.write_text(f"{head}{README_BEGIN}\n{readme_block(figures, docs)}\n{README_END}{tail}")
+    readme.write_text(f"{head}{README_BEGIN}\n{readme_block(figures, infos, docs)}\n{README_END}{tail}")
 
 
 def render(out: Path, readme: Path | None) -> None:
     figures, infos = load(out / STORE)
     (out / PAGE).write_text(page(figures, infos))
-    draw(figures, infos[BASE][min(infos[BASE])]["model"], out / FIGURE)
+    main = {m: f for m, f in figures.items() if m not in ABLATIONS}
+    draw(main, infos[BASE][min(infos[BASE])]["model"], out / FIGURE)
+    write_readings(out, figures, infos)
     if readme is not None:
-        write_readme(readme, figures, out)
+        write_readme(readme, figures, infos, out)
     print(f"wrote {out / PAGE} and {out / FIGURE}" + (f", and the comparison block of {readme}" if readme else ""))
 
 
@@ -667,7 +947,8 @@ def main() -> None:
     p.add_argument(
         "--methods",
         default=",".join(METHODS),
-        help=f"comma-separated scripts (grpo_base among them; or {', '.join(BASELINES)})",
+        help=f"comma-separated scripts (grpo_base among them; or {', '.join(BASELINES)}), or ablations: "
+        + ", ".join(f"{a} ({NAMES[a]})" for a in ABLATIONS),
     )
     p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds")
     p.add_argument("--runs_dir", default="runs/compare_real", help="the run directories and the data")
@@ -682,7 +963,7 @@ def main() -> None:
     unknown = [m for m in methods if m not in SCRIPT]
     if unknown or BASE not in methods:
         raise SystemExit(f"error: --methods takes {', '.join(SCRIPT)}, {BASE} among them (got {a.methods!r})")
-    methods = [m for m in METHODS + BASELINES if m in methods]  # BASE first: its run evaluates the policy first
+    methods = [m for m in ORDER if m in methods]  # BASE first: its run evaluates the policy first
     try:
         seeds = [int(s) for s in a.seeds.split(",")]
     except ValueError:

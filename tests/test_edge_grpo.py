@@ -82,6 +82,7 @@ def test_eda_scales_an_injected_solution_as_eq_7_says_and_the_metrics_show_it():
     adv, info = edge_advantages(torch.tensor([1.0, 0, 0, 1]), {"entropy": entropy}, batch, 4, SimpleNamespace(eda=True))
     torch.testing.assert_close(adv, torch.tensor([15.25 * A, -0.7625 * A, -0.7625 * A, 0.7625 * A]))
     assert info["edge/adv_abs_max"].item() == pytest.approx(15.25 * A)  # 13.2, where |A| <= (G - 1) / sqrt(G)
+    assert info["edge/adv_share_injected"].item() == pytest.approx(15.25 / (15.25 + 3 * 0.7625))  # 0.87 of sum |A|
     assert info["edge/entropy_P_injected"].item() == pytest.approx(0.05) and info["edge/entropy_P"] == pytest.approx(
         0.7625
     )

@@ -24,7 +24,10 @@ def test_page_and_readme_are_what_the_script_computes_from_the_stored_runs():
     assert (DOCS / compare.PAGE).read_text() == compare.page(figures, infos)
     assert (DOCS / compare.FIGURE).is_file()
     readme = (ROOT / "README.md").read_text()
-    assert f"{compare.README_BEGIN}\n{compare.readme_block(figures)}\n{compare.README_END}" in readme
+    assert f"{compare.README_BEGIN}\n{compare.readme_block(figures, infos)}\n{compare.README_END}" in readme
+    for m in compare.ablation_groups(figures):  # each ablated method's page reads its ablation as the script does
+        block = f"{compare.READING_BEGIN}\n{compare.reading_block(m, figures, infos)}\n{compare.READING_END}"
+        assert block in (DOCS / "algorithms" / f"{m}.md").read_text(), m
     # The stored samples are the evaluations the runs logged: the same pass@1 before and after.
     for runs in figures.values():
         for seed, f in runs.items():
@@ -38,7 +41,7 @@ def test_readme_names_the_page_the_figure_and_the_command():
     assert "`docs/results_real.md`" in readme and "`docs/compare_real.png`" in readme
     assert "python scripts/compare_real.py" in readme
     assert compare.README_BEGIN in readme and compare.README_END in readme
-    assert "[docs/results_real.md](docs/results_real.md)" in compare.readme_block({})  # the links, once written
+    assert "[docs/results_real.md](docs/results_real.md)" in compare.readme_block({}, {})  # the links, once written
 
 
 # -- AUROC -------------------------------------------------------------------------------------------------------
@@ -118,8 +121,8 @@ def test_the_baselines_are_methods_it_takes():
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
-    """Two methods, one seed, two steps: the runs, the stored results, the page and the figure; a second call
-    skips the stored run, runs the missing one; --render_only gives the same page."""
+    """GRPO, then CW-GRPO and its ablation, one seed, two steps: the runs, the stored results, the page and the
+    figure; a second call skips the stored run, runs the missing ones; --render_only gives the same page."""
     out, runs = tmp_path / "docs", tmp_path / "runs"
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{compare.README_BEGIN}\nold\n{compare.README_END}\nrest\n")
@@ -135,19 +138,25 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
     assert all(c is None or c <= 0 for s in samples for c in s["confidence"])  # mean log-probs
     mtime = (stored / compare.RUN_FILE).stat().st_mtime
 
-    second = run_cli("scripts/compare_real.py", *common, "--methods", "grpo_base,egpo", "--readme", "", timeout=600)
+    methods = "grpo_base,cw_grpo,cw_grpo-off"
+    second = run_cli("scripts/compare_real.py", *common, "--methods", methods, "--readme", "", timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "grpo_base, seed 0: stored in" in second.stdout and "skipped" in second.stdout
     assert (stored / compare.RUN_FILE).stat().st_mtime == mtime
     page = (out / compare.PAGE).read_text()
-    assert "| EGPO |" in page and (out / compare.FIGURE).stat().st_size > 10_000
+    assert "| CW-GRPO |" in page and (out / compare.FIGURE).stat().st_size > 10_000
+    assert "## Each method against its own ablation" in page and "**CW-GRPO** (T = 0.7)" in page
+    assert (
+        json.loads((out / compare.STORE / "cw_grpo-off-seed0" / compare.RUN_FILE).read_text())["script_flags"]["cw"]
+        is False
+    )
     figures, infos = compare.load(out / compare.STORE)
     assert page == compare.page(figures, infos)
     for runs_of in figures.values():  # the stored samples are the logged evaluations
         for seed, f in runs_of.items():
             before = figures[compare.BASE][seed]["logged_pass1"][0]
             assert (before, f["logged_pass1"][1]) == pytest.approx((f["pass1_before"], f["pass1_after"]), abs=1e-9)
-    assert "Of 2 claims:" in page  # EGPO's two
+    assert "Of 2 claims:" in page  # CW-GRPO's two; its ablation makes none
     assert readme.read_text().startswith(f"intro\n{compare.README_BEGIN}\n[docs/results_real.md](docs/results_real.md)")
 
     (out / compare.PAGE).unlink()
@@ -159,3 +168,38 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
     # Other settings over stored results are refused, naming the fix.
     other = run_cli("scripts/compare_real.py", *common[:2], "--steps", "3", *common[4:], "--methods", "grpo_base")
     assert other.returncode != 0 and "--fresh" in other.stderr
+
+
+def test_each_ablation_is_its_method_with_flags_its_script_takes():
+    """An ablation runs its method's own script with the idea's flags off: the flags are that script's, they reach
+    the stored settings (a run with other flags is not reused), and it is named and coloured after its method."""
+    for name, (method, flags, _) in compare.ABLATIONS.items():
+        assert compare.SCRIPT[name] == compare.SCRIPT[method] and compare.COLORS[name] == compare.COLORS[method]
+        assert compare.NAMES[name].startswith(compare.NAMES[method] + ", ")
+        source = (ROOT / compare.SCRIPT[method]).read_text()
+        assert all(f"    {f[2:]}: " in source for f in flags[::2]), (name, flags)
+        assert (
+            flags
+            == compare.settings(name, 0, "smollm2", 8)["flags"][len(compare.FLAGS) : len(compare.FLAGS) + len(flags)]
+        )
+    assert compare.settings("edge_grpo", 0, "smollm2", 8)["flags"][: len(compare.FLAGS) + 1] == compare.FLAGS + [
+        "--eval_steps"
+    ]
+
+
+@pytest.mark.parametrize(
+    "idea, rest, says",
+    [
+        ("contradicted", "contradicted", "both the idea and"),
+        ("contradicted", "cannot decide at this scale", "the idea itself costs"),
+        ("contradicted", "supported", "the idea itself costs"),
+        ("cannot decide at this scale", "contradicted", "its other settings' (training at T = 0.6"),
+        ("supported", "contradicted", "its other settings'"),
+        ("supported", "cannot decide at this scale", "the idea itself gains"),
+        ("cannot decide at this scale", "supported", "neither the idea nor"),
+    ],
+)
+def test_the_cause_read_off_a_method_its_ablation_and_grpo(idea, rest, says):
+    assert says in compare.cause_of(idea, rest, 0.6)
+    assert compare.relation([0.3, 0.35], [0.5, 0.6], "GRPO's") == "lower than GRPO's"
+    assert compare.relation([0.3, 0.55], [0.5, 0.6], "GRPO's") == "not told apart from GRPO's"
