@@ -134,17 +134,15 @@ def entropy_driven_advantages(
 def edge_advantages(rewards: torch.Tensor, old: dict, batch: dict, G: int, args: Args) -> tuple[torch.Tensor, dict]:
     """GRPO's advantage, rescaled by EDA on pi_old's entropies (eqs. 3, 6, 7) unless --eda false; metrics: the
     advantage variance without EDA (paper Fig. 5), the mean P_i (eq. 3), that of GEC's injected answers and
-    reference solutions (their last token was never sampled) and their share of the batch's sum |A|, the
-    largest |A_hat|."""
+    reference solutions (last token never sampled) and their share of sum |A|, the largest |A_hat|."""
     base = group_advantages(rewards, G)
     P = masked_mean(old["entropy"], batch["completion_mask"], dim=-1)  # eq. 3: each completion's mean token entropy
     adv = entropy_driven_advantages(base, P, P.view(-1, G).mean(1).repeat_interleave(G)) if args.eda else base
     last = batch["completion_mask"].sum(-1, keepdim=True).long().clamp(min=1) - 1
     injected = batch["rollout_logp"].gather(1, last).squeeze(1).isnan()
     info = {"edge/adv_var_within_group_before_eda": base.view(-1, G).var(1).mean(), "edge/entropy_P": P.mean()}
-    share = adv[injected].abs().sum() / adv.abs().sum().clamp(min=1e-30)
-    info |= {"edge/entropy_P_injected": P[injected].mean(), "edge/adv_share_injected": share}
-    return adv, info | {"edge/adv_abs_max": adv.abs().max()}
+    info["edge/adv_share_injected"] = adv[injected].abs().sum() / adv.abs().sum().clamp(min=1e-30)
+    return adv, info | {"edge/entropy_P_injected": P[injected].mean(), "edge/adv_abs_max": adv.abs().max()}
 
 
 REFLECTION = " Wait! Something is wrong here."
