@@ -299,7 +299,9 @@ def mechanism_figures(train: list[dict], info: dict) -> dict:
     None where the run did not log it."""
     flags = info["flags"]
     samples = int(flags[flags.index("--prompts_per_step") + 1]) * int(flags[flags.index("--group_size") + 1])
+    gec_on = info.get("script_flags", {}).get("gec", "off") != "off"  # with GEC off its counts are 0, not measured
     edits = [sum(r[f"gec/{b}"] for b in ("reflection", "injection", "replacement")) for r in train if "gec/fixed" in r]
+    edits = edits if gec_on else []
     reflections = sum(logged(train, "gec/reflection"))
     largest = logged(train, "edge/adv_abs_max")
     return {
@@ -416,17 +418,31 @@ def readme_block(figures: dict, infos: dict, docs: str = "docs") -> str:
     ]
     rows += [f"| {NAMES[m]} | {text} | {v} |" for m, text, _, _, _, _, v in claims(figures)]
     if groups := ablation_groups(figures):
-        rows += ["", "Each method against its own script with the idea turned off (the page's last section):", ""]
+        rows += [
+            "",
+            "Each method against its own script with the idea turned off (the page's section on ablations):",
+            "",
+        ]
         rows += [f"- **{NAMES[m]}** {reading(m, group, figures, infos)}" for m, group in groups.items()]
     return "\n".join(rows)
 
 
-def relation(a: list, b: list, whose: str) -> str:
-    """'higher than GRPO's' when every seed of a lies above every seed of b, 'lower than ...' when below, else
-    'not told apart from ...' (the page's rule, without a claimed side)."""
-    v = verdict(a, b, "higher")
+def shared(figures: dict, a: str, b: str, key: str) -> tuple[list, list]:
+    """Two runs' figure over the seeds both have, seed by seed."""
+    seeds = sorted(set(figures[a]) & set(figures[b]))
+    return [figures[a][s][key] for s in seeds], [figures[b][s][key] for s in seeds]
+
+
+def compared(figures: dict, a: str, b: str, key: str = "pass1_after") -> str:
+    """The page's rule on the seeds both runs have ('higher': every seed of a above every seed of b); two seeds
+    at least, else it cannot decide."""
+    x, y = shared(figures, a, b, key)
+    return verdict(x, y, "higher") if len(x) >= 2 else UNDECIDED
+
+
+def relation(v: str, whose: str) -> str:
     return {SUPPORTED: f"higher than {whose}", CONTRADICTED: f"lower than {whose}"}.get(
-        v, f"not told apart from {whose}"
+        v, f"within the seeds' spread of {whose}"
     )
 
 
@@ -434,58 +450,29 @@ def per_seed(vs: list, digits: int = 3) -> str:
     return ", ".join(fmt(v, digits) for v in vs)
 
 
-def ablation_section(figures: dict, infos: dict) -> list[str]:
-    """Each method beside its ablations and GRPO: accuracy, what reads the idea apart from the method's other
-    settings, and the mechanism's own figures (EDGE-GRPO's GEC and EDA, CW-GRPO's kernel)."""
-    groups = ablation_groups(figures)
-    temp = {m: infos[m][min(infos[m])]["script_flags"]["temperature"] for m in figures}
-    p1 = {m: seeds_of(figures[m], "pass1_after") for m in figures}
-    L = []
-    add = L.append
-    add("## Each method against its own ablation")
-    add("")
-    add(
-        "A method's runs above differ from GRPO's in its idea and also in its temperature and other defaults "
-        "(Setup). Each ablation runs the method's own script with the idea turned off and every other flag kept: "
-        "the method against its ablation reads the idea alone, the ablation against GRPO the rest. The same "
-        "evaluation as above (held-out pass@1 after the last step, T = 1 for all); a comparison reads 'higher' or "
-        "'lower' only when every seed of one lies beyond every seed of the other. The ablations:"
+def other_settings(m: str, infos: dict) -> str:
+    """The flags in which a method's own defaults differ from GRPO's (its idea's flags and the comparison's
+    bookkeeping left out): what an ablation keeps and GRPO does not."""
+    base, flags = (infos[r][min(infos[r])]["script_flags"] for r in (BASE, m))
+    diff = [f"--{k} {flags[k]}" for k in flags if k in base and flags[k] != base[k] and k != "eval_before"]
+    return ", ".join(diff) or "none"
+
+
+def cause_of(whole: str, idea: str, rest: str, settings: str) -> str:
+    """What a method's held-out pass@1 against GRPO comes with. whole: the method against GRPO, idea: against its
+    ablation, rest: the ablation against GRPO (each a verdict of 'higher'); settings: the other flags, in words."""
+    part = {SUPPORTED: "gains", CONTRADICTED: "costs"}
+    said = [f"the idea {part[idea]} accuracy" if idea in part else "the idea is not told apart"]
+    plural = {SUPPORTED: "gain", CONTRADICTED: "cost"}
+    said.append(
+        f"its other settings ({settings}) {plural[rest]} accuracy" if rest in part else "its other settings are not"
     )
-    add("")
-    for abl in groups.values():
-        for a in abl:
-            add(f"- {NAMES[a]}: `{SCRIPT[a]} {' '.join(ABLATIONS[a][1])}`, {seeds_text({a: infos[a]})}")
-    add("")
-    add(
-        "| run | training T | held-out pass@1 after | training accuracy | advantage variance "
-        "| gradient norm before clipping: mean | largest |"
-    )
-    add("|---|---|---|---|---|---|---|")
-    for m in [BASE] + [r for of, abl in groups.items() for r in (of, *abl)]:
-        runs = figures[m]
-        norms = f"{cell(seeds_of(runs, 'grad_norm'), 2)} | {fmt(max(seeds_of(runs, 'grad_norm_max')), 1)}"
-        add(
-            f"| {NAMES[m]} | {temp[m]} | {cell(p1[m])} | {cell(seeds_of(runs, 'acc_mean'))} "
-            f"| {cell(seeds_of(runs, 'adv_var'))} | {norms} |"
-        )
-    add("")
-    add("| comparison | first, per seed | second, per seed | the first's held-out pass@1 is |")
-    add("|---|---|---|---|")
-    for m, abl in groups.items():
-        for first, second in [(m, BASE)] + [(m, a) for a in abl] + [(a, BASE) for a in abl]:
-            rel = relation(p1[first], p1[second], f"{NAMES[second]}'s")
-            add(f"| {NAMES[first]} against {NAMES[second]} | {per_seed(p1[first])} | {per_seed(p1[second])} | {rel} |")
-    add("")
-    add("What the ablations say, read off the table above:")
-    add("")
-    for m in groups:
-        add(f"- **{NAMES[m]}** {reading(m, groups[m], figures, infos)}")
-    add("")
-    if "edge_grpo" in groups:
-        L.extend(edge_mechanism(figures, infos, groups["edge_grpo"]))
-    if "cw_grpo" in groups:
-        L.extend(cw_mechanism(figures, groups["cw_grpo"]))
-    return L
+    line = "; ".join(said) + " at this scale"
+    if whole in part:
+        word = "gain" if whole == SUPPORTED else "loss"
+        with_it = [name for name, v in (("the idea", idea), ("its other settings", rest)) if v == whole]
+        line += f". Its {word} against GRPO comes with " + (" and ".join(with_it) if with_it else "neither alone")
+    return line
 
 
 def ablation_groups(figures: dict) -> dict:
@@ -499,85 +486,123 @@ def ablation_groups(figures: dict) -> dict:
 
 def reading(m: str, group: list, figures: dict, infos: dict) -> str:
     """One sentence on a method's held-out pass@1 against GRPO, its own ablation, and that ablation against GRPO,
-    and what it comes from (cause_of); then each partial ablation against the whole one."""
+    and what it comes with (cause_of); then each partial ablation against the whole one."""
     full, *parts = group
-    p1 = {r: seeds_of(figures[r], "pass1_after") for r in (BASE, m, *group)}
     off, t, base = ABLATIONS[full][2], infos[m][min(infos[m])]["script_flags"]["temperature"], f"{NAMES[BASE]}'s"
-    cause = cause_of(verdict(p1[m], p1[full], "higher"), verdict(p1[full], p1[BASE], "higher"), t)
+    whole, idea, rest = compared(figures, m, BASE), compared(figures, m, full), compared(figures, full, BASE)
     line = (
-        f"(T = {t}): held-out pass@1 {relation(p1[m], p1[BASE], base)}, and "
-        f"{relation(p1[m], p1[full], 'its own with ' + off)}; that ablation's is "
-        f"{relation(p1[full], p1[BASE], base)}. So {cause}."
+        f"(T = {t}): held-out pass@1 {relation(whole, base)}, and {relation(idea, 'its own with ' + off)}; "
+        f"that ablation's is {relation(rest, base)}. So {cause_of(whole, idea, rest, other_settings(m, infos))}."
     )
     for a in parts:
-        line += f" With {ABLATIONS[a][2]}: {relation(p1[a], p1[full], 'with ' + off)}."
+        line += f" With {ABLATIONS[a][2]}, pass@1 is {relation(compared(figures, a, full), 'that with ' + off)}."
     return line
 
 
-def cause_of(idea: str, rest: str, temperature) -> str:
-    """What a method's accuracy against GRPO comes from. idea: the verdict of the method against its ablation
-    ("higher"), rest: of the ablation against GRPO ("higher")."""
-    if idea == CONTRADICTED and rest == CONTRADICTED:
-        return "both the idea and the method's other settings cost accuracy here"
-    if idea == CONTRADICTED:
-        return "the idea itself costs accuracy here; the method's other settings are not told apart from GRPO's"
-    if rest == CONTRADICTED:
-        return f"what it loses against GRPO is its other settings' (training at T = {temperature} among them), not the idea's"
-    if idea == SUPPORTED:
-        return "the idea itself gains accuracy here"
-    return "neither the idea nor the other settings is told apart from GRPO at this scale"
+def ablation_section(figures: dict, infos: dict) -> list[str]:
+    """Each method beside its ablations and GRPO: accuracy, what reads the idea apart from the method's other
+    settings, and the mechanism's own figures (EDGE-GRPO's GEC and EDA, CW-GRPO's kernel)."""
+    groups = ablation_groups(figures)
+    temp = {m: infos[m][min(infos[m])]["script_flags"]["temperature"] for m in figures}
+    L = []
+    add = L.append
+    add("## Each method against its own ablation")
+    add("")
+    add(
+        "A method's runs above differ from GRPO's in its idea and also in its other defaults (Setup). Each "
+        "ablation runs the method's own script with the idea turned off and every other flag kept: the method "
+        "against its ablation reads the idea alone, the ablation against GRPO the rest. The same evaluation as "
+        f"above (held-out pass@1 after the last step, T = {EVAL_TEMPERATURE} for all); a comparison uses the seeds "
+        "both runs have and reads 'higher' or 'lower' only when every seed of one lies beyond every seed of the "
+        "other (two seeds at least). The ablations:"
+    )
+    add("")
+    for abl in groups.values():
+        for a in abl:
+            add(f"- {NAMES[a]}: `{SCRIPT[a]} {' '.join(ABLATIONS[a][1])}`, {seeds_text({a: infos[a]})}")
+    add("")
+    add(
+        "| run | training T | held-out pass@1 after | training accuracy | advantage variance "
+        "| gradient norm before clipping: mean | largest, per seed |"
+    )
+    add("|---|---|---|---|---|---|---|")
+    for m in [BASE] + [r for of, abl in groups.items() for r in (of, *abl)]:
+        runs = figures[m]
+        add(
+            f"| {NAMES[m]} | {temp[m]} | {cell(seeds_of(runs, 'pass1_after'))} | {cell(seeds_of(runs, 'acc_mean'))} "
+            f"| {cell(seeds_of(runs, 'adv_var'))} | {cell(seeds_of(runs, 'grad_norm'), 2)} "
+            f"| {per_seed(seeds_of(runs, 'grad_norm_max'), 1)} |"
+        )
+    add("")
+    add("| comparison | first, per seed | second, per seed | the first's held-out pass@1 is |")
+    add("|---|---|---|---|")
+    for m, abl in groups.items():
+        for first, second in [(m, BASE)] + [(m, a) for a in abl] + [(a, BASE) for a in abl]:
+            x, y = shared(figures, first, second, "pass1_after")
+            rel = relation(compared(figures, first, second), f"{NAMES[second]}'s")
+            add(f"| {NAMES[first]} against {NAMES[second]} | {per_seed(x)} | {per_seed(y)} | {rel} |")
+    add("")
+    add("What the ablations say, read off the table above:")
+    add("")
+    for m in groups:
+        add(f"- **{NAMES[m]}** {reading(m, groups[m], figures, infos)}")
+    add("")
+    if "edge_grpo" in groups:
+        L.extend(edge_mechanism(figures, infos, groups["edge_grpo"]))
+    if "cw_grpo" in groups:
+        L.extend(cw_mechanism(figures, groups["cw_grpo"]))
+    return L
+
+
+def total(vs: list) -> str:
+    """A count summed over seeds; 'not logged' when a seed lacks it."""
+    return "not logged" if any(v is None for v in vs) else f"{sum(vs):.0f}"
+
+
+def edge_mechanism(figures: dict, infos: dict, ablations: list) -> list[str]:
+    """GEC's edits and EDA's scaling, in EDGE-GRPO's runs and its ablations."""
+    flags = infos["edge_grpo"][min(infos["edge_grpo"])]["flags"]
+    group = int(flags[flags.index("--group_size") + 1])
+    L = ["### EDGE-GRPO: what GEC and EDA did", ""]
+    add = L.append
+    add(
+        "Per run, over its steps: the share of completions GEC edited (every wrong answer: continued after a "
+        "reflection with p = 0.5, given the right answer with p = 0.25, swapped for the reference solution with "
+        "p = 0.25); the reflections that ended in a right answer, summed over seeds; the share of the step's sum "
+        "|A| that the completions ending in inserted text (answer or solution) carried; the entropy P (eq. 3) of "
+        "those completions and of all; the largest |A| of any step, per seed. '-': GEC off."
+    )
+    add("")
+    add(
+        "| run | completions edited | reflections that fixed the answer | insertions' share of sum \\|A\\| "
+        "| P, insertions / all | largest \\|A\\|, per seed |"
+    )
+    add("|---|---|---|---|---|---|")
+    for m in ("edge_grpo", *ablations):
+        runs = figures[m]
+        gec_on = all(f["gec_edited"] is not None for f in runs.values())
+        seeds, share = logged_seeds(runs, "adv_share_injected")
+        shares = "not logged"  # the runs made before edge/adv_share_injected was logged
+        if share:
+            shares = cell(share) + (f" (seeds {', '.join(map(str, seeds))})" if len(seeds) < len(runs) else "")
+        fixed = f"{total(seeds_of(runs, 'reflections_fixed'))} of {total(seeds_of(runs, 'reflections'))}"
+        P = cell(seeds_of(runs, "P_injected")) if gec_on else "-"
+        P += f" / {cell(seeds_of(runs, 'P_all'))}"
+        row = [cell(seeds_of(runs, "gec_edited")), fixed, shares] if gec_on else ["-", "-", "-"]
+        add(f"| {NAMES[m]} | {' | '.join(row)} | {P} | {per_seed(seeds_of(runs, 'adv_abs_max'), 2)} |")
+    add("")
+    add(
+        f"GRPO's |A| is at most (G - 1) / sqrt(G) = {(group - 1) / group**0.5:.2f} at G = {group}; EDA divides it "
+        "by P_i / mean_group(P) (eq. 7), without a bound."
+    )
+    add("")
+    return L
 
 
 def logged_seeds(runs: dict, key: str) -> tuple[list, list]:
     """(the seeds whose run logged `key`, their values)."""
     seeds = [s for s in sorted(runs) if runs[s][key] is not None]
     return seeds, [runs[s][key] for s in seeds]
-
-
-def edge_mechanism(figures: dict, infos: dict, ablations: list) -> list[str]:
-    """GEC's edits and EDA's scaling, in the EDGE-GRPO runs that have GEC on."""
-    group = int(FLAGS[FLAGS.index("--group_size") + 1])
-    rows = [m for m in ("edge_grpo", *ablations) if any(f["gec_edited"] for f in figures[m].values())]
-    L = ["### EDGE-GRPO: what GEC and EDA did", ""]
-    add = L.append
-    add(
-        "Per run with GEC on, over its steps: the share of completions GEC edited (the policy's wrong answers: "
-        "half continued after a reflection, a quarter given the right answer, a quarter swapped for the reference "
-        "solution); the reflections that ended in a right answer; the share of the step's sum |A| that the "
-        "completions ending in inserted text (answer or solution) carried, and their entropy P (eq. 3) against "
-        "every completion's; the largest |A| of any step."
-    )
-    add("")
-    add("| run | completions edited | reflections that fixed the answer | insertions' share of sum \\|A\\| "
-        "| P, insertions / all | largest \\|A\\| |")  # fmt: skip
-    add("|---|---|---|---|---|---|")
-    for m in rows:
-        runs = figures[m]
-        seeds, share = logged_seeds(runs, "adv_share_injected")
-        shares = "not logged"  # the runs before the metric (edge/adv_share_injected) was added
-        if share:
-            shares = cell(share) + (f" (seeds {', '.join(map(str, seeds))})" if len(seeds) < len(runs) else "")
-        fixed = f"{sum(seeds_of(runs, 'reflections_fixed')):.0f} of {sum(seeds_of(runs, 'reflections')):.0f}"
-        P = f"{cell(seeds_of(runs, 'P_injected'))} / {cell(seeds_of(runs, 'P_all'))}"
-        add(
-            f"| {NAMES[m]} | {cell(seeds_of(runs, 'gec_edited'))} | {fixed} | {shares} | {P} "
-            f"| {cell(seeds_of(runs, 'adv_abs_max'), 2)} |"
-        )
-    add("")
-    edge = figures["edge_grpo"]
-    bound = (group - 1) / group**0.5
-    add(
-        f"GRPO's |A| is at most (G - 1) / sqrt(G) = {bound:.2f} at G = {group}. "
-        f"In EDGE-GRPO the largest |A| per run was {per_seed(seeds_of(edge, 'adv_abs_max'), 2)}; the reflections "
-        f"fixed {sum(seeds_of(edge, 'reflections_fixed')):.0f} of {sum(seeds_of(edge, 'reflections')):.0f} answers, so "
-        "every completion GEC turned right had the answer put in by GEC, and a wrong answer the policy wrote "
-        "kept a positive advantage whenever an injection or a solution was spliced after it."
-        if sum(seeds_of(edge, "reflections_fixed")) == 0
-        else f"GRPO's |A| is at most (G - 1) / sqrt(G) = {bound:.2f} at G = {group}; in EDGE-GRPO the largest "
-        f"|A| per run was {per_seed(seeds_of(edge, 'adv_abs_max'), 2)}."
-    )
-    add("")
-    return L
 
 
 def cw_mechanism(figures: dict, ablations: list) -> list[str]:
@@ -587,7 +612,8 @@ def cw_mechanism(figures: dict, ablations: list) -> list[str]:
     add(
         "Per step, over the groups with a signal: the 1% of tokens with the largest |covariance| between "
         "log-prob and advantage (Sec. 2.3), their share of the sum of |covariance|, and the mean kernel weight "
-        "on them (1: kept as GRPO keeps them; with the kernel off the weight is computed, not applied):"
+        "on them (1: kept as GRPO keeps them; with the kernel off the weight is computed, not applied); the mean "
+        "over the steps:"
     )
     add("")
     add("| run | top 1%'s share of sum \\|covariance\\| | their mean weight | gradient norm before clipping, mean |")
@@ -598,13 +624,6 @@ def cw_mechanism(figures: dict, ablations: list) -> list[str]:
             f"| {NAMES[m]} | {cell(seeds_of(runs, 'cw_top_share'))} | {cell(seeds_of(runs, 'cw_top_weight'))} "
             f"| {cell(seeds_of(runs, 'grad_norm'), 2)} |"
         )
-    add("")
-    w = mean(seeds_of(figures["cw_grpo"], "cw_top_weight"))
-    share = mean(seeds_of(figures["cw_grpo"], "cw_top_share"))
-    add(
-        f"The kernel keeps {w:.0%} of the advantage on the 1% of tokens that hold {share:.0%} of the covariance: "
-        "the tokens whose probability moves most with the reward are the ones whose update it takes away."
-    )
     add("")
     return L
 
@@ -775,7 +794,7 @@ def page(everything: dict, all_infos: dict) -> str:
     )
     add("")
 
-    if any(m in ABLATIONS for m in everything):
+    if ablation_groups(everything):
         L.extend(ablation_section(everything, all_infos))
     add("## What this scale can and cannot show")
     add("")
