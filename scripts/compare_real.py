@@ -100,8 +100,8 @@ ARROW = "→"
 # Each paper's claim: (method, what the paper says, the figure that measures it, the direction it claims).
 CLAIMS = [
     ("edge_grpo", "GEC gives all-equal groups a signal: fewer groups with zero advantage", "zero_adv", "lower"),
-    # GEC's edits enter this figure too (a replaced completion's reward, EDA's small P on it): it reads GEC + EDA
-    # together; telling EDA's share apart needs a run with --gec off.
+    # GEC's edits enter this figure too (a replaced completion's reward, EDA's P on it): it reads GEC + EDA
+    # together; the ablations (ABLATIONS) give each part's advantage variance.
     ("edge_grpo", "GEC + EDA spread the advantages: larger within-group advantage variance", "adv_var", "higher"),
     ("edge_grpo", "higher accuracy", "pass1_after", "higher"),
     ("egpo", "calibration: its confidence separates right from wrong answers better", "auroc_after", "higher"),
