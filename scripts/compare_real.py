@@ -1,13 +1,16 @@
 """The five methods side by side on a real model (issue 26): SmolLM2-135M-Instruct learns two-digit sums with
 each of grpo_base, edge_grpo, egpo, cw_grpo and pro_grpo (and, named in --methods, the baselines: dapo,
 dr_grpo, gspo, kl_cov from baselines/), the same seeds and budget, evaluated before the first
-step and after the last on 100 held-out sums. Then docs/results_real.md and docs/compare_real.png, from the
-runs' stored metrics: each paper's claim beside plain GRPO, with a verdict by the rule the page states.
+step and after the last on 100 held-out sums; and the ablations, each method's own script with its idea turned
+off at the method's temperature (issue 34). Then docs/results_real.md and docs/compare_real.png, from the runs'
+stored metrics: each paper's claim beside plain GRPO, with a verdict by the rule the page states, and each
+method read against its ablation and GRPO.
 
     python scripts/compare_real.py                 # every (method, seed) run not stored yet, then the page
     python scripts/compare_real.py --render_only   # the page, the figure and the README block from the stored runs
     python scripts/compare_real.py --fresh         # forget the stored runs and run them all again
     python scripts/compare_real.py --methods grpo_base,dapo,egpo   # baselines/ too: DAPO beside EGPO (its Table 1)
+    python scripts/compare_real.py --methods grpo_base,edge_grpo,edge_grpo-eda   # an ablation of ABLATIONS
 
 Resumable: a run is done once its result is stored (docs/real_compare/<method>-seed<S>/run.json, written last);
 a run cut short is started over (--overwrite), the stored ones are kept. A stored result made with other
@@ -47,10 +50,11 @@ ABLATIONS = {
     "cw_grpo-off": ("cw_grpo", ["--cw", "false"], "the kernel off"),
     "pro_grpo-off": ("pro_grpo", ["--alpha", "0"], "the re-weighting off (alpha 0)"),
 }
+DEFAULT_ABLATIONS = ("edge_grpo-off", "edge_grpo-gec", "cw_grpo-off")  # run by default; the others by --methods
 SCRIPT = {m: f"baselines/{m}.py" if m in BASELINES else f"{m}.py" for m in METHODS + BASELINES}
 SCRIPT |= {a: SCRIPT[m] for a, (m, _, _) in ABLATIONS.items()}
 BASE = "grpo_base"
-SEEDS = (0, 1)
+SEEDS = (0, 1, 2)
 STEPS = 8
 EVAL_N = 8  # samples per held-out sum: pass@1, 2, 4, 8
 EVAL_TEMPERATURE = 1.0  # the methods' training T (CW-GRPO's own is 0.7): mean_logprob is then EGPO's proxy itself
@@ -965,7 +969,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=STEPS, help="steps of every run")
     p.add_argument(
         "--methods",
-        default=",".join(METHODS),
+        default=",".join(METHODS + DEFAULT_ABLATIONS),
         help=f"comma-separated scripts (grpo_base among them; or {', '.join(BASELINES)}), or ablations: "
         + ", ".join(f"{a} ({NAMES[a]})" for a in ABLATIONS),
     )
