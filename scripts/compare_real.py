@@ -629,6 +629,14 @@ def cw_mechanism(figures: dict, ablations: list) -> list[str]:
             f"| {cell(seeds_of(runs, 'grad_norm'), 2)} |"
         )
     add("")
+    on, off = (mean(shared(figures, "cw_grpo", "cw_grpo-off", "grad_norm")[i]) for i in (0, 1))
+    if on is not None and off:
+        add(
+            f"Over the seeds both have, the gradient norm before clipping averaged {on:.2f} with the kernel and "
+            f"{off:.2f} without it ({on / off:.0%}): although its weights average 1 over a group's tokens, the "
+            "gradients with them were that fraction of the gradients without."
+        )
+        add("")
     return L
 
 
