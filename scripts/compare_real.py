@@ -437,17 +437,25 @@ def shared(figures: dict, a: str, b: str, key: str) -> tuple[list, list]:
     return [figures[a][s][key] for s in seeds], [figures[b][s][key] for s in seeds]
 
 
-def compared(figures: dict, a: str, b: str, key: str = "pass1_after") -> str:
+P1 = "pass1_after"  # the figure the ablations are read by
+
+
+def compared(figures: dict, a: str, b: str, key: str = P1) -> str:
     """The page's rule on the seeds both runs have ('higher': every seed of a above every seed of b); two seeds
     at least, else it cannot decide."""
     x, y = shared(figures, a, b, key)
     return verdict(x, y, "higher") if len(x) >= 2 else UNDECIDED
 
 
-def relation(v: str, whose: str) -> str:
-    return {SUPPORTED: f"higher than {whose}", CONTRADICTED: f"lower than {whose}"}.get(
-        v, f"within the seeds' spread of {whose}"
-    )
+def relation(v: str, whose: str, pairs: tuple[list, list] = ([], [])) -> str:
+    """A verdict in words; one within the seeds' spread says whether each seed still lies on one side of the
+    same seed's (the same prompts in the same order: a direction, not a difference the rule can tell)."""
+    if v in (SUPPORTED, CONTRADICTED):
+        return f"{'higher' if v == SUPPORTED else 'lower'} than {whose}"
+    x, y = pairs
+    side = {"lower": all(a < b for a, b in zip(x, y)), "higher": all(a > b for a, b in zip(x, y))}
+    seed_by_seed = [f" ({word} in each of the {len(x)} seeds, seed by seed)" for word, yes in side.items() if yes]
+    return f"within the seeds' spread of {whose}" + (seed_by_seed[0] if len(x) >= 2 and seed_by_seed else "")
 
 
 def per_seed(vs: list, digits: int = 3) -> str:
@@ -466,10 +474,12 @@ def cause_of(whole: str, idea: str, rest: str, settings: str) -> str:
     """What a method's held-out pass@1 against GRPO comes with. whole: the method against GRPO, idea: against its
     ablation, rest: the ablation against GRPO (each a verdict of 'higher'); settings: the other flags, in words."""
     part = {SUPPORTED: "gains", CONTRADICTED: "costs"}
-    said = [f"the idea {part[idea]} accuracy" if idea in part else "the idea is not told apart"]
+    said = [f"the idea {part[idea]} accuracy" if idea in part else "the idea's effect is within the seeds' spread"]
     plural = {SUPPORTED: "gain", CONTRADICTED: "cost"}
     said.append(
-        f"its other settings ({settings}) {plural[rest]} accuracy" if rest in part else "its other settings are not"
+        f"its other settings ({settings}) {plural[rest]} accuracy"
+        if rest in part
+        else f"its other settings' ({settings}) effect is within the seeds' spread"
     )
     line = "; ".join(said) + " at this scale"
     if whole in part:
@@ -495,11 +505,14 @@ def reading(m: str, group: list, figures: dict, infos: dict) -> str:
     off, t, base = ABLATIONS[full][2], infos[m][min(infos[m])]["script_flags"]["temperature"], f"{NAMES[BASE]}'s"
     whole, idea, rest = compared(figures, m, BASE), compared(figures, m, full), compared(figures, full, BASE)
     line = (
-        f"(T = {t}): held-out pass@1 {relation(whole, base)}, and {relation(idea, 'its own with ' + off)}; "
-        f"that ablation's is {relation(rest, base)}. So {cause_of(whole, idea, rest, other_settings(m, infos))}."
+        f"(T = {t}): held-out pass@1 {relation(whole, base, shared(figures, m, BASE, P1))}, and "
+        f"{relation(idea, 'its own with ' + off, shared(figures, m, full, P1))}; that ablation's is "
+        f"{relation(rest, base, shared(figures, full, BASE, P1))}. "
+        f"So {cause_of(whole, idea, rest, other_settings(m, infos))}."
     )
     for a in parts:
-        line += f" With {ABLATIONS[a][2]}, pass@1 is {relation(compared(figures, a, full), 'that with ' + off)}."
+        rel = relation(compared(figures, a, full), "that with " + off, shared(figures, a, full, P1))
+        line += f" With {ABLATIONS[a][2]}, pass@1 is {rel}."
     return line
 
 
@@ -542,8 +555,8 @@ def ablation_section(figures: dict, infos: dict) -> list[str]:
     add("|---|---|---|---|")
     for m, abl in groups.items():
         for first, second in [(m, BASE)] + [(m, a) for a in abl] + [(a, BASE) for a in abl]:
-            x, y = shared(figures, first, second, "pass1_after")
-            rel = relation(compared(figures, first, second), f"{NAMES[second]}'s")
+            x, y = shared(figures, first, second, P1)
+            rel = relation(compared(figures, first, second), f"{NAMES[second]}'s", (x, y))
             add(f"| {NAMES[first]} against {NAMES[second]} | {per_seed(x)} | {per_seed(y)} | {rel} |")
     add("")
     add("What the ablations say, read off the table above:")

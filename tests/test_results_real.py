@@ -194,12 +194,12 @@ S, C, U = "supported", "contradicted", "cannot decide at this scale"
     "whole, idea, rest, says",
     [
         (C, C, C, "the idea costs accuracy; its other settings (--temperature 0.6) cost accuracy at this scale. Its loss against GRPO comes with the idea and its other settings"),
-        (C, C, U, "the idea costs accuracy; its other settings are not at this scale. Its loss against GRPO comes with the idea"),
-        (C, U, C, "the idea is not told apart; its other settings (--temperature 0.6) cost accuracy at this scale. Its loss against GRPO comes with its other settings"),
-        (C, U, U, "the idea is not told apart; its other settings are not at this scale. Its loss against GRPO comes with neither alone"),
+        (C, C, U, "the idea costs accuracy; its other settings' (--temperature 0.6) effect is within the seeds' spread at this scale. Its loss against GRPO comes with the idea"),
+        (C, U, C, "the idea's effect is within the seeds' spread; its other settings (--temperature 0.6) cost accuracy at this scale. Its loss against GRPO comes with its other settings"),
+        (C, U, U, "the idea's effect is within the seeds' spread; its other settings' (--temperature 0.6) effect is within the seeds' spread at this scale. Its loss against GRPO comes with neither alone"),
         (U, C, S, "the idea costs accuracy; its other settings (--temperature 0.6) gain accuracy at this scale"),
-        (S, S, U, "the idea gains accuracy; its other settings are not at this scale. Its gain against GRPO comes with the idea"),
-        (U, U, U, "the idea is not told apart; its other settings are not at this scale"),
+        (S, S, U, "the idea gains accuracy; its other settings' (--temperature 0.6) effect is within the seeds' spread at this scale. Its gain against GRPO comes with the idea"),
+        (U, U, U, "the idea's effect is within the seeds' spread; its other settings' (--temperature 0.6) effect is within the seeds' spread at this scale"),
     ],
 )  # fmt: skip
 def test_the_cause_read_off_a_method_its_ablation_and_grpo(whole, idea, rest, says):
@@ -207,3 +207,13 @@ def test_the_cause_read_off_a_method_its_ablation_and_grpo(whole, idea, rest, sa
     that lose (gain) too, and only when there is one."""
     line = compare.cause_of(whole, idea, rest, "--temperature 0.6")
     assert line == says, line
+
+
+def test_a_relation_within_the_spread_says_when_every_seed_still_lies_on_one_side():
+    rel = compare.relation
+    assert rel("contradicted", "GRPO's", ([0.3, 0.35], [0.5, 0.6])) == "lower than GRPO's"
+    assert rel("cannot decide at this scale", "X's", ([0.35, 0.13, 0.32], [0.45, 0.28, 0.4])) == (
+        "within the seeds' spread of X's (lower in each of the 3 seeds, seed by seed)"
+    )
+    assert rel("cannot decide at this scale", "X's", ([0.5, 0.13], [0.45, 0.28])) == "within the seeds' spread of X's"
+    assert rel("cannot decide at this scale", "X's", ([0.5], [0.45])) == "within the seeds' spread of X's"
