@@ -512,7 +512,8 @@ def reading(m: str, group: list, figures: dict, infos: dict) -> str:
     )
     for a in parts:
         rel = relation(compared(figures, a, full), "that with " + off, shared(figures, a, full, P1))
-        line += f" With {ABLATIONS[a][2]}, pass@1 is {rel}."
+        mine = relation(compared(figures, m, a), "it", shared(figures, m, a, P1))
+        line += f" With {ABLATIONS[a][2]}, pass@1 is {rel}, and {NAMES[m]}'s is {mine}."
     return line
 
 
@@ -601,7 +602,8 @@ def edge_mechanism(figures: dict, infos: dict, ablations: list) -> list[str]:
         seeds, share = logged_seeds(runs, "adv_share_injected")
         shares = "not logged"  # the runs made before edge/adv_share_injected was logged
         if share:
-            shares = cell(share) + (f" (seeds {', '.join(map(str, seeds))})" if len(seeds) < len(runs) else "")
+            named = f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+            shares = cell(share) + (f" ({named})" if len(seeds) < len(runs) else "")
         fixed = f"{total(seeds_of(runs, 'reflections_fixed'))} of {total(seeds_of(runs, 'reflections'))}"
         P = cell(seeds_of(runs, "P_injected")) if gec_on else "-"
         P += f" / {cell(seeds_of(runs, 'P_all'))}"
@@ -818,6 +820,19 @@ def page(everything: dict, all_infos: dict) -> str:
         f"{counts[UNDECIDED]} undecided."
     )
     add("")
+    groups = ablation_groups(everything)
+    why = [m for m, _, key, _, _, _, v in claims(figures) if v == CONTRADICTED and key == P1 and m in groups]
+    if why:
+        add(
+            "Where accuracy is contradicted, the method against its own ablation "
+            "([next section](#each-method-against-its-own-ablation)):"
+        )
+        add("")
+        for m in why:
+            full = groups[m][0]
+            whole, idea, rest = (compared(everything, *pair) for pair in ((m, BASE), (m, full), (full, BASE)))
+            add(f"- **{NAMES[m]}**: {cause_of(whole, idea, rest, other_settings(m, all_infos))}.")
+        add("")
 
     if ablation_groups(everything):
         L.extend(ablation_section(everything, all_infos))
