@@ -50,7 +50,14 @@ ABLATIONS = {
     "cw_grpo-off": ("cw_grpo", ["--cw", "false"], "the kernel off"),
     "pro_grpo-off": ("pro_grpo", ["--alpha", "0"], "the re-weighting off (alpha 0)"),
 }
-DEFAULT_ABLATIONS = ("edge_grpo-off", "edge_grpo-gec", "cw_grpo-off")  # run by default; the others by --methods
+# A partial ablation's part turned off, read as "that part, added to the rest" when the method differs from it.
+PART_OFF = {"edge_grpo-gec": "EDA", "edge_grpo-eda": "GEC"}
+DEFAULT_ABLATIONS = (
+    "edge_grpo-off",
+    "edge_grpo-gec",
+    "edge_grpo-eda",
+    "cw_grpo-off",
+)  # run by default; the others by --methods
 SCRIPT = {m: f"baselines/{m}.py" if m in BASELINES else f"{m}.py" for m in METHODS + BASELINES}
 SCRIPT |= {a: SCRIPT[m] for a, (m, _, _) in ABLATIONS.items()}
 BASE = "grpo_base"
@@ -512,8 +519,11 @@ def reading(m: str, group: list, figures: dict, infos: dict) -> str:
     )
     for a in parts:
         rel = relation(compared(figures, a, full), "that with " + off, shared(figures, a, full, P1))
-        mine = relation(compared(figures, m, a), "it", shared(figures, m, a, P1))
-        line += f" With {ABLATIONS[a][2]}, pass@1 is {rel}, and {NAMES[m]}'s is {mine}."
+        told = compared(figures, m, a)
+        mine = relation(told, "it", shared(figures, m, a, P1))
+        line += f" With {ABLATIONS[a][2]}, pass@1 is {rel}, and {NAMES[m]}'s is {mine}"
+        part = {SUPPORTED: "gains", CONTRADICTED: "costs"}.get(told)
+        line += f": {PART_OFF[a]}, added to the rest, {part} accuracy." if part and a in PART_OFF else "."
     return line
 
 

@@ -173,6 +173,7 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
 def test_each_ablation_is_its_method_with_flags_its_script_takes():
     """An ablation runs its method's own script with the idea's flags off: the flags are that script's, they reach
     the stored settings (a run with other flags is not reused), and it is named and coloured after its method."""
+    assert set(compare.PART_OFF) <= set(compare.ABLATIONS) and set(compare.DEFAULT_ABLATIONS) <= set(compare.ABLATIONS)
     for name, (method, flags, _) in compare.ABLATIONS.items():
         assert compare.SCRIPT[name] == compare.SCRIPT[method] and compare.COLORS[name] == compare.COLORS[method]
         assert compare.NAMES[name].startswith(compare.NAMES[method] + ", ")
