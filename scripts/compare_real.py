@@ -791,18 +791,20 @@ def page(everything: dict, all_infos: dict) -> str:
 
     add("## Cost")
     add("")
+    lo, hi = min(seeds_of(figures[BASE], "step_s")), max(seeds_of(figures[BASE], "step_s"))
     add(
         "Wall time per step (`time/step_s`: rollout, GEC, scoring, update and sync; the evaluations not counted), "
-        "the mean over the steps, and its ratio to GRPO's mean; the run's whole wall time, the model's loading "
+        "the mean over the steps, and its ratio to GRPO's mean over the seeds both have; the run's whole wall time, the model's loading "
         "and its evaluations included (GRPO's run has one more: the policy before training). The runs ran one "
-        "after another on 2 CPU cores; one step's time varies by a few seconds: read the ratio, not the second digit."
+        f"after another on 2 CPU cores whose speed and load vary between runs: GRPO's own seeds took {lo:.1f} to "
+        f"{hi:.1f} s / step for work of one size. Read the ratio, not the seconds."
     )
     add("")
     add("| method | s / step | x GRPO | run wall time (min) |")
     add("|---|---|---|---|")
-    base_step = mean(seeds_of(figures[BASE], "step_s"))
     for m, runs in figures.items():
-        ratio = mean(seeds_of(runs, "step_s")) / base_step
+        mine, base = shared(figures, m, BASE, "step_s")
+        ratio = mean(mine) / mean(base)
         add(
             f"| {NAMES[m]} | {cell(seeds_of(runs, 'step_s'), 1)} | {ratio:.2f} | "
             f"{cell([w / 60 for w in seeds_of(runs, 'wall_s')], 1)} |"
