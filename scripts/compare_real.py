@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.evaluation import RECORDS_FILE, pass_at_k  # noqa: E402
 from common.jsonl import read_jsonl  # noqa: E402
+from common.marked_text import write_between  # noqa: E402
 
 METHODS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")  # the default set
 BASELINES = ("dapo", "dr_grpo", "gspo", "kl_cov")  # baselines/<name>.py, taken by --methods
@@ -846,7 +847,7 @@ def page(everything: dict, all_infos: dict) -> str:
             add(f"- **{NAMES[m]}**: {cause_of(whole, idea, rest, other_settings(m, all_infos))}.")
         add("")
 
-    if ablation_groups(everything):
+    if groups:
         L.extend(ablation_section(everything, all_infos))
     add("## What this scale can and cannot show")
     add("")
@@ -982,22 +983,12 @@ def write_readings(out: Path, figures: dict, infos: dict) -> None:
         path = out / "algorithms" / f"{m}.md"
         if not path.parent.is_dir():
             continue
-        text = path.read_text()
-        if READING_BEGIN not in text or READING_END not in text:
-            raise SystemExit(f"error: {path} has no real-model reading markers ({READING_BEGIN} ... {READING_END})")
-        head, rest = text.split(READING_BEGIN, 1)
-        _, tail = rest.split(READING_END, 1)
-        path.write_text(f"{head}{READING_BEGIN}\n{reading_block(m, figures, infos)}\n{READING_END}{tail}")
+        write_between(path, READING_BEGIN, READING_END, reading_block(m, figures, infos), "real-model reading")
 
 
 def write_readme(readme: Path, figures: dict, infos: dict, out: Path) -> None:
-    text = readme.read_text()
-    if README_BEGIN not in text or README_END not in text:
-        raise SystemExit(f"error: {readme} has no real-model comparison markers")
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
     docs = Path(os.path.relpath(out.resolve(), readme.resolve().parent)).as_posix()
-    readme.write_text(f"{head}{README_BEGIN}\n{readme_block(figures, infos, docs)}\n{README_END}{tail}")
+    write_between(readme, README_BEGIN, README_END, readme_block(figures, infos, docs), "real-model comparison")
 
 
 def render(out: Path, readme: Path | None) -> None:

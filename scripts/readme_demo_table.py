@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.jsonl import read_jsonl  # noqa: E402
+from common.marked_text import write_between  # noqa: E402
 
 BEGIN = "<!-- demo table: written by scripts/readme_demo_table.py from runs of `python grpo_base.py --eval_steps 10` (docs/demo_runs.json) -->"
 RUNS = Path(__file__).resolve().parent.parent / "docs" / "demo_runs.json"
@@ -80,12 +81,7 @@ def main() -> None:
         raise SystemExit(f"usage: {Path(__file__).name} RUN_DIR [RUN_DIR ...] [--readme README.md]")
     runs = [kept(Path(run)) for run in args]
     RUNS.write_text("[\n" + ",\n".join(json.dumps(r) for r in runs) + "\n]\n")  # a run a line
-    text = readme.read_text()
-    if MARK not in text or END not in text:
-        raise SystemExit(f"error: {readme} has no demo-table markers")
-    head, rest = text.split(MARK, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{BEGIN}\n{table(runs)}\n{END}{tail}")
+    write_between(readme, BEGIN, END, table(runs), "demo-table", find=MARK)
     print(f"wrote {RUNS} and the demo table of {readme} from {len(runs)} runs")
 
 

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common.jsonl import read_jsonl  # noqa: E402
+from common.marked_text import write_between  # noqa: E402
 
 BEGIN = "<!-- real-model table: written by scripts/real_model_demo.py from one fresh run -->"
 END = "<!-- end of real-model table -->"
@@ -93,13 +94,8 @@ def step_line(rows: list[dict]) -> str:
 
 
 def write_table(readme: Path) -> None:
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"error: {readme} has no real-model table markers")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
     wall_s = json.loads(RUN_INFO.read_text())["wall_s"]
-    readme.write_text(f"{head}{BEGIN}\n{table(read_jsonl(METRICS), wall_s)}\n{END}{tail}")
+    write_between(readme, BEGIN, END, table(read_jsonl(METRICS), wall_s), "real-model table")
     print(f"wrote the real-model table of {readme} from {METRICS}")
 
 
