@@ -2,9 +2,10 @@
 each of grpo_base, edge_grpo, egpo, cw_grpo and pro_grpo (and, named in --methods, the baselines: dapo,
 dr_grpo, gspo, kl_cov from baselines/), the same seeds and budget, evaluated before the first
 step and after the last on 100 held-out sums; and the ablations, each method's own script with its idea turned
-off at the method's temperature (issue 34). Then docs/results_real.md and docs/compare_real.png, from the runs'
-stored metrics: each paper's claim beside plain GRPO, with a verdict by the rule the page states, and each
-method read against its ablation and GRPO.
+off at the method's temperature (issue 34). After training, each method's runs and its ablations' are evaluated
+again at the paper's own decoding (PAPER_EVAL), GRPO's at those of the methods compared. Then
+docs/results_real.md and docs/compare_real.png, from the runs' stored metrics: each paper's claim beside plain
+GRPO, with a verdict by the rule the page states, and each method read against its ablation and GRPO, at both.
 
     python scripts/compare_real.py                 # every (method, seed) run not stored yet, then the page
     python scripts/compare_real.py --render_only   # the page, the figure and the README block from the stored runs
@@ -14,7 +15,9 @@ method read against its ablation and GRPO.
 
 Resumable: a run is done once its result is stored (docs/real_compare/<method>-seed<S>/run.json, written last);
 a run cut short is started over (--overwrite), the stored ones are kept. A stored result made with other
-settings (model, steps, flags) is refused: --fresh starts over, or --out keeps the new runs apart.
+settings (model, steps, flags) is refused: --fresh starts over, or --out keeps the new runs apart. A stored run
+lacking an evaluation its method needs is evaluated from its model, kept in --runs_dir; a run whose model is gone
+is trained again first (seeded, it gives the same samples, and says whether it did).
 
 The task is scripts/real_model_demo.py's (400 training sums, 100 held-out, two worked examples before each
 question) with its flags; every method keeps its own defaults otherwise (the page lists where they differ from
@@ -66,7 +69,14 @@ SEEDS = (0, 1, 2)
 STEPS = 8
 EVAL_N = 8  # samples per held-out sum: pass@1, 2, 4, 8
 EVAL_TEMPERATURE = 1.0  # the methods' training T (CW-GRPO's own is 0.7): mean_logprob is then EGPO's proxy itself
+# Each paper's own evaluation decoding (temperature, top-p), as each method's page states it under "Evaluation"
+# (docs/algorithms/<method>.md): EDGE-GRPO's paper samples at T = 0.1; Pro-GRPO's at 0.6 / 0.95 (its Sec. 4.2);
+# CW-GRPO's gives none and follows Open-RS, whose setup samples at 0.6 / 0.95; EGPO's values were lost from its text,
+# 0.6 / 0.95 is the project's choice. A method's runs and its ablations' are evaluated there too after training,
+# GRPO's at each of them, to be read against.
+PAPER_EVAL = {"edge_grpo": (0.1, 1.0), "egpo": (0.6, 0.95), "cw_grpo": (0.6, 0.95), "pro_grpo": (0.6, 0.95)}
 BENCH = "sums"
+P1 = "pass1_after"  # the accuracy a method is read by (at EVAL_TEMPERATURE; at its paper's setting: evaluations())
 # scripts/real_model_demo.py's flags, less its length and evaluation schedule.
 FLAGS = [
     "--few_shot", "2", "--prompts_per_step", "6", "--group_size", "8", "--max_completion_len", "32",
@@ -144,6 +154,42 @@ def settings(method: str, seed: int, model: str, steps: int) -> dict:
     return {"method": method, "seed": seed, "model": model, "steps": steps, "flags": FLAGS + off + evals}
 
 
+def own_setting(m: str) -> tuple | None:
+    """The paper's evaluation setting of a method, or of the method an ablation turns off (None: it has none here)."""
+    return PAPER_EVAL.get(ABLATIONS[m][0] if m in ABLATIONS else m)
+
+
+def paper_settings(method: str, methods: list) -> list[tuple]:
+    """The papers' settings a run is evaluated at after training, besides T = EVAL_TEMPERATURE: its method's own;
+    GRPO's at those of every method compared, for each to be read against."""
+    if method == BASE:
+        return sorted({st for m in methods if (st := own_setting(m))})
+    return [own] if (own := own_setting(method)) else []
+
+
+def label(setting: tuple) -> str:
+    """The stored samples' name of an evaluation at a paper's setting, and its figures' suffix."""
+    return "after-T{}-p{}".format(*setting)
+
+
+def setting_text(setting: tuple) -> str:
+    t, top_p = setting
+    return f"T = {t}" + (f", top-p {top_p}" if top_p != 1.0 else "")
+
+
+def sample_lines(folder: Path, when: str) -> list[dict]:
+    """An evaluation's records as the stored samples: whether each was right, and its confidence."""
+    return [
+        {
+            "eval": when,
+            "index": rec["index"],
+            "correct": [int(c) for c in rec["correct"]],
+            "confidence": [None if c is None else round(c, 6) for c in rec["mean_logprob"]],
+        }
+        for rec in read_jsonl(folder / RECORDS_FILE)
+    ]
+
+
 def run_one(method: str, seed: int, model: str, steps: int, data: tuple[Path, Path], runs: Path, store: Path) -> None:
     """Train one (method, seed) from scratch and store what the page needs; run.json last, as the mark of a
     finished run."""
@@ -169,14 +215,9 @@ def run_one(method: str, seed: int, model: str, steps: int, data: tuple[Path, Pa
     lines = []
     if method != BASE:  # the same seed's BASE run (run first) evaluated the policy before training
         lines = [r for r in read_jsonl(store / f"{BASE}-seed{seed}" / SAMPLES_FILE) if r["eval"] == "before"]
-    for when, folder in (("before", run_dir / "eval-step-0"), ("after", run_dir)):
-        if when == "before" and method != BASE:
-            continue
-        for rec in read_jsonl(folder / RECORDS_FILE):
-            conf = [None if c is None else round(c, 6) for c in rec["mean_logprob"]]
-            lines.append(
-                {"eval": when, "index": rec["index"], "correct": [int(c) for c in rec["correct"]], "confidence": conf}
-            )
+    if method == BASE:
+        lines += sample_lines(run_dir / "eval-step-0", "before")
+    lines += sample_lines(run_dir, "after")
     (out / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in lines))
     flags = json.loads((run_dir / "run_config.json").read_text())["flags"]
     flags = {k: v for k, v in flags.items() if k not in LOCAL_FLAGS}
@@ -185,8 +226,56 @@ def run_one(method: str, seed: int, model: str, steps: int, data: tuple[Path, Pa
     (out / RUN_FILE).write_text(json.dumps(info, indent=1) + "\n")
 
 
+def evaluate_at(method: str, seed: int, setting: tuple, held_out: Path, runs: Path, store: Path) -> None:
+    """Evaluate a stored run's trained model (kept in its run directory) at a paper's setting, as the run evaluated
+    it at T = EVAL_TEMPERATURE (the same prompts, samples, length and seed); the samples join the stored ones under
+    their label, and run.json records the setting. An evaluation already in the run directory (a call cut short
+    before storing it) is taken: the directory is deleted whenever its run is trained again."""
+    run_dir, out = runs / f"{method}-seed{seed}", store / f"{method}-seed{seed}"
+    folder = run_dir / "eval-T{}-p{}".format(*setting)
+    cmd = [sys.executable, "-m", "tools.evaluate", "--model", str(run_dir), "--benchmarks", f"{BENCH}={held_out}"]
+    cmd += ["--n", str(EVAL_N), "--temperature", str(setting[0]), "--top_p", str(setting[1]), "--seed", str(seed)]
+    cmd += ["--max_tokens", FLAGS[FLAGS.index("--max_completion_len") + 1], "--output_dir", str(folder)]
+    if (folder / RECORDS_FILE).is_file():
+        print(f"== {method}, seed {seed}: evaluated at {setting_text(setting)} in {folder}, taken", flush=True)
+    else:
+        print(f"== {method}, seed {seed}: evaluated at {setting_text(setting)}: {' '.join(cmd[1:])}", flush=True)
+        if (code := subprocess.run(cmd, cwd=ROOT).returncode) != 0:
+            raise SystemExit(
+                f"error: evaluating {run_dir} failed (exit {code}; its output is above): run the command again"
+            )
+    lines = [r for r in read_jsonl(out / SAMPLES_FILE) if r["eval"] != label(setting)]
+    lines += sample_lines(folder, label(setting))
+    (out / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    info = json.loads((out / RUN_FILE).read_text())
+    evals = info.setdefault("evals", {})
+    evals[label(setting)] = {"temperature": setting[0], "top_p": setting[1], "n": EVAL_N}
+    (out / RUN_FILE).write_text(json.dumps(info, indent=1) + "\n")
+
+
+def evaluate_missing(
+    method: str, seed: int, methods: list, model: str, steps: int, data: tuple, runs: Path, store: Path
+):
+    """The paper's settings a stored run lacks, evaluated on its kept model; a run whose model is gone (made before
+    these evaluations, or on another machine) is trained again first: seeded, it is the same run, which the
+    check of its samples at T = EVAL_TEMPERATURE against the stored ones shows."""
+    name = f"{method}-seed{seed}"
+    done = json.loads((store / name / RUN_FILE).read_text()).get("evals", {})
+    missing = [s for s in paper_settings(method, methods) if label(s) not in done]
+    if missing and not (runs / name / "model").is_dir():
+        print(f"== {method}, seed {seed}: its model is not in {runs / name}: trained again to evaluate it", flush=True)
+        before = [r for r in read_jsonl(store / name / SAMPLES_FILE) if r["eval"] == "after"]
+        run_one(method, seed, model, steps, data, runs, store)
+        after = [r for r in read_jsonl(store / name / SAMPLES_FILE) if r["eval"] == "after"]
+        same = "the same samples" if after == before else "OTHER samples than the stored run (now replaced)"
+        print(f"== {method}, seed {seed}: trained again; its evaluation at T = {EVAL_TEMPERATURE} gave {same}")
+    for setting in missing:
+        evaluate_at(method, seed, setting, data[1], runs, store)
+
+
 def run_all(methods, seeds, model: str, steps: int, runs: Path, store: Path) -> None:
-    """Every (method, seed) whose result is not stored yet, seed by seed (a cut-short comparison has every method)."""
+    """Every (method, seed) whose result is not stored yet, seed by seed (a cut-short comparison has every method),
+    then each run's evaluations at the papers' settings."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from real_model_demo import write_data
 
@@ -205,8 +294,9 @@ def run_all(methods, seeds, model: str, steps: int, runs: Path, store: Path) -> 
                         "or --out another folder"
                     )
                 print(f"== {method}, seed {seed}: stored in {done.parent}, skipped")
-                continue
-            run_one(method, seed, model, steps, data, runs, store)
+            else:
+                run_one(method, seed, model, steps, data, runs, store)
+            evaluate_missing(method, seed, methods, model, steps, data, runs, store)
 
 
 # -- the figures of a run ------------------------------------------------------------------------------------------
@@ -279,7 +369,7 @@ def run_figures(rows: list[dict], samples: list[dict], info: dict) -> dict:
         "step_s": mean([r["time/step_s"] for r in train]),
         "wall_s": info["wall_s"],
     }
-    for when in ("before", "after"):
+    for when in ["before", "after"] + sorted({s["eval"] for s in samples} - {"before", "after"}):  # + label(setting)
         recs = [s for s in samples if s["eval"] == when]
         out[f"problems_{when}"] = len(recs)
         n = min(len(s["correct"]) for s in recs)
@@ -350,7 +440,8 @@ def load(store: Path) -> tuple[dict, dict]:
 
 
 def seeds_of(runs: dict, key: str) -> list:
-    return [runs[s][key] for s in sorted(runs)]
+    """A figure over the seeds, None where a run lacks it (not evaluated there)."""
+    return [runs[s].get(key) for s in sorted(runs)]
 
 
 def fmt(v, digits: int = 3) -> str:
@@ -380,13 +471,26 @@ def method_defaults(infos: dict) -> list[str]:
     return lines
 
 
+def evaluations(m: str, figures: dict) -> list[tuple[str, str]]:
+    """(figure, in words) of each held-out pass@1 a run is read by: at T = EVAL_TEMPERATURE, and at its paper's
+    setting once its runs were evaluated there."""
+    out = [(P1, f"T = {EVAL_TEMPERATURE}")]
+    if (own := own_setting(m)) and any(f"pass1_{label(own)}" in f for f in figures[m].values()):
+        out.append((f"pass1_{label(own)}", f"the paper's setting, {setting_text(own)}"))
+    return out
+
+
 def claims(figures: dict) -> list[tuple]:
-    """(method, claim, figure key, direction, the method's seeds, GRPO's seeds, verdict) of the stored methods."""
+    """(method, claim, figure key, direction, the method's seeds, GRPO's seeds, verdict) of the stored methods; an
+    accuracy claim is read at T = EVAL_TEMPERATURE and again at the paper's own evaluation setting."""
     out = []
     for m, text, key, direction in CLAIMS:
-        if m in figures:
-            mine, base = seeds_of(figures[m], key), seeds_of(figures[BASE], key)
-            out.append((m, text, key, direction, mine, base, verdict(mine, base, direction)))
+        if m not in figures:
+            continue
+        for k, where in evaluations(m, figures) if key == P1 else [(key, "")]:
+            mine, base = seeds_of(figures[m], k), seeds_of(figures[BASE], k)
+            said = f"{text}, at {where}" if key == P1 and k != P1 else text
+            out.append((m, said, k, direction, mine, base, verdict(mine, base, direction)))
     return out
 
 
@@ -414,6 +518,8 @@ def fell_line(figures: dict) -> str:
 
 
 def key_name(key: str, figures: dict) -> str:
+    if at := [s for s in PAPER_EVAL.values() if key == f"pass1_{label(s)}"]:
+        return f"held-out pass@1 after training, at {setting_text(at[0])}"
     if key == "passmax_after":
         k = next(iter(next(iter(figures.values())).values()))["ks_after"][-1]
         return f"held-out pass@{k} after training"
@@ -440,12 +546,13 @@ def readme_block(figures: dict, infos: dict, docs: str = "docs") -> str:
 
 
 def shared(figures: dict, a: str, b: str, key: str) -> tuple[list, list]:
-    """Two runs' figure over the seeds both have, seed by seed."""
-    seeds = sorted(set(figures[a]) & set(figures[b]))
+    """Two runs' figure over the seeds both have it, seed by seed."""
+    seeds = [
+        s
+        for s in sorted(set(figures[a]) & set(figures[b]))
+        if None not in (figures[a][s].get(key), figures[b][s].get(key))
+    ]
     return [figures[a][s][key] for s in seeds], [figures[b][s][key] for s in seeds]
-
-
-P1 = "pass1_after"  # the figure the ablations are read by
 
 
 def compared(figures: dict, a: str, b: str, key: str = P1) -> str:
@@ -511,20 +618,25 @@ def reading(m: str, group: list, figures: dict, infos: dict) -> str:
     and what it comes with (cause_of); then each partial ablation against the whole one."""
     full, *parts = group
     off, t, base = ABLATIONS[full][2], infos[m][min(infos[m])]["script_flags"]["temperature"], f"{NAMES[BASE]}'s"
-    whole, idea, rest = compared(figures, m, BASE), compared(figures, m, full), compared(figures, full, BASE)
-    line = (
-        f"(T = {t}): held-out pass@1 {relation(whole, base, shared(figures, m, BASE, P1))}, and "
-        f"{relation(idea, 'its own with ' + off, shared(figures, m, full, P1))}; that ablation's is "
-        f"{relation(rest, base, shared(figures, full, BASE, P1))}. "
-        f"So {cause_of(whole, idea, rest, other_settings(m, infos))}."
-    )
+    line = f"(trained at T = {t})."
+    for key, where in evaluations(m, figures):
+        whole, idea, rest = (compared(figures, *pair, key) for pair in ((m, BASE), (m, full), (full, BASE)))
+        line += (
+            f" Evaluated at {where}: held-out pass@1 {relation(whole, base, shared(figures, m, BASE, key))}, and "
+            f"{relation(idea, 'its own with ' + off, shared(figures, m, full, key))}; that ablation's is "
+            f"{relation(rest, base, shared(figures, full, BASE, key))}. "
+            f"So {cause_of(whole, idea, rest, other_settings(m, infos))}."
+        )
     for a in parts:
-        rel = relation(compared(figures, a, full), "that with " + off, shared(figures, a, full, P1))
-        told = compared(figures, m, a)
-        mine = relation(told, "it", shared(figures, m, a, P1))
-        line += f" With {ABLATIONS[a][2]}, pass@1 is {rel}, and {NAMES[m]}'s is {mine}"
-        part = {SUPPORTED: "gains", CONTRADICTED: "costs"}.get(told)
-        line += f": {PART_OFF[a]}, added to the rest, {part} accuracy." if part and a in PART_OFF else "."
+        for i, (key, where) in enumerate(evaluations(m, figures)):
+            rel = relation(compared(figures, a, full, key), "that with " + off, shared(figures, a, full, key))
+            told = compared(figures, m, a, key)
+            mine = relation(told, "it", shared(figures, m, a, key))
+            line += f" With {ABLATIONS[a][2]}, at {where}, pass@1 is " if i == 0 else f"; at {where}, it is "
+            line += f"{rel}, and {NAMES[m]}'s is {mine}"
+            part = {SUPPORTED: "gains", CONTRADICTED: "costs"}.get(told)
+            line += f" ({PART_OFF[a]}, added to the rest, {part} accuracy)" if part and a in PART_OFF else ""
+        line += "."
     return line
 
 
@@ -540,36 +652,41 @@ def ablation_section(figures: dict, infos: dict) -> list[str]:
     add(
         "A method's runs above differ from GRPO's in its idea and also in its other defaults (Setup). Each "
         "ablation runs the method's own script with the idea turned off and every other flag kept: the method "
-        "against its ablation reads the idea alone, the ablation against GRPO the rest. The same evaluation as "
-        f"above (held-out pass@1 after the last step, T = {EVAL_TEMPERATURE} for all); a comparison uses the seeds "
-        "both runs have and reads 'higher' or 'lower' only when every seed of one lies beyond every seed of the "
-        "other (two seeds at least). The ablations:"
+        "against its ablation reads the idea alone, the ablation against GRPO the rest. The same evaluations as "
+        f"above (held-out pass@1 after the last step, at T = {EVAL_TEMPERATURE} for all, and at the paper's own "
+        "setting for the method, its ablations and GRPO); a comparison uses the seeds both runs have and reads "
+        "'higher' or 'lower' only when every seed of one lies beyond every seed of the other (two seeds at least). "
+        "The ablations:"
     )
     add("")
     for abl in groups.values():
         for a in abl:
             add(f"- {NAMES[a]}: `{SCRIPT[a]} {' '.join(ABLATIONS[a][1])}`, {seeds_text({a: infos[a]})}")
     add("")
+    at = sorted({e for m in groups for e in evaluations(m, figures)[1:]})  # the papers' settings evaluated
     add(
-        "| run | training T | held-out pass@1 after | training accuracy | advantage variance "
-        "| gradient norm before clipping: mean | largest, per seed |"
+        f"| run | training T | held-out pass@1 after, T = {EVAL_TEMPERATURE} | "
+        + "".join(f"at {where} | " for _, where in at)
+        + "training accuracy | advantage variance | gradient norm before clipping: mean | largest, per seed |"
     )
-    add("|---|---|---|---|---|---|---|")
+    add("|---|---|---|" + "---|" * len(at) + "---|---|---|---|")
     for m in [BASE] + [r for of, abl in groups.items() for r in (of, *abl)]:
         runs = figures[m]
+        paper = [seeds_cell(runs, key) for key, _ in at]
         add(
-            f"| {NAMES[m]} | {temp[m]} | {cell(seeds_of(runs, 'pass1_after'))} | {cell(seeds_of(runs, 'acc_mean'))} "
-            f"| {cell(seeds_of(runs, 'adv_var'))} | {cell(seeds_of(runs, 'grad_norm'), 2)} "
-            f"| {per_seed(seeds_of(runs, 'grad_norm_max'), 1)} |"
+            f"| {NAMES[m]} | {temp[m]} | {cell(seeds_of(runs, P1))} | {''.join(c + ' | ' for c in paper)}"
+            f"{cell(seeds_of(runs, 'acc_mean'))} | {cell(seeds_of(runs, 'adv_var'))} "
+            f"| {cell(seeds_of(runs, 'grad_norm'), 2)} | {per_seed(seeds_of(runs, 'grad_norm_max'), 1)} |"
         )
     add("")
-    add("| comparison | first, per seed | second, per seed | the first's held-out pass@1 is |")
-    add("|---|---|---|---|")
+    add("| comparison | evaluated at | first, per seed | second, per seed | the first's held-out pass@1 is |")
+    add("|---|---|---|---|---|")
     for m, abl in groups.items():
         for first, second in [(m, BASE)] + [(m, a) for a in abl] + [(a, BASE) for a in abl]:
-            x, y = shared(figures, first, second, P1)
-            rel = relation(compared(figures, first, second), f"{NAMES[second]}'s", (x, y))
-            add(f"| {NAMES[first]} against {NAMES[second]} | {per_seed(x)} | {per_seed(y)} | {rel} |")
+            for key, where in evaluations(m, figures):
+                x, y = shared(figures, first, second, key)
+                rel = relation(compared(figures, first, second, key), f"{NAMES[second]}'s", (x, y))
+                add(f"| {NAMES[first]} against {NAMES[second]} | {where} | {per_seed(x)} | {per_seed(y)} | {rel} |")
     add("")
     add("What the ablations say, read off the table above:")
     add("")
@@ -610,11 +727,8 @@ def edge_mechanism(figures: dict, infos: dict, ablations: list) -> list[str]:
     for m in ("edge_grpo", *ablations):
         runs = figures[m]
         gec_on = all(f["gec_edited"] is not None for f in runs.values())
-        seeds, share = logged_seeds(runs, "adv_share_injected")
-        shares = "not logged"  # the runs made before edge/adv_share_injected was logged
-        if share:
-            named = f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
-            shares = cell(share) + (f" ({named})" if len(seeds) < len(runs) else "")
+        shares = seeds_cell(runs, "adv_share_injected")
+        shares = "not logged" if shares == "-" else shares  # runs made before edge/adv_share_injected existed
         fixed = f"{total(seeds_of(runs, 'reflections_fixed'))} of {total(seeds_of(runs, 'reflections'))}"
         P = cell(seeds_of(runs, "P_injected")) if gec_on else "-"
         P += f" / {cell(seeds_of(runs, 'P_all'))}"
@@ -631,8 +745,18 @@ def edge_mechanism(figures: dict, infos: dict, ablations: list) -> list[str]:
 
 def logged_seeds(runs: dict, key: str) -> tuple[list, list]:
     """(the seeds whose run logged `key`, their values)."""
-    seeds = [s for s in sorted(runs) if runs[s][key] is not None]
+    seeds = [s for s in sorted(runs) if runs[s].get(key) is not None]
     return seeds, [runs[s][key] for s in seeds]
+
+
+def seeds_cell(runs: dict, key: str) -> str:
+    """cell() over the seeds that have the figure, those named when not all; '-' when none has it."""
+    seeds, vs = logged_seeds(runs, key)
+    if not seeds:
+        return "-"
+    return cell(vs) + (
+        f" (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})" if len(seeds) < len(runs) else ""
+    )
 
 
 def cw_mechanism(figures: dict, ablations: list) -> list[str]:
@@ -676,25 +800,14 @@ def seeds_text(infos: dict) -> str:
     return line
 
 
-def page(everything: dict, all_infos: dict) -> str:
-    """The page: the methods beside GRPO, then each method beside its own ablations."""
-    figures = {m: f for m, f in everything.items() if m not in ABLATIONS}
-    infos = {m: i for m, i in all_infos.items() if m not in ABLATIONS}
+def setup_section(figures: dict, infos: dict, all_infos: dict) -> list[str]:
+    """What was run, on what, and how it was evaluated."""
     base_info = infos[BASE][min(infos[BASE])]
     steps, model, flags = base_info["steps"], base_info["model"], base_info["flags"]
     first = figures[BASE][min(figures[BASE])]
-    ks = first["ks_after"]
     n_methods = len(figures)
     L = []
     add = L.append
-    add("# The five methods side by side on a real model")
-    add("")
-    add(
-        "Written by `python scripts/compare_real.py` from the runs stored in [real_compare/](real_compare/) "
-        "(`--render_only` writes it again from them); nothing here is typed by hand. Figure: "
-        "[compare_real.png](compare_real.png)."
-    )
-    add("")
     add("## Setup")
     add("")
     add(
@@ -715,6 +828,23 @@ def page(everything: dict, all_infos: dict) -> str:
         "training is the same for every method: it is evaluated once per seed, in GRPO's run, and its samples "
         'serve every method\'s "before".'
     )
+    if own := {m: st for m in all_infos if (st := own_setting(m))}:
+        done = {m: [s for s, i in all_infos[m].items() if label(own[m]) in i.get("evals", {})] for m in own}
+        evaluated = [
+            f"{NAMES[m]} at {setting_text(own[m])} (seeds {', '.join(map(str, done[m]))})"
+            for m in own
+            if m not in ABLATIONS and done[m]
+        ]
+        not_yet = [f"{NAMES[m]} ({setting_text(own[m])})" for m in own if not done[m]]
+        add(
+            "- After training, a method's runs (and its ablations') are evaluated again at its paper's own decoding, "
+            "and GRPO's at each of these, with the same prompts, samples, length and seed (each method's page, "
+            "Evaluation, says where its setting comes from): "
+            + ("; ".join(evaluated) or "none yet")
+            + (f". Not evaluated there yet: {', '.join(not_yet)}" if not_yet else "")
+            + f". These evaluations load the run's saved model; at T = {EVAL_TEMPERATURE} that path gives the run's "
+            "own evaluation's samples to the bit."
+        )
     add(
         "- Each held-out sample's confidence is its mean token log-prob under logits / T over the whole completion, "
         "the stop token included: minus EGPO's entropy proxy H_i (eq. 5, [algorithms/egpo.md](algorithms/egpo.md), "
@@ -726,7 +856,15 @@ def page(everything: dict, all_infos: dict) -> str:
         "in some seed is given per seed."
     )
     add("")
+    return L
 
+
+def held_out_section(figures: dict, infos: dict) -> list[str]:
+    """Held-out pass@k before and after training, and at each paper's own evaluation setting."""
+    steps = infos[BASE][min(infos[BASE])]["steps"]
+    ks = figures[BASE][min(figures[BASE])]["ks_after"]
+    L = []
+    add = L.append
     add("## Held-out pass@k")
     add("")
     for when, title in (("before", "before the first step"), ("after", f"after step {steps}")):
@@ -737,7 +875,30 @@ def page(everything: dict, all_infos: dict) -> str:
         for m, runs in figures.items():
             add(f"| {NAMES[m]} | " + " | ".join(cell(seeds_of(runs, f"pass{k}_{when}")) for k in ks) + " |")
         add("")
+    if own := [
+        (m, st)
+        for m in figures
+        if (st := own_setting(m)) and any(label(st) in i.get("evals", {}) for i in infos[m].values())
+    ]:
+        add(f"After step {steps}, at each paper's own evaluation setting, beside GRPO's at the same:")
+        add("")
+        add(f"| method | setting | pass@1 | GRPO's pass@1 | pass@{ks[-1]} | GRPO's pass@{ks[-1]} |")
+        add("|---|---|---|---|---|---|")
+        for m, st in own:
+            one, most = f"pass1_{label(st)}", f"pass{ks[-1]}_{label(st)}"
+            add(
+                f"| {NAMES[m]} | {setting_text(st)} | {seeds_cell(figures[m], one)} | {seeds_cell(figures[BASE], one)} "
+                f"| {seeds_cell(figures[m], most)} | {seeds_cell(figures[BASE], most)} |"
+            )
+        add("")
+    return L
 
+
+def training_section(figures: dict, infos: dict) -> list[str]:
+    """Training accuracy by step, entropy and the advantage signal."""
+    steps, flags = (infos[BASE][min(infos[BASE])][k] for k in ("steps", "flags"))
+    L = []
+    add = L.append
     add("## Training")
     add("")
     add(
@@ -772,7 +933,13 @@ def page(everything: dict, all_infos: dict) -> str:
     for m, runs in figures.items():
         add(f"| {NAMES[m]} | " + " | ".join(cell(seeds_of(runs, k)) for _, k in cols) + " |")
     add("")
+    return L
 
+
+def calibration_section(figures: dict) -> list[str]:
+    """AUROC of the confidence, and the samples right / wrong."""
+    L = []
+    add = L.append
     add("## Calibration")
     add("")
     add("AUROC of the sequence confidence for right vs wrong held-out samples, and the samples right / wrong:")
@@ -789,7 +956,13 @@ def page(everything: dict, all_infos: dict) -> str:
             f"{counts[0]} | {counts[1]} |"
         )
     add("")
+    return L
 
+
+def cost_section(figures: dict) -> list[str]:
+    """Wall time per step and per run, and the ratio to GRPO."""
+    L = []
+    add = L.append
     add("## Cost")
     add("")
     lo, hi = min(seeds_of(figures[BASE], "step_s")), max(seeds_of(figures[BASE], "step_s"))
@@ -811,7 +984,13 @@ def page(everything: dict, all_infos: dict) -> str:
             f"{cell([w / 60 for w in seeds_of(runs, 'wall_s')], 1)} |"
         )
     add("")
+    return L
 
+
+def claims_section(figures: dict, everything: dict, all_infos: dict) -> list[str]:
+    """Each claim's verdict by the page's rule, and the cause of a contradicted accuracy claim."""
+    L = []
+    add = L.append
     add("## The papers' claims")
     add("")
     add(
@@ -834,21 +1013,29 @@ def page(everything: dict, all_infos: dict) -> str:
     )
     add("")
     groups = ablation_groups(everything)
-    why = [m for m, _, key, _, _, _, v in claims(figures) if v == CONTRADICTED and key == P1 and m in groups]
+    accuracy = {k: where for m in groups for k, where in evaluations(m, everything)}
+    why = [(m, k) for m, _, k, _, _, _, v in claims(figures) if v == CONTRADICTED and k in accuracy and m in groups]
     if why:
         add(
             "Where accuracy is contradicted, the method against its own ablation "
             "([next section](#each-method-against-its-own-ablation)):"
         )
         add("")
-        for m in why:
+        for m, k in why:
             full = groups[m][0]
-            whole, idea, rest = (compared(everything, *pair) for pair in ((m, BASE), (m, full), (full, BASE)))
-            add(f"- **{NAMES[m]}**: {cause_of(whole, idea, rest, other_settings(m, all_infos))}.")
+            whole, idea, rest = (compared(everything, *pair, k) for pair in ((m, BASE), (m, full), (full, BASE)))
+            add(f"- **{NAMES[m]}**, at {accuracy[k]}: {cause_of(whole, idea, rest, other_settings(m, all_infos))}.")
         add("")
+    return L
 
-    if groups:
-        L.extend(ablation_section(everything, all_infos))
+
+def scale_section(figures: dict, infos: dict, everything: dict) -> list[str]:
+    """What this scale can and cannot show."""
+    base_info = infos[BASE][min(infos[BASE])]
+    steps, model, flags = base_info["steps"], base_info["model"], base_info["flags"]
+    first = figures[BASE][min(figures[BASE])]
+    L = []
+    add = L.append
     add("## What this scale can and cannot show")
     add("")
     base_p1 = seeds_of(figures[BASE], "pass1_after")
@@ -856,9 +1043,15 @@ def page(everything: dict, all_infos: dict) -> str:
     temps = {m: runs[min(runs)]["script_flags"]["temperature"] for m, runs in infos.items()}
     other_t = [f"{NAMES[m]} (T = {temp})" for m, temp in temps.items() if temp != temps[BASE]]
     if len(base_p1) > 1:
+        at = [
+            f"{max(vs) - min(vs):.3f} at {setting_text(st)} ({len(vs)} seeds)"
+            for st in sorted(set(PAPER_EVAL.values()))
+            if len(vs := logged_seeds(figures[BASE], f"pass1_{label(st)}")[1]) > 1
+        ]
         seeds_line = (
             f"GRPO's own {len(base_p1)} seeds end {max(base_p1) - min(base_p1):.3f} apart in held-out pass@1 "
-            f"({n_samples} samples each): a method's difference from GRPO smaller than the seeds' spread cannot be "
+            + (f"at T = {EVAL_TEMPERATURE} ({', '.join(at)}) " if at else "")
+            + f"({n_samples} samples each): a method's difference from GRPO smaller than the seeds' spread cannot be "
             f"told from chance here. With {len(base_p1)} seeds a range is those seeds themselves: 'supported' means "
             "every seed of the method beat every seed of GRPO, not a significant effect."
         )
@@ -874,12 +1067,38 @@ def page(everything: dict, all_infos: dict) -> str:
         + (
             f" {', '.join(other_t)} sample{'s' if len(other_t) == 1 else ''} at another temperature than GRPO's "
             f"(T = {temps[BASE]}) in training, so their training accuracy and entropy are not measured at the same "
-            "T; the held-out evaluation uses one T for all."
+            f"T; the held-out evaluation at T = {EVAL_TEMPERATURE} is the same for all."
             if other_t
             else ""
         )
     )
     add("")
+    return L
+
+
+def page(everything: dict, all_infos: dict) -> str:
+    """The page: the methods beside GRPO, then each method beside its own ablations."""
+    figures = {m: f for m, f in everything.items() if m not in ABLATIONS}
+    infos = {m: i for m, i in all_infos.items() if m not in ABLATIONS}
+    L = []
+    add = L.append
+    add("# The five methods side by side on a real model")
+    add("")
+    add(
+        "Written by `python scripts/compare_real.py` from the runs stored in [real_compare/](real_compare/) "
+        "(`--render_only` writes it again from them); nothing here is typed by hand. Figure: "
+        "[compare_real.png](compare_real.png)."
+    )
+    add("")
+    L.extend(setup_section(figures, infos, all_infos))
+    L.extend(held_out_section(figures, infos))
+    L.extend(training_section(figures, infos))
+    L.extend(calibration_section(figures))
+    L.extend(cost_section(figures))
+    L.extend(claims_section(figures, everything, all_infos))
+    if ablation_groups(everything):
+        L.extend(ablation_section(everything, all_infos))
+    L.extend(scale_section(figures, infos, everything))
     return "\n".join(L)
 
 

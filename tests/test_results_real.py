@@ -122,7 +122,9 @@ def test_the_baselines_are_methods_it_takes():
 @pytest.mark.vllm
 def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
     """GRPO, then CW-GRPO and its ablation, one seed, two steps: the runs, the stored results, the page and the
-    figure; a second call skips the stored run, runs the missing ones; --render_only gives the same page."""
+    figure; a second call skips the stored run, runs the missing ones and evaluates each at CW-GRPO's paper setting
+    (GRPO's from its kept model); --render_only gives the same page; a run whose model is gone is trained again to
+    be evaluated, and gives the same samples."""
     out, runs = tmp_path / "docs", tmp_path / "runs"
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{compare.README_BEGIN}\nold\n{compare.README_END}\nrest\n")
@@ -136,16 +138,24 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
     assert sorted({s["eval"] for s in samples}) == ["after", "before"] and len(samples) == 200
     assert all(len(s["correct"]) == len(s["confidence"]) == compare.EVAL_N for s in samples)
     assert all(c is None or c <= 0 for s in samples for c in s["confidence"])  # mean log-probs
-    mtime = (stored / compare.RUN_FILE).stat().st_mtime
+    mtime = (stored / compare.METRICS_FILE).stat().st_mtime  # evaluations add to run.json, never to the metrics
 
     methods = "grpo_base,cw_grpo,cw_grpo-off"
     second = run_cli("scripts/compare_real.py", *common, "--methods", methods, "--readme", "", timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "grpo_base, seed 0: stored in" in second.stdout and "skipped" in second.stdout
-    assert (stored / compare.RUN_FILE).stat().st_mtime == mtime
+    assert (stored / compare.METRICS_FILE).stat().st_mtime == mtime  # not trained again: its model was kept
     page = (out / compare.PAGE).read_text()
     assert "| CW-GRPO |" in page and (out / compare.FIGURE).stat().st_size > 10_000
-    assert "## Each method against its own ablation" in page and "**CW-GRPO** (T = 0.7)" in page
+    assert "## Each method against its own ablation" in page and "**CW-GRPO** (trained at T = 0.7)" in page
+    paper = compare.label((0.6, 0.95))
+    for name in ("grpo_base-seed0", "cw_grpo-seed0", "cw_grpo-off-seed0"):
+        lines = (out / compare.STORE / name / compare.SAMPLES_FILE).read_text().splitlines()
+        assert sum(json.loads(line)["eval"] == paper for line in lines) == 100, name
+        assert json.loads((out / compare.STORE / name / compare.RUN_FILE).read_text())["evals"][paper]["top_p"] == 0.95
+    assert (
+        "| CW-GRPO | T = 0.6, top-p 0.95 |" in page and "Evaluated at the paper's setting, T = 0.6, top-p 0.95" in page
+    )
     assert (
         json.loads((out / compare.STORE / "cw_grpo-off-seed0" / compare.RUN_FILE).read_text())["script_flags"]["cw"]
         is False
@@ -156,7 +166,16 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
         for seed, f in runs_of.items():
             before = figures[compare.BASE][seed]["logged_pass1"][0]
             assert (before, f["logged_pass1"][1]) == pytest.approx((f["pass1_before"], f["pass1_after"]), abs=1e-9)
-    assert "Of 2 claims:" in page  # CW-GRPO's two; its ablation makes none
+    assert "Of 3 claims:" in page  # CW-GRPO's two, accuracy read at both evaluations; its ablation makes none
+
+    # The evaluation of a saved model gives, at the run's own setting, the samples the run's evaluation gave.
+    copy = tmp_path / "store"
+    shutil.copytree(out / compare.STORE, copy)
+    held_out = runs / "data" / "sums_eval.jsonl"
+    compare.evaluate_at("cw_grpo", 0, (compare.EVAL_TEMPERATURE, 1.0), held_out, runs, copy)
+    samples = [json.loads(line) for line in (copy / "cw_grpo-seed0" / compare.SAMPLES_FILE).read_text().splitlines()]
+    again = [s | {"eval": "after"} for s in samples if s["eval"] == compare.label((compare.EVAL_TEMPERATURE, 1.0))]
+    assert again == [s for s in samples if s["eval"] == "after"]
     assert readme.read_text().startswith(f"intro\n{compare.README_BEGIN}\n[docs/results_real.md](docs/results_real.md)")
 
     (out / compare.PAGE).unlink()
@@ -164,6 +183,14 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
     again = run_cli("scripts/compare_real.py", "--render_only", "--out", str(out), "--readme", "", timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert (out / compare.PAGE).read_text() == page
+
+    # A stored run lacking an evaluation, its model gone, is trained again (seeded: the same run) and evaluated.
+    info_path = out / compare.STORE / "cw_grpo-off-seed0" / compare.RUN_FILE
+    info_path.write_text(json.dumps({k: v for k, v in json.loads(info_path.read_text()).items() if k != "evals"}))
+    third = run_cli("scripts/compare_real.py", *common, "--methods", methods, "--readme", "", timeout=900)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "cw_grpo-off, seed 0: trained again; its evaluation at T = 1.0 gave the same samples" in third.stdout
+    assert third.stdout.count("trained again;") == 1  # the others were evaluated: their models are not needed
 
     # Other settings over stored results are refused, naming the fix.
     other = run_cli("scripts/compare_real.py", *common[:2], "--steps", "3", *common[4:], "--methods", "grpo_base")
@@ -218,3 +245,62 @@ def test_a_relation_within_the_spread_says_when_every_seed_still_lies_on_one_sid
     )
     assert rel("cannot decide at this scale", "X's", ([0.5, 0.13], [0.45, 0.28])) == "within the seeds' spread of X's"
     assert rel("cannot decide at this scale", "X's", ([0.5], [0.45])) == "within the seeds' spread of X's"
+
+
+# -- the papers' evaluation settings ------------------------------------------------------------------------------
+
+
+def test_each_run_is_evaluated_at_its_papers_setting_and_grpo_at_those_compared():
+    """A method and its ablations at the method's paper setting (from its page), GRPO at the settings of the
+    methods compared, a baseline at none; the stored label and figure name the setting."""
+    ps = compare.paper_settings
+    assert ps("edge_grpo", ["grpo_base", "edge_grpo"]) == [(0.1, 1.0)] == ps("edge_grpo-gec", [])
+    assert ps("cw_grpo-off", []) == [(0.6, 0.95)] and ps("dapo", ["dapo"]) == []
+    assert ps("grpo_base", ["grpo_base", "cw_grpo", "cw_grpo-off"]) == [(0.6, 0.95)]
+    assert ps("grpo_base", list(compare.METHODS)) == [(0.1, 1.0), (0.6, 0.95)]
+    assert ps("grpo_base", ["grpo_base", "dapo"]) == []
+    assert compare.label((0.1, 1.0)) == "after-T0.1-p1.0" and compare.setting_text((0.6, 0.95)) == "T = 0.6, top-p 0.95"
+    for m, (t, top_p) in compare.PAPER_EVAL.items():  # each setting is the one its method's page states
+        page = (DOCS / "algorithms" / f"{m}.md").read_text()
+        assert f"--temperature {t}" in page and (top_p == 1.0 or f"--top_p {top_p}" in page), m
+
+
+def synthetic(p1: dict, paper: dict) -> tuple[dict, dict]:
+    """figures and infos of three seeds each: {run: per-seed pass@1 at T = 1} and {run: at T = 0.1}."""
+    key = f"pass1_{compare.label((0.1, 1.0))}"
+    figures = {m: {s: {compare.P1: v, key: paper[m][s]} for s, v in enumerate(vs)} for m, vs in p1.items()}
+    temps = {"grpo_base": 1.0, "edge_grpo": 0.6, "edge_grpo-off": 0.6}
+    infos = {m: {s: {"script_flags": {"temperature": temps[m]}} for s in range(3)} for m in p1}
+    return figures, infos
+
+
+def test_a_method_is_read_against_its_ablation_and_grpo_at_both_evaluations():
+    """The reading and the accuracy claim at T = 1 and again at the paper's setting, each from its own figure."""
+    figures, infos = synthetic(
+        {"grpo_base": [0.5, 0.55, 0.52], "edge_grpo": [0.28, 0.2, 0.25], "edge_grpo-off": [0.4, 0.3, 0.35]},
+        {"grpo_base": [0.6, 0.62, 0.58], "edge_grpo": [0.7, 0.72, 0.75], "edge_grpo-off": [0.5, 0.55, 0.52]},
+    )
+    line = compare.reading("edge_grpo", ["edge_grpo-off"], figures, infos)
+    assert line.startswith("(trained at T = 0.6). Evaluated at T = 1.0: held-out pass@1 lower than GRPO's, and lower")
+    assert (
+        "Evaluated at the paper's setting, T = 0.1: held-out pass@1 higher than GRPO's, and higher than its own with "
+        "GEC and EDA off; that ablation's is lower than GRPO's. So the idea gains accuracy; its other settings "
+        "(--temperature 0.6) cost accuracy at this scale. Its gain against GRPO comes with the idea."
+    ) in line
+    claimed = [(text, v) for m, text, key, *_, v in compare.claims(figures) if m == "edge_grpo" and "accuracy" in text]
+    assert claimed == [
+        ("higher accuracy", "contradicted"),
+        ("higher accuracy, at the paper's setting, T = 0.1", "supported"),
+    ]
+
+
+def test_a_run_not_evaluated_at_the_papers_setting_is_left_out_of_those_comparisons():
+    figures, infos = synthetic(
+        {"grpo_base": [0.5, 0.55, 0.52], "edge_grpo": [0.3, 0.2, 0.25], "edge_grpo-off": [0.4, 0.3, 0.35]},
+        {"grpo_base": [0.6, None, 0.58], "edge_grpo": [0.7, 0.72, 0.75], "edge_grpo-off": [0.5, 0.55, 0.52]},
+    )
+    key = f"pass1_{compare.label((0.1, 1.0))}"
+    del figures["grpo_base"][1][key]
+    assert compare.shared(figures, "edge_grpo", "grpo_base", key) == ([0.7, 0.75], [0.6, 0.58])
+    assert compare.seeds_cell(figures["grpo_base"], key) == "0.590 (0.580–0.600) (seeds 0, 2)"
+    assert compare.seeds_cell(figures["grpo_base"], "absent") == "-"
