@@ -473,10 +473,11 @@ def method_defaults(infos: dict) -> list[str]:
 
 def evaluations(m: str, figures: dict) -> list[tuple[str, str]]:
     """(figure, in words) of each held-out pass@1 a run is read by: at T = EVAL_TEMPERATURE, and at its paper's
-    setting once its runs were evaluated there."""
+    setting once every seed of its runs, and GRPO's of the same seeds, were evaluated there."""
     out = [(P1, f"T = {EVAL_TEMPERATURE}")]
-    if (own := own_setting(m)) and any(f"pass1_{label(own)}" in f for f in figures[m].values()):
-        out.append((f"pass1_{label(own)}", f"the paper's setting, {setting_text(own)}"))
+    key = f"pass1_{label(own)}" if (own := own_setting(m)) else None
+    if key and all(key in f and key in figures[BASE].get(s, {}) for s, f in figures[m].items()):
+        out.append((key, f"the paper's setting, {setting_text(own)}"))
     return out
 
 
@@ -489,7 +490,9 @@ def claims(figures: dict) -> list[tuple]:
             continue
         for k, where in evaluations(m, figures) if key == P1 else [(key, "")]:
             mine, base = seeds_of(figures[m], k), seeds_of(figures[BASE], k)
-            said = f"{text}, at {where}" if key == P1 and k != P1 else text
+            if k != key:  # at the paper's setting: GRPO's seeds evaluated there (every seed of the method's was)
+                base = logged_seeds(figures[BASE], k)[1]
+            said = f"{text}, at {where}" if k != key else text
             out.append((m, said, k, direction, mine, base, verdict(mine, base, direction)))
     return out
 
@@ -562,15 +565,20 @@ def compared(figures: dict, a: str, b: str, key: str = P1) -> str:
     return verdict(x, y, "higher") if len(x) >= 2 else UNDECIDED
 
 
-def relation(v: str, whose: str, pairs: tuple[list, list] = ([], [])) -> str:
-    """A verdict in words; one within the seeds' spread says whether each seed still lies on one side of the
-    same seed's (the same prompts in the same order: a direction, not a difference the rule can tell)."""
+def relation(v: str, whose: str, pairs: tuple[list, list] | None = None) -> str:
+    """A verdict in words. pairs: the two runs' figure over the seeds evaluated in both; fewer than 2 are not
+    compared. One within the seeds' spread says whether each seed still lies on one side of the same seed's (the
+    same prompts in the same order: a direction, not a difference the rule can tell)."""
     if v in (SUPPORTED, CONTRADICTED):
         return f"{'higher' if v == SUPPORTED else 'lower'} than {whose}"
-    x, y = pairs
+    x, y = pairs or ([], [])
+    if pairs is not None and len(x) < 2:
+        return (
+            f"not compared with {whose} ({len(x)} seed{'' if len(x) == 1 else 's'} evaluated in both; the rule needs 2)"
+        )
     side = {"lower": all(a < b for a, b in zip(x, y)), "higher": all(a > b for a, b in zip(x, y))}
     seed_by_seed = [f" ({word} in each of the {len(x)} seeds, seed by seed)" for word, yes in side.items() if yes]
-    return f"within the seeds' spread of {whose}" + (seed_by_seed[0] if len(x) >= 2 and seed_by_seed else "")
+    return f"within the seeds' spread of {whose}" + (seed_by_seed[0] if seed_by_seed and len(x) >= 2 else "")
 
 
 def per_seed(vs: list, digits: int = 3) -> str:
@@ -620,13 +628,14 @@ def reading(m: str, group: list, figures: dict, infos: dict) -> str:
     off, t, base = ABLATIONS[full][2], infos[m][min(infos[m])]["script_flags"]["temperature"], f"{NAMES[BASE]}'s"
     line = f"(trained at T = {t})."
     for key, where in evaluations(m, figures):
+        pairs = [shared(figures, *pair, key) for pair in ((m, BASE), (m, full), (full, BASE))]
         whole, idea, rest = (compared(figures, *pair, key) for pair in ((m, BASE), (m, full), (full, BASE)))
         line += (
-            f" Evaluated at {where}: held-out pass@1 {relation(whole, base, shared(figures, m, BASE, key))}, and "
-            f"{relation(idea, 'its own with ' + off, shared(figures, m, full, key))}; that ablation's is "
-            f"{relation(rest, base, shared(figures, full, BASE, key))}. "
-            f"So {cause_of(whole, idea, rest, other_settings(m, infos))}."
+            f" Evaluated at {where}: held-out pass@1 {relation(whole, base, pairs[0])}, and "
+            f"{relation(idea, 'its own with ' + off, pairs[1])}; that ablation's is {relation(rest, base, pairs[2])}."
         )
+        if all(len(x) >= 2 for x, _ in pairs):  # else a part is not compared: no cause to read
+            line += f" So {cause_of(whole, idea, rest, other_settings(m, infos))}."
     for a in parts:
         for i, (key, where) in enumerate(evaluations(m, figures)):
             rel = relation(compared(figures, a, full, key), "that with " + off, shared(figures, a, full, key))
@@ -686,7 +695,8 @@ def ablation_section(figures: dict, infos: dict) -> list[str]:
             for key, where in evaluations(m, figures):
                 x, y = shared(figures, first, second, key)
                 rel = relation(compared(figures, first, second, key), f"{NAMES[second]}'s", (x, y))
-                add(f"| {NAMES[first]} against {NAMES[second]} | {where} | {per_seed(x)} | {per_seed(y)} | {rel} |")
+                if x:  # a pair with no seed evaluated in both is left out
+                    add(f"| {NAMES[first]} against {NAMES[second]} | {where} | {per_seed(x)} | {per_seed(y)} | {rel} |")
     add("")
     add("What the ablations say, read off the table above:")
     add("")
@@ -831,7 +841,7 @@ def setup_section(figures: dict, infos: dict, all_infos: dict) -> list[str]:
     if own := {m: st for m in all_infos if (st := own_setting(m))}:
         done = {m: [s for s, i in all_infos[m].items() if label(own[m]) in i.get("evals", {})] for m in own}
         evaluated = [
-            f"{NAMES[m]} at {setting_text(own[m])} (seeds {', '.join(map(str, done[m]))})"
+            f"{NAMES[m]} at {setting_text(own[m])} (seed{'s' if len(done[m]) > 1 else ''} {', '.join(map(str, done[m]))})"
             for m in own
             if m not in ABLATIONS and done[m]
         ]

@@ -244,7 +244,10 @@ def test_a_relation_within_the_spread_says_when_every_seed_still_lies_on_one_sid
         "within the seeds' spread of X's (lower in each of the 3 seeds, seed by seed)"
     )
     assert rel("cannot decide at this scale", "X's", ([0.5, 0.13], [0.45, 0.28])) == "within the seeds' spread of X's"
-    assert rel("cannot decide at this scale", "X's", ([0.5], [0.45])) == "within the seeds' spread of X's"
+    assert rel("cannot decide at this scale", "X's", ([0.5], [0.45])) == (
+        "not compared with X's (1 seed evaluated in both; the rule needs 2)"
+    )
+    assert rel("cannot decide at this scale", "X's", ([], [])).startswith("not compared with X's (0 seeds")
 
 
 # -- the papers' evaluation settings ------------------------------------------------------------------------------
