@@ -86,6 +86,8 @@ class Args:
     )
     eda: bool = arg(True, "Entropy-Driven Advantage A_i / (P_i / mean_group(P)) (eqs. 6, 7); --eda false turns it off")
     eda_entropy_grad: bool = arg(False, "EDA with P_i from the training pass, gradient through 1 / P_i (authors' code)")
+    eda_ratio_bound: float = arg(0.0, "a departure, off by default: EDA's P_hat kept within [1 / B, B] (the authors' "
+                                 "commented-out clamp: B = 10); 0: unbounded, as eqs. 6-7", at_least=0)  # fmt: skip
 
 
 def validate(args: Args, run: RunFlags) -> None:
@@ -95,6 +97,9 @@ def validate(args: Args, run: RunFlags) -> None:
         args.eda or not args.eda_entropy_grad,
         "--eda_entropy_grad needs --eda (it changes how EDA's entropy is computed)",
     )
+    require(not args.eda_ratio_bound or (args.eda_ratio_bound > 1 and args.eda and not args.eda_entropy_grad),
+            f"--eda_ratio_bound takes 0 (off) or B > 1 such as 10 (got {args.eda_ratio_bound}), and bounds EDA under "
+            "pi_old: it needs --eda, not --eda_entropy_grad")  # fmt: skip
     check_tis_support(args.tis_cap, args.top_p)
     run.validate()
 
@@ -124,10 +129,13 @@ def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.
 
 
 def entropy_driven_advantages(
-    adv: torch.Tensor, P: torch.Tensor, P_group_mean: torch.Tensor, floor: float = 1e-6
+    adv: torch.Tensor, P: torch.Tensor, P_group_mean: torch.Tensor, floor: float = 1e-6, bound: float = 0.0
 ) -> torch.Tensor:
     """EDA (eqs. 6, 7): A_hat_i = A_i / P_hat_i, P_hat_i = P_i / mean_group(P) (all [n]): confident completions get larger |A|.
-    Both entropies are floored at `floor`: zero entropy gives a large but finite A_hat, an all-zero group keeps A."""
+    Both entropies are floored at `floor`: zero entropy gives a large but finite A_hat, an all-zero group keeps A.
+    bound > 1 (a departure): P_hat within [1 / bound, bound], so |A_hat| <= bound |A_i|."""
+    if bound:
+        return adv * (P_group_mean.clamp(min=floor) / P.clamp(min=floor)).clamp(1 / bound, bound)
     return adv * P_group_mean.clamp(min=floor) / P.clamp(min=floor)
 
 
@@ -137,7 +145,8 @@ def edge_advantages(rewards: torch.Tensor, old: dict, batch: dict, G: int, args:
     reference solutions (last token never sampled) and their share of sum |A|, the largest |A_hat|."""
     base = group_advantages(rewards, G)
     P = masked_mean(old["entropy"], batch["completion_mask"], dim=-1)  # eq. 3: each completion's mean token entropy
-    adv = entropy_driven_advantages(base, P, P.view(-1, G).mean(1).repeat_interleave(G)) if args.eda else base
+    mean_P = P.view(-1, G).mean(1).repeat_interleave(G)
+    adv = entropy_driven_advantages(base, P, mean_P, bound=args.eda_ratio_bound) if args.eda else base
     last = batch["completion_mask"].sum(-1, keepdim=True).long().clamp(min=1) - 1
     injected = batch["rollout_logp"].gather(1, last).squeeze(1).isnan()
     info = {"edge/adv_var_within_group_before_eda": base.view(-1, G).var(1).mean(), "edge/entropy_P": P.mean()}

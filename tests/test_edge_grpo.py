@@ -79,13 +79,44 @@ def test_eda_scales_an_injected_solution_as_eq_7_says_and_the_metrics_show_it():
     batch = {"completion_mask": torch.ones(4, 3), "rollout_logp": torch.zeros(4, 3)}
     batch["rollout_logp"][0] = math.nan  # completion 0: the reference solution
     batch["rollout_logp"][1, 1] = math.nan  # completion 1: a reflection, continued by the policy (not counted)
-    adv, info = edge_advantages(torch.tensor([1.0, 0, 0, 1]), {"entropy": entropy}, batch, 4, SimpleNamespace(eda=True))
+    args = SimpleNamespace(eda=True, eda_ratio_bound=0.0)
+    adv, info = edge_advantages(torch.tensor([1.0, 0, 0, 1]), {"entropy": entropy}, batch, 4, args)
     torch.testing.assert_close(adv, torch.tensor([15.25 * A, -0.7625 * A, -0.7625 * A, 0.7625 * A]))
     assert info["edge/adv_abs_max"].item() == pytest.approx(15.25 * A)  # 13.2, where |A| <= (G - 1) / sqrt(G)
     assert info["edge/adv_share_injected"].item() == pytest.approx(15.25 / (15.25 + 3 * 0.7625))  # 0.87 of sum |A|
     assert info["edge/entropy_P_injected"].item() == pytest.approx(0.05) and info["edge/entropy_P"] == pytest.approx(
         0.7625
     )
+
+
+def test_eda_ratio_bound_caps_the_injected_solutions_advantage_at_bound_times_A():
+    """--eda_ratio_bound 10 (a departure: the authors' commented-out clamp): the same batch as above, 1 / P_hat of
+    the reference solution 15.25 is cut to 10; the policy's own completions (0.7625, inside [0.1, 10]) keep theirs."""
+    entropy = torch.tensor([[0.05] * 3, [1.0] * 3, [1.0] * 3, [1.0] * 3])
+    batch = {"completion_mask": torch.ones(4, 3), "rollout_logp": torch.zeros(4, 3)}
+    batch["rollout_logp"][0] = math.nan
+    args = SimpleNamespace(eda=True, eda_ratio_bound=10.0)
+    adv, info = edge_advantages(torch.tensor([1.0, 0, 0, 1]), {"entropy": entropy}, batch, 4, args)
+    torch.testing.assert_close(adv, torch.tensor([10 * A, -0.7625 * A, -0.7625 * A, 0.7625 * A]))
+    assert info["edge/adv_abs_max"].item() == pytest.approx(10 * A)
+    # The low side too: P_i 20 times its group's mean gets A / 10, not A / 20.
+    out = entropy_driven_advantages(
+        torch.tensor([1.0, -1.0]), torch.tensor([2.0, 0.0]), torch.tensor([0.1, 0.1]), bound=10
+    )
+    torch.testing.assert_close(out, torch.tensor([0.1, -10.0]))
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--eda_ratio_bound", "0.5"], r"--eda_ratio_bound takes 0 \(off\) or B > 1 such as 10 \(got 0.5\)"),
+        (["--eda_ratio_bound", "10", "--eda", "false"], "it needs --eda, not --eda_entropy_grad"),
+        (["--eda_ratio_bound", "10", "--eda_entropy_grad"], "it needs --eda, not --eda_entropy_grad"),
+    ],
+)
+def test_eda_ratio_bound_is_checked_before_anything_loads(argv, says):
+    with pytest.raises(SystemExit, match=says):
+        validate(*parse_args(Args, RunFlags, argv=argv))
 
 
 def test_eda_entropy_grad_flows_through_one_over_P_only():
