@@ -17,7 +17,7 @@ Resumable: a run is done once its result is stored (docs/real_compare/<method>-s
 a run cut short is started over (--overwrite), the stored ones are kept. A stored result made with other
 settings (model, steps, flags) is refused: --fresh starts over, or --out keeps the new runs apart. A stored run
 lacking an evaluation its method needs is evaluated from its model, kept in --runs_dir; a run whose model is gone
-is trained again first (seeded, it gives the same samples, and says whether it did).
+is trained again first (seeded, it gives the same answers; it says whether it did, and how far confidences moved).
 
 The task is scripts/real_model_demo.py's (400 training sums, 100 held-out, two worked examples before each
 question) with its flags; every method keeps its own defaults otherwise (the page lists where they differ from
@@ -51,6 +51,8 @@ ABLATIONS = {
     "edge_grpo-off": ("edge_grpo", ["--gec", "off", "--eda", "false"], "GEC and EDA off"),
     "edge_grpo-gec": ("edge_grpo", ["--eda", "false"], "GEC alone (EDA off)"),
     "edge_grpo-eda": ("edge_grpo", ["--gec", "off"], "EDA alone (GEC off)"),
+    # Not an ablation: the opt-in stabiliser (a departure from the paper), read beside the method and its ablation.
+    "edge_grpo-bound": ("edge_grpo", ["--eda_ratio_bound", "10"], "EDA's P_hat bounded to [0.1, 10]"),
     "cw_grpo-off": ("cw_grpo", ["--cw", "false"], "the kernel off"),
     "pro_grpo-off": ("pro_grpo", ["--alpha", "0"], "the re-weighting off (alpha 0)"),
 }
@@ -91,6 +93,7 @@ READING_BEGIN = "<!-- real-model reading: written by scripts/compare_real.py fro
 READING_END = "<!-- end of real-model reading -->"
 # Flags that name this machine's paths or the run's bookkeeping, not what is trained: left out of the page.
 LOCAL_FLAGS = {"dataset", "eval_benchmarks", "output_dir", "overwrite", "resume", "seed"}
+BOOKKEEPING = {"eval_before"}  # the comparison's own, not a method's (Setup says who evaluates the policy before)
 NAMES = {
     "grpo_base": "GRPO",
     "edge_grpo": "EDGE-GRPO",
@@ -253,12 +256,28 @@ def evaluate_at(method: str, seed: int, setting: tuple, held_out: Path, runs: Pa
     (out / RUN_FILE).write_text(json.dumps(info, indent=1) + "\n")
 
 
+def rerun(before: list[dict], after: list[dict]) -> str:
+    """A rerun's held-out samples against the stored run's, in words: whether each sample is right or wrong as
+    before, and how far its confidence moved (the CPU's float reductions need not repeat to the last bit)."""
+    if [r["correct"] for r in after] != [r["correct"] for r in before]:
+        differ = sum(a != b for x, y in zip(after, before) for a, b in zip(x["correct"], y["correct"]))
+        return f"OTHER answers than the stored run in {differ} of {EVAL_N * len(before)} samples (now replaced)"
+    moved = [
+        abs(a - b)
+        for x, y in zip(after, before)
+        for a, b in zip(x["confidence"], y["confidence"])
+        if None not in (a, b)
+    ]
+    within = f"confidence within {max(moved, default=0):.1e}"
+    return f"the same answers, right and wrong, in all {EVAL_N * len(before)} samples; {within}"
+
+
 def evaluate_missing(
     method: str, seed: int, methods: list, model: str, steps: int, data: tuple, runs: Path, store: Path
 ):
     """The paper's settings a stored run lacks, evaluated on its kept model; a run whose model is gone (made before
-    these evaluations, or on another machine) is trained again first: seeded, it is the same run, which the
-    check of its samples at T = EVAL_TEMPERATURE against the stored ones shows."""
+    these evaluations, or on another machine) is trained again first: seeded, it is the same run up to the CPU's
+    float rounding, which the check of its samples at T = EVAL_TEMPERATURE against the stored ones shows (rerun)."""
     name = f"{method}-seed{seed}"
     done = json.loads((store / name / RUN_FILE).read_text()).get("evals", {})
     missing = [s for s in paper_settings(method, methods) if label(s) not in done]
@@ -267,8 +286,9 @@ def evaluate_missing(
         before = [r for r in read_jsonl(store / name / SAMPLES_FILE) if r["eval"] == "after"]
         run_one(method, seed, model, steps, data, runs, store)
         after = [r for r in read_jsonl(store / name / SAMPLES_FILE) if r["eval"] == "after"]
-        same = "the same samples" if after == before else "OTHER samples than the stored run (now replaced)"
-        print(f"== {method}, seed {seed}: trained again; its evaluation at T = {EVAL_TEMPERATURE} gave {same}")
+        print(
+            f"== {method}, seed {seed}: trained again; its evaluation at T = {EVAL_TEMPERATURE}: {rerun(before, after)}"
+        )
     for setting in missing:
         evaluate_at(method, seed, setting, data[1], runs, store)
 
@@ -464,7 +484,7 @@ def method_defaults(infos: dict) -> list[str]:
     for m, runs in infos.items():
         if m == BASE:
             continue
-        flags = runs[min(runs)]["script_flags"]
+        flags = {k: v for k, v in runs[min(runs)]["script_flags"].items() if k not in BOOKKEEPING}
         diff = [f"`--{k} {flags[k]}` ({base[k]})" for k in flags if k in base and flags[k] != base[k]]
         own = [f"`--{k} {flags[k]}`" for k in flags if k not in base]
         lines.append(f"- {NAMES[m]} (`{SCRIPT[m]}`): " + "; ".join(diff + own))
@@ -589,7 +609,7 @@ def other_settings(m: str, infos: dict) -> str:
     """The flags in which a method's own defaults differ from GRPO's (its idea's flags and the comparison's
     bookkeeping left out): what an ablation keeps and GRPO does not."""
     base, flags = (infos[r][min(infos[r])]["script_flags"] for r in (BASE, m))
-    diff = [f"--{k} {flags[k]}" for k in flags if k in base and flags[k] != base[k] and k != "eval_before"]
+    diff = [f"--{k} {flags[k]}" for k in flags if k in base and flags[k] != base[k] and k not in BOOKKEEPING]
     return ", ".join(diff) or "none"
 
 
@@ -637,7 +657,8 @@ def reading(m: str, group: list, figures: dict, infos: dict) -> str:
         if all(len(x) >= 2 for x, _ in pairs):  # else a part is not compared: no cause to read
             line += f" So {cause_of(whole, idea, rest, other_settings(m, infos))}."
     for a in parts:
-        for i, (key, where) in enumerate(evaluations(m, figures)):
+        at = [(key, where) for key, where in evaluations(m, figures) if shared(figures, a, full, key)[0]]
+        for i, (key, where) in enumerate(at):  # the evaluations the part has (its seeds evaluated there)
             rel = relation(compared(figures, a, full, key), "that with " + off, shared(figures, a, full, key))
             told = compared(figures, m, a, key)
             mine = relation(told, "it", shared(figures, m, a, key))
@@ -804,7 +825,7 @@ def seeds_text(infos: dict) -> str:
     """'seeds 0, 1, 2', and the runs with fewer named."""
     every = sorted({s for runs in infos.values() for s in runs})
     fewer = {m: sorted(runs) for m, runs in infos.items() if sorted(runs) != every}
-    line = f"seeds {', '.join(map(str, every))}"
+    line = f"seed{'s' if len(every) > 1 else ''} {', '.join(map(str, every))}"
     if fewer:
         line += " (" + "; ".join(f"{NAMES[m]}: {', '.join(map(str, ss))}" for m, ss in fewer.items()) + ")"
     return line
@@ -841,7 +862,7 @@ def setup_section(figures: dict, infos: dict, all_infos: dict) -> list[str]:
     if own := {m: st for m in all_infos if (st := own_setting(m))}:
         done = {m: [s for s, i in all_infos[m].items() if label(own[m]) in i.get("evals", {})] for m in own}
         evaluated = [
-            f"{NAMES[m]} at {setting_text(own[m])} (seed{'s' if len(done[m]) > 1 else ''} {', '.join(map(str, done[m]))})"
+            f"{NAMES[m]} at {setting_text(own[m])} ({seeds_text({m: dict.fromkeys(done[m])})})"
             for m in own
             if m not in ABLATIONS and done[m]
         ]

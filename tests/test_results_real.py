@@ -124,7 +124,7 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
     """GRPO, then CW-GRPO and its ablation, one seed, two steps: the runs, the stored results, the page and the
     figure; a second call skips the stored run, runs the missing ones and evaluates each at CW-GRPO's paper setting
     (GRPO's from its kept model); --render_only gives the same page; a run whose model is gone is trained again to
-    be evaluated, and gives the same samples."""
+    be evaluated, and gives the same answers."""
     out, runs = tmp_path / "docs", tmp_path / "runs"
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{compare.README_BEGIN}\nold\n{compare.README_END}\nrest\n")
@@ -184,12 +184,15 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert (out / compare.PAGE).read_text() == page
 
-    # A stored run lacking an evaluation, its model gone, is trained again (seeded: the same run) and evaluated.
+    # A stored run lacking an evaluation, its model gone, is trained again (seeded: the same answers) and evaluated.
     info_path = out / compare.STORE / "cw_grpo-off-seed0" / compare.RUN_FILE
     info_path.write_text(json.dumps({k: v for k, v in json.loads(info_path.read_text()).items() if k != "evals"}))
     third = run_cli("scripts/compare_real.py", *common, "--methods", methods, "--readme", "", timeout=900)
     assert third.returncode == 0, third.stderr[-3000:]
-    assert "cw_grpo-off, seed 0: trained again; its evaluation at T = 1.0 gave the same samples" in third.stdout
+    assert (
+        "cw_grpo-off, seed 0: trained again; its evaluation at T = 1.0: the same answers, right and wrong, in all 800"
+        in third.stdout
+    )
     assert third.stdout.count("trained again;") == 1  # the others were evaluated: their models are not needed
 
     # Other settings over stored results are refused, naming the fix.
@@ -307,3 +310,15 @@ def test_a_run_not_evaluated_at_the_papers_setting_is_left_out_of_those_comparis
     assert compare.shared(figures, "edge_grpo", "grpo_base", key) == ([0.7, 0.75], [0.6, 0.58])
     assert compare.seeds_cell(figures["grpo_base"], key) == "0.590 (0.580–0.600) (seeds 0, 2)"
     assert compare.seeds_cell(figures["grpo_base"], "absent") == "-"
+
+
+def test_a_rerun_says_whether_its_answers_are_the_stored_runs_and_how_far_confidences_moved():
+    """Seeded, a run trained again gives the same answers; its log-probs may differ in the last digits (the CPU's
+    float reductions), which the message measures rather than calling the run other."""
+    stored = [{"correct": [1, 0] + [0] * 6, "confidence": [-0.5, -1.25] + [-1.0] * 6}]
+    same = [{"correct": [1, 0] + [0] * 6, "confidence": [-0.500012, -1.25] + [-1.0] * 6}]
+    assert (
+        compare.rerun(stored, same) == "the same answers, right and wrong, in all 8 samples; confidence within 1.2e-05"
+    )
+    other = [{"correct": [0, 1] + [0] * 6, "confidence": [-0.5, -1.25] + [-1.0] * 6}]
+    assert compare.rerun(stored, other).startswith("OTHER answers than the stored run in 2 of 8 samples")
