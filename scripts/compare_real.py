@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common.evaluation import RECORDS_FILE, pass_at_k  # noqa: E402
-from common.jsonl import read_jsonl  # noqa: E402
+from common.jsonl import read_jsonl, write_jsonl  # noqa: E402
 from common.marked_text import write_between  # noqa: E402
 
 METHODS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")  # the default set
@@ -175,6 +175,11 @@ def label(setting: tuple) -> str:
     return "after-T{}-p{}".format(*setting)
 
 
+def pass_key(k: int, setting: tuple) -> str:
+    """The figure of held-out pass@k after training at a paper's setting."""
+    return f"pass{k}_{label(setting)}"
+
+
 def setting_text(setting: tuple) -> str:
     t, top_p = setting
     return f"T = {t}" + (f", top-p {top_p}" if top_p != 1.0 else "")
@@ -221,7 +226,7 @@ def run_one(method: str, seed: int, model: str, steps: int, data: tuple[Path, Pa
     if method == BASE:
         lines += sample_lines(run_dir / "eval-step-0", "before")
     lines += sample_lines(run_dir, "after")
-    (out / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    write_jsonl(lines, out / SAMPLES_FILE)
     flags = json.loads((run_dir / "run_config.json").read_text())["flags"]
     flags = {k: v for k, v in flags.items() if k not in LOCAL_FLAGS}
     sizes = {"train": len(read_jsonl(train)), "held_out": len(read_jsonl(held_out))}
@@ -249,7 +254,7 @@ def evaluate_at(method: str, seed: int, setting: tuple, held_out: Path, runs: Pa
             )
     lines = [r for r in read_jsonl(out / SAMPLES_FILE) if r["eval"] != label(setting)]
     lines += sample_lines(folder, label(setting))
-    (out / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    write_jsonl(lines, out / SAMPLES_FILE)
     info = json.loads((out / RUN_FILE).read_text())
     evals = info.setdefault("evals", {})
     evals[label(setting)] = {"temperature": setting[0], "top_p": setting[1], "n": EVAL_N}
@@ -389,7 +394,8 @@ def run_figures(rows: list[dict], samples: list[dict], info: dict) -> dict:
         "step_s": mean([r["time/step_s"] for r in train]),
         "wall_s": info["wall_s"],
     }
-    for when in ["before", "after"] + sorted({s["eval"] for s in samples} - {"before", "after"}):  # + label(setting)
+    # then each evaluation at a paper's setting, under its label()
+    for when in ["before", "after"] + sorted({s["eval"] for s in samples} - {"before", "after"}):
         recs = [s for s in samples if s["eval"] == when]
         out[f"problems_{when}"] = len(recs)
         n = min(len(s["correct"]) for s in recs)
@@ -495,7 +501,7 @@ def evaluations(m: str, figures: dict) -> list[tuple[str, str]]:
     """(figure, in words) of each held-out pass@1 a run is read by: at T = EVAL_TEMPERATURE, and at its paper's
     setting once every seed of its runs, and GRPO's of the same seeds, were evaluated there."""
     out = [(P1, f"T = {EVAL_TEMPERATURE}")]
-    key = f"pass1_{label(own)}" if (own := own_setting(m)) else None
+    key = pass_key(1, own) if (own := own_setting(m)) else None
     if key and all(key in f and key in figures[BASE].get(s, {}) for s, f in figures[m].items()):
         out.append((key, f"the paper's setting, {setting_text(own)}"))
     return out
@@ -541,7 +547,7 @@ def fell_line(figures: dict) -> str:
 
 
 def key_name(key: str, figures: dict) -> str:
-    if at := [s for s in PAPER_EVAL.values() if key == f"pass1_{label(s)}"]:
+    if at := [s for s in PAPER_EVAL.values() if key == pass_key(1, s)]:
         return f"held-out pass@1 after training, at {setting_text(at[0])}"
     if key == "passmax_after":
         k = next(iter(next(iter(figures.values())).values()))["ks_after"][-1]
@@ -785,9 +791,7 @@ def seeds_cell(runs: dict, key: str) -> str:
     seeds, vs = logged_seeds(runs, key)
     if not seeds:
         return "-"
-    return cell(vs) + (
-        f" (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})" if len(seeds) < len(runs) else ""
-    )
+    return cell(vs) + (f" ({seed_list(seeds)})" if len(seeds) < len(runs) else "")
 
 
 def cw_mechanism(figures: dict, ablations: list) -> list[str]:
@@ -821,11 +825,16 @@ def cw_mechanism(figures: dict, ablations: list) -> list[str]:
     return L
 
 
+def seed_list(seeds: list) -> str:
+    """'seed 2', 'seeds 0, 1'."""
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+
+
 def seeds_text(infos: dict) -> str:
     """'seeds 0, 1, 2', and the runs with fewer named."""
     every = sorted({s for runs in infos.values() for s in runs})
     fewer = {m: sorted(runs) for m, runs in infos.items() if sorted(runs) != every}
-    line = f"seed{'s' if len(every) > 1 else ''} {', '.join(map(str, every))}"
+    line = seed_list(every)
     if fewer:
         line += " (" + "; ".join(f"{NAMES[m]}: {', '.join(map(str, ss))}" for m, ss in fewer.items()) + ")"
     return line
@@ -862,7 +871,7 @@ def setup_section(figures: dict, infos: dict, all_infos: dict) -> list[str]:
     if own := {m: st for m in all_infos if (st := own_setting(m))}:
         done = {m: [s for s, i in all_infos[m].items() if label(own[m]) in i.get("evals", {})] for m in own}
         evaluated = [
-            f"{NAMES[m]} at {setting_text(own[m])} ({seeds_text({m: dict.fromkeys(done[m])})})"
+            f"{NAMES[m]} at {setting_text(own[m])} ({seed_list(done[m])})"
             for m in own
             if m not in ABLATIONS and done[m]
         ]
@@ -916,7 +925,7 @@ def held_out_section(figures: dict, infos: dict) -> list[str]:
         add(f"| method | setting | pass@1 | GRPO's pass@1 | pass@{ks[-1]} | GRPO's pass@{ks[-1]} |")
         add("|---|---|---|---|---|---|")
         for m, st in own:
-            one, most = f"pass1_{label(st)}", f"pass{ks[-1]}_{label(st)}"
+            one, most = pass_key(1, st), pass_key(ks[-1], st)
             add(
                 f"| {NAMES[m]} | {setting_text(st)} | {seeds_cell(figures[m], one)} | {seeds_cell(figures[BASE], one)} "
                 f"| {seeds_cell(figures[m], most)} | {seeds_cell(figures[BASE], most)} |"
@@ -1077,7 +1086,7 @@ def scale_section(figures: dict, infos: dict, everything: dict) -> list[str]:
         at = [
             f"{max(vs) - min(vs):.3f} at {setting_text(st)} ({len(vs)} seeds)"
             for st in sorted(set(PAPER_EVAL.values()))
-            if len(vs := logged_seeds(figures[BASE], f"pass1_{label(st)}")[1]) > 1
+            if len(vs := logged_seeds(figures[BASE], pass_key(1, st))[1]) > 1
         ]
         seeds_line = (
             f"GRPO's own {len(base_p1)} seeds end {max(base_p1) - min(base_p1):.3f} apart in held-out pass@1 "
