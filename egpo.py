@@ -60,6 +60,8 @@ class Args:
     lr_schedule: str = arg("constant", "after the warm-up", ["constant", "cosine", "linear"], resumable=True)
     warmup_steps: int = arg(0, "linear learning-rate warm-up (optimiser steps)", at_least=0, resumable=True)
     weight_decay: float = arg(0.01, "AdamW weight decay (verl's default)", at_least=0)
+    adam_beta1: float = arg(0.9, "AdamW beta1", at_least=0, below=1)
+    adam_beta2: float = arg(0.999, "AdamW beta2", at_least=0, below=1)
     grad_clip: float = arg(1.0, "max global gradient norm", above=0, resumable=True)
     # The method. Defaults: docs/algorithms/egpo.md (the paper, the authors' code).
     group_size: int = arg(8, "G: completions per prompt", at_least=2)
@@ -80,6 +82,7 @@ class Args:
     )
     lambda_max: float = arg(2.0, "upper clamp bound of a correct completion's weight (eq. 8)", at_least=1)
     lambda_min: float = arg(0.5, "lower clamp bound of an incorrect completion's weight (eq. 8)", above=0, at_most=1)
+    nsr: bool = arg(True, "an entirely-incorrect group's completions get A = -1 (eq. 13); false: A = 0, as in GRPO")
     variant: str = arg("egpo", "Table 2's row: egpo, or ablation c1..c6", ["egpo", "c1", "c2", "c3", "c4", "c5", "c6"])
     entropy_span: str = arg(
         "response", "H over the response (paper) or after </think> (authors' code)", ["response", "answer"]
@@ -149,7 +152,7 @@ def calibrated_advantages(
     """
     r = rewards.view(-1, G)
     correct = r > 0
-    nsr = ~correct.any(1, keepdim=True).expand_as(r)  # entirely-incorrect group
+    nsr = ~correct.any(1, keepdim=True).expand_as(r) & args.nsr  # entirely-incorrect group, trained by NSR
     adv = torch.where(nsr, -1.0, group_advantages(rewards, G).view(-1, G))  # eq. 13; all-correct keep A = 0
     H = -masked_mean(old_logp, mask, dim=-1).view(-1, G)  # eq. 5: mean negative log-likelihood
     w = H.mean(1, keepdim=True) / (H + eps)  # eq. 7
@@ -352,7 +355,8 @@ def main(args: Args, run: RunFlags) -> None:
         rewards=args.rewards, reward_fn=args.reward_fn, seed=args.seed, steps=args.steps, epochs=args.epochs,
         prompts_per_step=args.prompts_per_step, group_size=G, max_prompt_len=args.max_prompt_len,
         max_completion_len=args.max_completion_len, top_p=args.top_p,
-        optimizer=partial(torch.optim.AdamW, lr=args.lr, weight_decay=args.weight_decay), grad_clip=args.grad_clip,
+        optimizer=partial(torch.optim.AdamW, lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay),
+        grad_clip=args.grad_clip,
         lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps, optimizer_steps_per_step=args.mu * args.num_minibatches,
         reference_model=args.beta > 0,
     )  # fmt: skip

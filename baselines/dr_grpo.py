@@ -59,6 +59,8 @@ class Args:
     lr_schedule: str = arg("constant", "after the warm-up", ["constant", "cosine", "linear"], resumable=True)
     warmup_steps: int = arg(0, "linear learning-rate warm-up (optimiser steps)", at_least=0, resumable=True)
     weight_decay: float = arg(0.0, "AdamW weight decay", at_least=0)
+    adam_beta1: float = arg(0.9, "AdamW beta1", at_least=0, below=1)
+    adam_beta2: float = arg(0.95, "AdamW beta2 (the paper's betas are (0.9, 0.95))", at_least=0, below=1)
     grad_clip: float = arg(1.0, "max global gradient norm", above=0, resumable=True)
     # The method. Defaults: docs/algorithms/dr_grpo.md.
     group_size: int = arg(8, "G: completions per prompt", at_least=2)
@@ -276,7 +278,8 @@ def main(args: Args, run: RunFlags) -> None:
         rewards=args.rewards, reward_fn=args.reward_fn, seed=args.seed, steps=args.steps, epochs=args.epochs,
         prompts_per_step=args.prompts_per_step, group_size=G, max_prompt_len=args.max_prompt_len,
         max_completion_len=args.max_completion_len, top_p=args.top_p,
-        optimizer=partial(torch.optim.AdamW, lr=args.lr, weight_decay=args.weight_decay), grad_clip=args.grad_clip,
+        optimizer=partial(torch.optim.AdamW, lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay),
+        grad_clip=args.grad_clip,
         lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps, optimizer_steps_per_step=args.mu * args.num_minibatches,
         reference_model=args.beta > 0,
     )  # fmt: skip

@@ -280,10 +280,14 @@ def start_session(
     from accelerate.utils import set_seed
 
     from common.health import SignalWatch, StopSignal, UpdateGuard
+    from common.machine import describe_machine
     from common.prompts import pool_of
     from common.sampler import PromptSampler
 
     values, resumable = flags
+    machine = describe_machine(
+        torch.get_num_threads(), torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    )
     terms, custom = check_launch_and_rewards(rewards, reward_fn, prompts_per_step, group_size)
     pre = check_before_loading(
         script, run, values, resumable, model=model, dataset=dataset, template=template, seed=seed, steps=steps,
@@ -315,8 +319,9 @@ def start_session(
     )  # fmt: skip
     start_step = resume(run.resume, accelerator, pre.run_dir, policy, opt, scheduler, sampler, engine)
     verifier, logger = open_logs(
-        run, pre.run_dir, script, values, accelerator, mode, start_step, pre.total_steps, pre.is_main
-    )
+        run, pre.run_dir, script, values, accelerator, mode, start_step, pre.total_steps, pre.is_main,
+        machine | {"precision": precision.record()},
+    )  # fmt: skip
     say = logger.write if accelerator.is_main_process else lambda _: None
     session = Session(
         accelerator=accelerator, device=accelerator.device, rank=accelerator.process_index, world=world, mode=mode,
@@ -478,6 +483,10 @@ class Precision:
     engine: str  # the rollout engine's dtype name
     activation_bytes: int  # bytes per activation value, for the micro-batch budget
 
+    def record(self) -> dict:
+        """The run's precision in words, for its run_config.json."""
+        return {"weights": str(self.policy).removeprefix("torch."), "autocast": self.mixed, "engine": self.engine}
+
 
 def precision_for(precision: str, gpu: bool) -> Precision:
     """--precision where the run trains: auto is fp32 weights with bf16 autocast on a GPU and plain fp32 on
@@ -614,12 +623,12 @@ def resume(asked: bool, accelerator, run_dir: Path, policy, optimizer, scheduler
 
 def open_logs(
     run: RunFlags, run_dir: Path, script: str, values: dict, accelerator, mode, start_step: int, total_steps: int,
-    is_main: bool,
+    is_main: bool, machine: dict,
 ):  # fmt: skip
     """Once everything has loaded: the answer verifier, the run directory made this run's (rank 0), and the
-    logger (metrics.jsonl, the progress bar, the trackers of --report_to). Returns (verifier, logger)."""
-    import torch
-
+    logger (metrics.jsonl, the progress bar, the trackers of --report_to). `machine`: what it runs on and in
+    which precision (`common.machine.describe_machine`, read before loading), recorded with the launch.
+    Returns (verifier, logger)."""
     from common.metrics import RunLogger
     from common.run_dir import start_run_dir
     from common.verifier import MathVerifier, default_workers
@@ -632,7 +641,7 @@ def open_logs(
     if is_main:  # everything has loaded: now the run directory is this run's
         # threads: CPU kernels round by them, so a CPU run's figures differ with them
         launch = {"processes": accelerator.num_processes, "parallel": mode.kind, "script": script}
-        launch["threads"] = torch.get_num_threads()
+        launch |= {"threads": machine["threads"], "machine": machine}
         start_run_dir(run_dir, values, start_step > 0, run.overwrite, launch)
     accelerator.wait_for_everyone()
     logger = RunLogger(

@@ -43,7 +43,9 @@ from common.jsonl import read_jsonl, write_jsonl  # noqa: E402
 from common.marked_text import write_between  # noqa: E402
 
 METHODS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")  # the default set
-BASELINES = ("dapo", "dr_grpo", "gspo", "kl_cov")  # baselines/<name>.py, taken by --methods
+BASELINES = ("dapo", "dr_grpo", "gspo", "kl_cov", "clip_cov")  # baselines/<name>.py, or a variant of one
+# A baseline run by another's script with its variant flag: name -> (script's method, flags).
+VARIANTS = {"clip_cov": ("kl_cov", ["--variant", "clip_cov"])}
 # Each method against itself with its idea turned off: the same script, temperature and other defaults, so that
 # the difference is the idea alone (GRPO's runs differ from a method in its temperature and defaults as well).
 # name: (method, the flags that turn the idea off, in words). EGPO has no flag that turns its weighting off.
@@ -55,19 +57,15 @@ ABLATIONS = {
     "edge_grpo-bound": ("edge_grpo", ["--eda_ratio_bound", "10"], "EDA's P_hat bounded to [0.1, 10]"),
     "cw_grpo-off": ("cw_grpo", ["--cw", "false"], "the kernel off"),
     "pro_grpo-off": ("pro_grpo", ["--alpha", "0"], "the re-weighting off (alpha 0)"),
+    "egpo-off": ("egpo", ["--lambda_max", "1", "--lambda_min", "1", "--nsr", "false"], "the weighting and NSR off"),
 }
 # A partial ablation's part turned off, read as "that part, added to the rest" when the method differs from it.
 PART_OFF = {"edge_grpo-gec": "EDA", "edge_grpo-eda": "GEC"}
-DEFAULT_ABLATIONS = (
-    "edge_grpo-off",
-    "edge_grpo-gec",
-    "edge_grpo-eda",
-    "cw_grpo-off",
-)  # run by default; the others by --methods
-SCRIPT = {m: f"baselines/{m}.py" if m in BASELINES else f"{m}.py" for m in METHODS + BASELINES}
+DEFAULT_ABLATIONS = tuple(ABLATIONS)  # every one, by default
+SCRIPT = {m: f"baselines/{VARIANTS.get(m, (m,))[0]}.py" if m in BASELINES else f"{m}.py" for m in METHODS + BASELINES}
 SCRIPT |= {a: SCRIPT[m] for a, (m, _, _) in ABLATIONS.items()}
 BASE = "grpo_base"
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1, 2, 3, 4)
 STEPS = 8
 EVAL_N = 8  # samples per held-out sum: pass@1, 2, 4, 8
 EVAL_TEMPERATURE = 1.0  # the methods' training T (CW-GRPO's own is 0.7): mean_logprob is then EGPO's proxy itself
@@ -77,6 +75,9 @@ EVAL_TEMPERATURE = 1.0  # the methods' training T (CW-GRPO's own is 0.7): mean_l
 # 0.6 / 0.95 is the project's choice. A method's runs and its ablations' are evaluated there too after training,
 # GRPO's at each of them, to be read against.
 PAPER_EVAL = {"edge_grpo": (0.1, 1.0), "egpo": (0.6, 0.95), "cw_grpo": (0.6, 0.95), "pro_grpo": (0.6, 0.95)}
+# The project's runs each paper compares its method with (its tables), read at that method's setting too: EGPO's
+# Table 1 (GRPO, DAPO, EDGE-GRPO), CW-GRPO's Table 2 (GRPO, Clip-Cov), Pro-GRPO's Table 2 (GRPO, GRPO w/ KL-Cov).
+COMPARED_WITH = {"egpo": ("dapo", "edge_grpo"), "cw_grpo": ("clip_cov",), "pro_grpo": ("kl_cov",)}
 BENCH = "sums"
 P1 = "pass1_after"  # the accuracy a method is read by (at EVAL_TEMPERATURE; at its paper's setting: evaluations())
 # scripts/real_model_demo.py's flags, less its length and evaluation schedule.
@@ -104,6 +105,7 @@ NAMES = {
     "dr_grpo": "Dr. GRPO",
     "gspo": "GSPO",
     "kl_cov": "KL-Cov",
+    "clip_cov": "Clip-Cov",
 }
 NAMES |= {a: f"{NAMES[m]}, {off}" for a, (m, _, off) in ABLATIONS.items()}
 COLORS = {
@@ -116,6 +118,7 @@ COLORS = {
     "dr_grpo": "tab:brown",
     "gspo": "tab:pink",
     "kl_cov": "tab:olive",
+    "clip_cov": "tab:cyan",
 }
 COLORS |= {a: COLORS[m] for a, (m, _, _) in ABLATIONS.items()}  # drawn dashed
 ORDER = METHODS + BASELINES + tuple(ABLATIONS)
@@ -141,6 +144,8 @@ CLAIMS = [
     ("gspo", "higher accuracy", "pass1_after", "higher"),
     ("kl_cov", "exploration: higher policy entropy", "entropy_late", "higher"),
     ("kl_cov", "higher accuracy", "pass1_after", "higher"),
+    ("clip_cov", "exploration: higher policy entropy", "entropy_late", "higher"),
+    ("clip_cov", "higher accuracy", "pass1_after", "higher"),
 ]
 SUPPORTED, CONTRADICTED, UNDECIDED = "supported", "contradicted", "cannot decide at this scale"
 
@@ -153,7 +158,7 @@ def settings(method: str, seed: int, model: str, steps: int) -> dict:
     evals = ["--eval_steps", str(steps), "--eval_n", str(EVAL_N), "--eval_temperature", str(EVAL_TEMPERATURE)]
     if method != BASE:  # the policy before training is every method's: evaluated once per seed, in BASE's run
         evals += ["--eval_before", "false"]
-    off = ABLATIONS[method][1] if method in ABLATIONS else []
+    off = ABLATIONS[method][1] if method in ABLATIONS else VARIANTS[method][1] if method in VARIANTS else []
     return {"method": method, "seed": seed, "model": model, "steps": steps, "flags": FLAGS + off + evals}
 
 
@@ -167,7 +172,8 @@ def paper_settings(method: str, methods: list) -> list[tuple]:
     GRPO's at those of every method compared, for each to be read against."""
     if method == BASE:
         return sorted({st for m in methods if (st := own_setting(m))})
-    return [own] if (own := own_setting(method)) else []
+    readers = [m for m, others in COMPARED_WITH.items() if method in others and m in methods]
+    return sorted({st for m in [method, *readers] if (st := own_setting(m))})
 
 
 def label(setting: tuple) -> str:
@@ -227,11 +233,14 @@ def run_one(method: str, seed: int, model: str, steps: int, data: tuple[Path, Pa
         lines += sample_lines(run_dir / "eval-step-0", "before")
     lines += sample_lines(run_dir, "after")
     write_jsonl(lines, out / SAMPLES_FILE)
-    flags = json.loads((run_dir / "run_config.json").read_text())["flags"]
-    flags = {k: v for k, v in flags.items() if k not in LOCAL_FLAGS}
+    config = json.loads((run_dir / "run_config.json").read_text())
+    flags = {k: v for k, v in config["flags"].items() if k not in LOCAL_FLAGS}
     sizes = {"train": len(read_jsonl(train)), "held_out": len(read_jsonl(held_out))}
     info = want | {"data": sizes, "script_flags": flags, "wall_s": round(wall_s, 1)}
+    info["machine"] = config["history"][0].get("machine")  # CPU, bf16 units, threads, load at start, precision
     (out / RUN_FILE).write_text(json.dumps(info, indent=1) + "\n")
+    for checkpoint in run_dir.glob("checkpoint-*"):  # the exported model/ stays, for evaluations at other settings
+        shutil.rmtree(checkpoint)
 
 
 def evaluate_at(method: str, seed: int, setting: tuple, held_out: Path, runs: Path, store: Path) -> None:
@@ -1267,7 +1276,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=STEPS, help="steps of every run")
     p.add_argument(
         "--methods",
-        default=",".join(METHODS + DEFAULT_ABLATIONS),
+        default=",".join(METHODS + BASELINES + DEFAULT_ABLATIONS),
         help=f"comma-separated scripts (grpo_base among them; or {', '.join(BASELINES)}), or ablations: "
         + ", ".join(f"{a} ({NAMES[a]})" for a in ABLATIONS),
     )

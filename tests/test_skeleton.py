@@ -51,7 +51,7 @@ DECLARED = {
     # mixed groups (setup: its checks; 2-3: sampling until full, scored as it goes), overlong shaping (5), its log (8).
     "baselines/dapo.py": {"prefix": "dapo", "main": {"setup", "2", "3", "5", "8"}, "functions": set(), "flags": set(),
                           "diff": 200},
-    "baselines/dr_grpo.py": {"prefix": "dr", "main": {"5"}, "functions": set(), "flags": set(), "diff": 60},
+    "baselines/dr_grpo.py": {"prefix": "dr", "main": {"5"}, "functions": set(), "flags": {"adam_beta2"}, "diff": 60},
     # The sequence ratio replaces the token ratio in the loss; the advantage is GRPO's.
     "baselines/gspo.py": {"prefix": "grpo", "main": set(), "functions": {"policy_loss"}, "flags": set(), "diff": 60},
     # The loss selects tokens by covariance; step_metrics logs how many it selected.
