@@ -1,5 +1,7 @@
-"""A rollout -> padded training tensors, and its split into micro-batches."""
+"""A rollout -> padded training tensors, and its split into micro-batches: their layout (padded, packed or
+sharing prompts) and their token budget from the device's memory."""
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -112,6 +114,67 @@ def activation_bytes_per_token(config, bytes_per_value: int, checkpointing: bool
     layers = config.num_hidden_layers
     per_layer = 6 * D + 3 * inner
     return bytes_per_value * (layers * D + per_layer if checkpointing else layers * per_layer)
+
+
+def micro_batch_tokens(
+    config, bytes_per_value: int, prompt_len: int, completion_len: int, *, memory_gb: float, micro_batch_size: int,
+    max_tokens_per_micro_batch: int, gradient_checkpointing: bool, say,
+) -> int:  # fmt: skip
+    """The padded tokens a micro-batch may hold under --micro_batch_memory_gb `memory_gb` (0: 1/8 of the
+    device's memory, per local process), from the model's activation memory per token; 0 when
+    --max_tokens_per_micro_batch plans by tokens itself. Says so when the cap binds: when
+    `micro_batch_size` sequences at the longest would pass it."""
+    if max_tokens_per_micro_batch:
+        return 0
+    per_token = activation_bytes_per_token(config, bytes_per_value, gradient_checkpointing)
+    budget = memory_gb * 2**30 or device_memory_bytes() / 8
+    tokens = max(1, int(budget // per_token))
+    longest = prompt_len + completion_len
+    if tokens < micro_batch_size * longest:
+        say(
+            f"micro-batches: up to {micro_batch_size} sequences and {tokens:,} padded tokens each ("
+            f"{budget / 2**30:.1f} GiB of activations at ~{per_token / 2**20:.2f} MiB a token for this model; "
+            f"{max(1, tokens // longest)} sequences at the longest): --micro_batch_memory_gb sets the budget"
+        )
+    return tokens
+
+
+def device_memory_bytes() -> int:
+    """This process's share of its device: the GPU's memory, or the machine's RAM over its local processes."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return ram // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def device_memory_gib(gpu: bool) -> float | None:
+    """The memory preflight's device (`common.trainer.check_memory`): this GPU's total memory in GiB; None without
+    one (CPU memory is not planned)."""
+    return device_memory_bytes() / 2**30 if gpu else None
+
+
+# Attention that runs packed sequences without computing across them (varlen / block-sparse kernels).
+PACKED_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
+# Attention that takes any [B, 1, T, T] mask as it is (the shared-prefix layout's).
+MASKED_ATTENTION = ("sdpa", "eager")
+
+
+def pass_layout(padding_free: str, share_prompts: bool, attn_implementation: str | None, sliding: bool) -> str:
+    """The micro-batches' layout (`select`). --padding_free: "auto" packs where the attention skips the pairs
+    across sequences; SDPA and eager would attend over the whole packed row (correct, but quadratic in its
+    length). Otherwise --share_prompts, with attention that takes a 4D mask, and not for sliding-window
+    attention: transformers uses a given 4D mask as it is, so the window would be lost."""
+    if padding_free == "on" or (padding_free == "auto" and attn_implementation in PACKED_ATTENTION):
+        return "packed"
+    return "shared" if share_prompts and attn_implementation in MASKED_ATTENTION and not sliding else "padded"
+
+
+def sliding(config) -> bool:
+    """Does any layer attend within a sliding window (Mistral's sliding_window; Qwen2's layer_types)?"""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        return "sliding_attention" in layer_types
+    return getattr(config, "sliding_window", None) is not None
 
 
 def rows_with_loss(advantages: torch.Tensor, mask: torch.Tensor, every_row: bool) -> list[bool]:

@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -182,6 +183,44 @@ def load_policy(model_path: str, dtype, gradient_checkpointing: bool = False):
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The dtypes of a run (`precision_for`)."""
+
+    mixed: str  # accelerate's mixed_precision: "bf16" (autocast) or "no"
+    policy: object  # the policy's weights (its master copy), a torch dtype
+    reference: object  # the reference model's weights
+    engine: str  # the rollout engine's dtype name
+    activation_bytes: int  # bytes per activation value, for the micro-batch budget
+
+    def record(self) -> dict:
+        """The run's precision in words, for its run_config.json."""
+        return {"weights": str(self.policy).removeprefix("torch."), "autocast": self.mixed, "engine": self.engine}
+
+
+def precision_for(precision: str, gpu: bool) -> Precision:
+    """--precision where the run trains: auto is fp32 weights with bf16 autocast on a GPU and plain fp32 on
+    CPU; bf16 is bf16 weights anywhere (autocast too on a GPU); fp32 is fp32 throughout. The rollout engine
+    samples in bf16 where the trainer autocasts, else fp32; the reference model only scores: bf16 on a GPU."""
+    import torch
+
+    autocast = gpu and precision != "fp32"
+    return Precision(
+        mixed="bf16" if autocast else "no",
+        policy=torch.bfloat16 if precision == "bf16" else torch.float32,
+        reference=torch.bfloat16 if gpu else torch.float32,
+        engine="bfloat16" if autocast else "float32",
+        activation_bytes=2 if precision == "bf16" or autocast else 4,
+    )
+
+
+def announce_loading(say, model_path: str, reference_model: bool, rollout: str, precision: str, gpu: bool) -> None:
+    """The slow part of start-up, before the progress bar: say what it is (and what --precision bf16 means on CPU)."""
+    say(f"loading {model_path}: the policy{', the reference model' * reference_model} and the {rollout} rollout engine")
+    if note := precision_note(precision, gpu):
+        say(note)
 
 
 def precision_note(precision: str, gpu: bool) -> str | None:

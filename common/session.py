@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.cli import clear_errors, require
+from common.lr_schedule import lr_lambda, set_base_lr
+from common.models import Precision, announce_loading, precision_for
 from common.run_flags import RunFlags, check_batch_split, launch_world
 
 
@@ -252,15 +254,6 @@ class Session:
             self.saved_step, self.last_save = step, time.monotonic()
 
 
-def announce_loading(say, model_path: str, reference_model: bool, rollout: str, precision: str, gpu: bool) -> None:
-    """The slow part of start-up, before the progress bar: say what it is (and what --precision bf16 means on CPU)."""
-    from common.models import precision_note
-
-    say(f"loading {model_path}: the policy{', the reference model' * reference_model} and the {rollout} rollout engine")
-    if note := precision_note(precision, gpu):
-        say(note)
-
-
 def start_session(
     script: str, run: RunFlags, flags: tuple[dict, set[str]], *, model: str, dataset: str, template: str, rewards: str,
     reward_fn: str | None, seed: int, steps: int, epochs: float | None, prompts_per_step: int, group_size: int,
@@ -298,6 +291,8 @@ def start_session(
     stop = check_prompt_format(
         terms, pre.rows[0]["prompt_ids"], pre.tokenizer, template, few_shot, run.stop, say0, bool(run.eval_steps)
     )
+    from common.batching import device_memory_gib
+
     precision = precision_for(run.precision, gpu)
     announce_loading(say0, pre.model_path, reference_model, run.rollout, run.precision, gpu)
     accelerator, mode = open_accelerator(
@@ -473,37 +468,6 @@ def check_before_loading(
     return Prepared(run_dir, lock, is_main, model_path, tokenizer, rows, opens_think, total_steps, eval_sets)
 
 
-@dataclass(frozen=True)
-class Precision:
-    """The dtypes of a run (`precision_for`)."""
-
-    mixed: str  # accelerate's mixed_precision: "bf16" (autocast) or "no"
-    policy: object  # the policy's weights (its master copy), a torch dtype
-    reference: object  # the reference model's weights
-    engine: str  # the rollout engine's dtype name
-    activation_bytes: int  # bytes per activation value, for the micro-batch budget
-
-    def record(self) -> dict:
-        """The run's precision in words, for its run_config.json."""
-        return {"weights": str(self.policy).removeprefix("torch."), "autocast": self.mixed, "engine": self.engine}
-
-
-def precision_for(precision: str, gpu: bool) -> Precision:
-    """--precision where the run trains: auto is fp32 weights with bf16 autocast on a GPU and plain fp32 on
-    CPU; bf16 is bf16 weights anywhere (autocast too on a GPU); fp32 is fp32 throughout. The rollout engine
-    samples in bf16 where the trainer autocasts, else fp32; the reference model only scores: bf16 on a GPU."""
-    import torch
-
-    autocast = gpu and precision != "fp32"
-    return Precision(
-        mixed="bf16" if autocast else "no",
-        policy=torch.bfloat16 if precision == "bf16" else torch.float32,
-        reference=torch.bfloat16 if gpu else torch.float32,
-        engine="bfloat16" if autocast else "float32",
-        activation_bytes=2 if precision == "bf16" or autocast else 4,
-    )
-
-
 def open_accelerator(
     run: RunFlags, grad_clip: float, precision: Precision, run_dir: Path, model_path: str, reference_model: bool,
     device_gib: float | None,
@@ -546,6 +510,7 @@ def load_models(
     Returns (policy, reference model or None, optimiser, scheduler, layout, memory tokens)."""
     import torch
 
+    from common.batching import micro_batch_tokens, pass_layout, sliding
     from common.distributed import confine_zero3_linear
     from common.models import load_policy, load_reference_model
 
@@ -662,92 +627,3 @@ def evaluate_before_training(session: Session, benchmarks: str, say) -> None:
 
         write_results(session.run_dir / "eval-step-0", summary, records, {"step": 0, "benchmarks": benchmarks})
     session.logger.log(0, summary, advance=False)  # the same on every rank: the evaluation gathers its records
-
-
-def micro_batch_tokens(
-    config, bytes_per_value: int, prompt_len: int, completion_len: int, *, memory_gb: float, micro_batch_size: int,
-    max_tokens_per_micro_batch: int, gradient_checkpointing: bool, say,
-) -> int:  # fmt: skip
-    """The padded tokens a micro-batch may hold under --micro_batch_memory_gb `memory_gb` (0: 1/8 of the
-    device's memory, per local process), from the model's activation memory per token; 0 when
-    --max_tokens_per_micro_batch plans by tokens itself. Says so when the cap binds: when
-    `micro_batch_size` sequences at the longest would pass it."""
-    from common.batching import activation_bytes_per_token
-
-    if max_tokens_per_micro_batch:
-        return 0
-    per_token = activation_bytes_per_token(config, bytes_per_value, gradient_checkpointing)
-    budget = memory_gb * 2**30 or device_memory_bytes() / 8
-    tokens = max(1, int(budget // per_token))
-    longest = prompt_len + completion_len
-    if tokens < micro_batch_size * longest:
-        say(
-            f"micro-batches: up to {micro_batch_size} sequences and {tokens:,} padded tokens each ("
-            f"{budget / 2**30:.1f} GiB of activations at ~{per_token / 2**20:.2f} MiB a token for this model; "
-            f"{max(1, tokens // longest)} sequences at the longest): --micro_batch_memory_gb sets the budget"
-        )
-    return tokens
-
-
-def device_memory_bytes() -> int:
-    """This process's share of its device: the GPU's memory, or the machine's RAM over its local processes."""
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return ram // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-
-
-def device_memory_gib(gpu: bool) -> float | None:
-    """The memory preflight's device (`check_memory`): this GPU's total memory in GiB; None without one (CPU
-    memory is not planned)."""
-    return device_memory_bytes() / 2**30 if gpu else None
-
-
-# Attention that runs packed sequences without computing across them (varlen / block-sparse kernels).
-PACKED_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
-# Attention that takes any [B, 1, T, T] mask as it is (the shared-prefix layout's).
-MASKED_ATTENTION = ("sdpa", "eager")
-
-
-def pass_layout(padding_free: str, share_prompts: bool, attn_implementation: str | None, sliding: bool) -> str:
-    """The micro-batches' layout (`common.batching.select`). --padding_free: "auto" packs where the attention
-    skips the pairs across sequences; SDPA and eager would attend over the whole packed row (correct, but
-    quadratic in its length). Otherwise --share_prompts, with attention that takes a 4D mask, and not for
-    sliding-window attention: transformers uses a given 4D mask as it is, so the window would be lost."""
-    if padding_free == "on" or (padding_free == "auto" and attn_implementation in PACKED_ATTENTION):
-        return "packed"
-    return "shared" if share_prompts and attn_implementation in MASKED_ATTENTION and not sliding else "padded"
-
-
-def sliding(config) -> bool:
-    """Does any layer attend within a sliding window (Mistral's sliding_window; Qwen2's layer_types)?"""
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types:
-        return "sliding_attention" in layer_types
-    return getattr(config, "sliding_window", None) is not None
-
-
-def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """The learning-rate multiplier at optimiser step s: a linear warm-up over `warmup_steps`, then
-    constant, or decaying to 0 at `total_steps` along a cosine or a line."""
-
-    def factor(s: int) -> float:
-        if s < warmup_steps:
-            return (s + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        progress = min(1.0, (s - warmup_steps) / max(1, total_steps - warmup_steps))
-        return 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
-
-    return factor
-
-
-def set_base_lr(optimizer, scheduler, lrs: list[float]) -> None:
-    """After a resume, this run's --lr is the base of the schedule (the checkpoint stored the old one)."""
-    scheduler.base_lrs = list(lrs)
-    for group, lr, schedule in zip(optimizer.param_groups, lrs, scheduler.lr_lambdas):
-        group["initial_lr"] = lr
-        group["lr"] = lr * schedule(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

@@ -107,8 +107,7 @@ def test_micro_batch_tokens_from_the_models_activation_memory():
     tokens: 19 of its 173-token sequences, not 32; said in one line. The demo model's budget does not bind."""
     from types import SimpleNamespace
 
-    from common.batching import activation_bytes_per_token
-    from common.session import micro_batch_tokens
+    from common.batching import activation_bytes_per_token, micro_batch_tokens
 
     smollm2 = SimpleNamespace(num_hidden_layers=30, hidden_size=576, intermediate_size=1536)
     assert activation_bytes_per_token(smollm2, 4, False) == 30 * (6 * 576 + 3 * 1536) * 4

@@ -13,7 +13,7 @@ import time
 import pytest
 from train_utils import ROOT, SCRIPTS, run_cli, user_env
 
-from common.session import lr_lambda
+from common.lr_schedule import lr_lambda
 
 CLIS = [*SCRIPTS, "tools/evaluate.py", "tools/plot.py", "data/prepare.py", "data/hard_subset.py"]
 SMALL = ["--rollout", "hf", "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "8"]

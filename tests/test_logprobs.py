@@ -387,7 +387,7 @@ def test_shared_prefix_only_where_it_computes_less(prompt, completions, shared):
 
 
 def test_padding_free_by_default_only_where_attention_skips_other_sequences():
-    from common.session import pass_layout
+    from common.batching import pass_layout
 
     # SDPA and eager would attend over a dense T x T mask: they share prompts instead (a 4D mask they take)
     assert pass_layout("auto", True, "sdpa", False) == pass_layout("auto", True, "eager", False) == "shared"
@@ -402,7 +402,7 @@ def test_padding_free_by_default_only_where_attention_skips_other_sequences():
 def test_sliding_window_is_read_from_the_config():
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
-    from common.session import sliding
+    from common.batching import sliding
 
     assert not sliding(LlamaConfig()) and not sliding(Qwen2Config())  # Qwen2: sliding_window set, not used
     assert sliding(Qwen2Config(use_sliding_window=True, max_window_layers=1, num_hidden_layers=2))
