@@ -98,11 +98,12 @@ from functools import partial  # noqa: E402
 
 import torch  # noqa: E402
 
+from common.advantages import without_unchecked_groups  # noqa: E402
 from common.batching import pack, rows_with_loss, select  # noqa: E402
 from common.distributed import global_sum  # noqa: E402
 from common.logprobs import masked_mean, sequence_logprobs  # noqa: E402
-from common.rollout import prompt_seeds  # noqa: E402
 from common.session import start_session  # noqa: E402
+from common.train_spec import spec_from  # noqa: E402
 
 
 def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.Tensor:
@@ -163,29 +164,29 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
     return loss, sums
 
 
-def old_logprobs(s, batch: dict, args: Args) -> dict:
+def old_logprobs(trainer, batch: dict, args: Args) -> dict:
     """No-grad pass of the trainer over the rollout batch, before any update: pi_old's log-probs and
     entropies [N, C], and the reference model's log-probs when --beta > 0."""
     out = {k: torch.zeros_like(batch["completion_mask"]) for k in ("logp", "entropy", "ref_logp")}
     with torch.no_grad():
-        for idx in s.micro_batch_plan(batch, list(range(len(batch["input_ids"])))):
-            mb = select(batch, idx, s.layout)
+        for idx in trainer.micro_batch_plan(batch, list(range(len(batch["input_ids"])))):
+            mb = select(batch, idx, trainer.layout)
             r = mb["rows"][: len(idx)]  # on the device (a list index would be a blocking copy); none if idx is empty
             C = mb["completion_mask"].shape[1]
             ids, attn = mb["input_ids"], mb["attention_mask"]
             logp, ent = sequence_logprobs(
-                s.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True, layout=mb["layout"]
+                trainer.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True, layout=mb["layout"]
             )
             out["logp"][r, :C], out["entropy"][r, :C] = logp[: len(idx)], ent[: len(idx)]
-            if s.ref_model is not None:
+            if trainer.ref_model is not None:
                 ref_logp, _ = sequence_logprobs(
-                    s.ref_model, ids, attn, args.temperature, logits_to_keep=C, layout=mb["layout"]
+                    trainer.ref_model, ids, attn, args.temperature, logits_to_keep=C, layout=mb["layout"]
                 )
                 out["ref_logp"][r, :C] = ref_logp[: len(idx)]
     return out
 
 
-def update(s, batch: dict, old: dict, advantages: torch.Tensor, args: Args, step: int) -> Counter:
+def update(trainer, batch: dict, old: dict, advantages: torch.Tensor, args: Args, step: int) -> Counter:
     """Clipped-surrogate updates: --mu passes over the rollout batch, each in --num_minibatches optimiser
     steps, each over micro-batches whose gradients accumulate. Returns sums for the step's metrics, over
     all ranks. A row whose loss is identically 0 (advantage 0 everywhere, no KL term) is left out of the
@@ -194,38 +195,38 @@ def update(s, batch: dict, old: dict, advantages: torch.Tensor, args: Args, step
     size = n // args.num_minibatches
     live = rows_with_loss(advantages, batch["completion_mask"], every_row=args.beta > 0)
     sums = Counter(skipped_rows=n - sum(live))
-    s.model.train()
+    trainer.model.train()
     for _ in range(args.mu):
         order = torch.randperm(n).tolist() if args.num_minibatches > 1 else list(range(n))
         for first in range(0, n, size):
             rows = order[first : first + size]
-            num_tokens = global_sum(s.accelerator, sum(batch["completion_lens"][r] for r in rows)) / s.world
-            plan, local = s.micro_batch_plan(batch, [r for r in rows if live[r]]), Counter()
+            num_tokens = global_sum(trainer.accelerator, sum(batch["completion_lens"][r] for r in rows)) / trainer.world
+            plan, local = trainer.micro_batch_plan(batch, [r for r in rows if live[r]]), Counter()
             for i, idx in enumerate(plan):
-                mb = select(batch, idx, s.layout)
+                mb = select(batch, idx, trainer.layout)
                 r = mb["rows"]
-                with s.accumulate(last=i == len(plan) - 1):
+                with trainer.accumulate(last=i == len(plan) - 1):
                     C = mb["completion_mask"].shape[1]
                     logp, _ = sequence_logprobs(
-                        s.model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C,
+                        trainer.model, mb["input_ids"], mb["attention_mask"], args.temperature, logits_to_keep=C,
                         layout=mb["layout"],
                     )  # fmt: skip
                     loss, stats = policy_loss(
                         logp, old["logp"][r], advantages[r], mb["completion_mask"], args, len(rows), num_tokens,
                         old["ref_logp"][r], batch["rollout_logp"][r],
                     )  # fmt: skip
-                    s.accelerator.backward(loss)
+                    trainer.accelerator.backward(loss)
                 local.update(stats | {"loss": loss.detach()})
-            opt = s.optimizer_step(step + 1, local)  # clip; a NaN/inf or spiking update is skipped
+            opt = trainer.optimizer_step(step + 1, local)  # clip; a NaN/inf or spiking update is skipped
             sums.update(opt.sums | {"loss": opt.loss, "skipped": not opt.applied, "optimizer_steps": 1})
-            sums["batch_tokens"] += num_tokens * s.world  # every completion token, trained or not
+            sums["batch_tokens"] += num_tokens * trainer.world  # every completion token, trained or not
             sums["grad_norm"] = opt.grad_norm
     return sums
 
 
 def step_metrics(
-    s, scores, batch: dict, old: dict, advantages: torch.Tensor, sums: Counter, G: int, timer, tis_cap: float = 0.0
-) -> dict:
+    trainer, scores, batch: dict, old: dict, advantages: torch.Tensor, sums: Counter, G: int, timer, tis_cap: float = 0.0
+) -> dict:  # fmt: skip
     """The step's figures (docs/algorithms/grpo_base.md#metrics): token-level ones weighted by tokens over all ranks;
     clip and TIS shares of every completion token of the batch, approx_kl of the tokens trained on."""
     mask, rollout_logp = batch["completion_mask"], batch["rollout_logp"]
@@ -234,7 +235,7 @@ def step_metrics(
     # --tis_cap: tokens whose weight min(pi_old / pi_rollout, cap) is capped, from the rollout (as policy_loss)
     capped = (old["logp"] - rollout_logp).exp().nan_to_num(nan=1.0) >= tis_cap if tis_cap > 0 else 0 * mask
     tok = {"entropy": (old["entropy"] * mask).sum(), "mask": mask.sum(), "tis_capped": (capped * mask).sum()}
-    tok = global_sum(s.accelerator, tok)
+    tok = global_sum(trainer.accelerator, tok)
     per_token = lambda k, n="tokens": sums[k] / max(sums[n], 1)  # noqa: E731
     return {
         "train/reward": scores.reward.mean(),
@@ -261,7 +262,8 @@ def step_metrics(
 
 
 def main(args: Args, run: RunFlags) -> None:
-    """1. Set up: policy, optimiser, data, rollout engine, verifier, logger (common/session.py).
+    """1. Set up: the spec of what is trained, then the session's parts (common/session.py): the trainer, the
+    rollout side (engine, prompts), the rewards (verifier), the run's I/O (log, checkpoints, health).
     Then each step:
     2. Rollout: G completions per prompt from pi_old.
     3. Rewards.
@@ -273,57 +275,57 @@ def main(args: Args, run: RunFlags) -> None:
     """
     G = args.group_size
     s = start_session(
-        Path(__file__).stem, run, flag_record(args, run), model=args.model, dataset=args.dataset, template=args.template,
-        few_shot=args.few_shot,
-        rewards=args.rewards, reward_fn=args.reward_fn, seed=args.seed, steps=args.steps, epochs=args.epochs,
-        prompts_per_step=args.prompts_per_step, group_size=G, max_prompt_len=args.max_prompt_len,
-        max_completion_len=args.max_completion_len, top_p=args.top_p,
-        optimizer=partial(torch.optim.AdamW, lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay),
-        grad_clip=args.grad_clip,
-        lr_schedule=args.lr_schedule, warmup_steps=args.warmup_steps, optimizer_steps_per_step=args.mu * args.num_minibatches,
-        reference_model=args.beta > 0,
+        Path(__file__).stem,
+        spec_from(
+            args, optimizer=partial(torch.optim.AdamW, lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay),
+            optimizer_steps_per_step=args.mu * args.num_minibatches, reference_model=args.beta > 0,
+        ),
+        run, flag_record(args, run),
     )  # fmt: skip
 
     with s:  # closed on any exit: the closing line after the last step, the bar's end before an error
         for step in s.steps():  # ends early, after saving a checkpoint, on SIGTERM / Ctrl-C
             timer = s.timer()
-            rows = s.sampler.next_batch()
+            rows = s.rollout.sampler.next_batch()
 
             # 2. Rollout: G completions per prompt from pi_old; one seed per prompt, from its place in the global batch.
             with timer("rollout"):
-                seeds = prompt_seeds(args.seed, step, args.prompts_per_step, s.rank, len(rows))
+                seeds = s.rollout.seeds(step, len(rows))
                 prompts = [r["prompt_ids"] for r in rows]
-                groups = s.engine.generate(
+                groups = s.rollout.engine.generate(
                     prompts, G, args.max_completion_len, args.temperature, args.top_p, seed=seeds
                 )
             rollout_rows = [r for r in rows for _ in range(G)]
             completions = [c for g in groups for c in g]
-            texts = s.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+            texts = s.rollout.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
 
             # 3. Rewards.
             with timer("scoring"):
-                scores = s.score(texts, rollout_rows)
+                scores = s.rewards.score(texts, rollout_rows)
+                s.io.score_watch.saw(scores, texts)  # unchecked answers counted; a flat first step said
 
             # 4. pi_old's log-probs (and token entropies) from the trainer, before any update.
             with timer("old_logp"):
-                s.engine.sleep()
-                batch = pack([r["prompt_ids"] for r in rollout_rows], completions, s.tokenizer.pad_token_id, s.device)
-                old = old_logprobs(s, batch, args)
+                s.rollout.sleep()
+                batch = pack(
+                    [r["prompt_ids"] for r in rollout_rows], completions, s.rollout.tokenizer.pad_token_id, s.trainer.device
+                )  # fmt: skip
+                old = old_logprobs(s.trainer, batch, args)
 
             # 5. Advantages: r_i - mean(r), no std; a group holding an answer the verifier had no time to check gets none.
             advantages, info = dr_advantages(scores.reward, old, batch, G, args)
-            advantages = scores.without_unchecked_groups(advantages, G)
+            advantages = without_unchecked_groups(advantages, scores.checked, G)
 
             # 6. Clipped-surrogate updates.
             with timer("update"):
-                sums = update(s, batch, old, advantages, args, step)
+                sums = update(s.trainer, batch, old, advantages, args, step)
 
             # 7. Sync: the rollout engine samples from the new policy next step.
             with timer("sync"):
-                s.sync_weights()
+                s.rollout.sync_weights(s.trainer)
 
             # 8. Log (a few completions too), evaluate, save.
-            metrics = step_metrics(s, scores, batch, old, advantages, sums, G, timer, args.tis_cap) | info
+            metrics = step_metrics(s.trainer, scores, batch, old, advantages, sums, G, timer, args.tis_cap) | info
             s.end_step(step + 1, metrics, timer, samples=(rollout_rows, texts, scores.reward, advantages))
 
 

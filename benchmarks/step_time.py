@@ -140,22 +140,20 @@ def update_overhead(repeats: int = 5) -> None:
 
 
 def update_session(model, micro_batch_size: int, max_tokens: int = 0):
-    """A one-process session holding what the scripts' update() uses (accelerator, micro-batch plan,
+    """A one-process trainer holding what the scripts' update() uses (accelerator, micro-batch plan,
     accumulation, optimiser step), over `model`; AdamW at lr 0, so that every repeat sees the same model."""
     import torch
 
     sys.path.insert(0, str(ROOT))
     from common.distributed import make_accelerator, parallel_mode
     from common.health import UpdateGuard
-    from common.session import Session
+    from common.trainer import Trainer
 
     accelerator = make_accelerator("no", grad_clip=1.0)
     opt = torch.optim.AdamW(model.parameters(), lr=0.0)
-    return Session(
-        accelerator=accelerator, device=torch.device("cpu"), world=1, mode=parallel_mode(accelerator), model=model,
-        optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), guard=UpdateGuard(0),
-        grad_clip=1.0, micro_batch_size=micro_batch_size, max_tokens_per_micro_batch=max_tokens,
-        skipped_this_step=False, layout="padded", memory_tokens=0,
+    return Trainer(
+        accelerator, parallel_mode(accelerator), model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
+        UpdateGuard(0), grad_clip=1.0, micro_batch_size=micro_batch_size, max_tokens_per_micro_batch=max_tokens,
     )  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.answers import extract_answer
@@ -181,6 +182,36 @@ def evaluate(
         if own_verifier:
             verifier.close()
     return summarize(records, ks), records
+
+
+@dataclass(frozen=True)
+class TrainingEval:
+    """The evaluation during training (--eval_steps): when it runs, on what, and how it samples."""
+
+    every: int  # --eval_steps (0: never)
+    benchmarks: str  # --eval_benchmarks as given, recorded with the results
+    sets: dict[str, list[dict]]  # `common.benchmarks.load_benchmarks`
+    n: int  # samples per problem
+    temperature: float
+    template: str
+    max_tokens: int  # the training completion length
+    top_p: float
+    seed: int
+    max_prompt_len: int
+    few_shot: int
+    few_shot_pool: list[dict] | None
+
+    def due(self, step: int, total_steps: int) -> bool:
+        """Every `every` steps, and after the last."""
+        return bool(self.every) and (step % self.every == 0 or step == total_steps)
+
+    def run(self, engine, tokenizer, verifier: MathVerifier, accelerator) -> tuple[dict[str, float], list[dict]]:
+        """pass@k of the policy `engine` samples, its problems split over the ranks (summary on every rank)."""
+        return evaluate(
+            engine, tokenizer, self.sets, self.template, self.n, self.temperature, self.max_tokens, self.top_p,
+            seed=self.seed, verifier=verifier, max_prompt_len=self.max_prompt_len, accelerator=accelerator,
+            few_shot=self.few_shot, few_shot_pool=self.few_shot_pool,
+        )  # fmt: skip
 
 
 def _gather(records: list[dict], accelerator) -> list[dict]:

@@ -5,6 +5,8 @@
   the run with one line that says how to go on.
 - `SignalWatch`: warns when every group's rewards have been equal for a while (every advantage 0:
   nothing is learned), naming the likely causes.
+- `ScoreWatch`: reads each scoring: says at once why the first step's rewards are flat, and counts the
+  answers the verifier had no time to check, for the step's log.
 - `StopSignal`: SIGTERM (a scheduler's notice before preemption) or SIGINT (Ctrl-C) stops the run
   after the step under way, once its checkpoint is saved; a second signal exits at once.
 """
@@ -79,13 +81,17 @@ class UpdateGuard:
 class SignalWatch:
     """Warns (once, then every `every` steps) while all groups have had equal rewards for `every` steps."""
 
+    # The step's figures it reads (every script's step_metrics writes them), reduced over ranks.
+    FLAT, TRUNCATED = "train/zero_adv_group_frac", "train/truncated_frac"
+
     def __init__(self, every: int, say: Callable[[str], None] = print):
         self.every = every
         self.say = say
         self.flat_steps = 0
 
-    def update(self, step: int, zero_adv_group_frac: float, truncated_frac: float) -> None:
-        self.flat_steps = self.flat_steps + 1 if zero_adv_group_frac >= 1.0 else 0
+    def update(self, step: int, metrics: dict) -> None:
+        truncated_frac = metrics[self.TRUNCATED]
+        self.flat_steps = self.flat_steps + 1 if metrics[self.FLAT] >= 1.0 else 0
         if self.every and self.flat_steps and self.flat_steps % self.every == 0:
             self.say(
                 f"warning: step {step}: for {self.flat_steps} steps every group's rewards were all equal, so every "
@@ -93,6 +99,40 @@ class SignalWatch:
                 f"completions to differ (--temperature), completions cut before the answer (--max_completion_len; "
                 f"{truncated_frac:.0%} truncated this step), or a reward that cannot vary on this data (--rewards, "
                 "the answers' format)"
+            )
+
+
+class ScoreWatch:
+    """Reads each scoring of the run (`common.scoring.Scores`, handed over by the script's step): the first
+    one's flat rewards are explained at once (`common.rewards.flat_reason`), not --warn_flat_steps later; the
+    answers the verifier had no time to check are counted until the step's log takes them."""
+
+    def __init__(self, group_size: int, say: Callable[[str], None] = print):
+        self.group_size = group_size
+        self.say = say
+        self.first = True
+        self.unchecked = 0
+
+    def saw(self, scores, texts: list[str]) -> None:
+        from common.rewards import flat_reason
+
+        record = scores.record
+        if self.first and (why := flat_reason(record, texts, self.group_size)):
+            self.say(why)
+        self.first = False
+        self.unchecked += len(record.checked) - sum(record.checked)
+
+    def take_unchecked(self) -> int:
+        """The answers left unchecked since the last call."""
+        unchecked, self.unchecked = self.unchecked, 0
+        return unchecked
+
+    def warn_unchecked(self, step: int, unchecked: float, budget_s: float | None) -> None:
+        """The step's line when answers (`unchecked`, over all ranks) were left unchecked within `budget_s`."""
+        if unchecked:
+            self.say(
+                f"step {step}: {unchecked:.0f} answers were not checked within --reward_time_budget_s={budget_s}; "
+                "their groups trained on nothing (raise the budget or --verifier_workers)"
             )
 
 

@@ -362,14 +362,19 @@ def test_vllm_takes_every_engine_argument(tiny_random_dir):
 def test_a_gpu_session_waits_for_the_device_at_each_phase_boundary():
     """On a GPU the session's timer is given torch.cuda.synchronize (its kernels run asynchronously, so a phase's
     time would land in the next phase's); here a recorder stands in for it. Without a GPU: no sync."""
+    from types import SimpleNamespace
+
     from common.session import Session
 
+    def session(device_sync):  # the timer reads the trainer's device alone
+        return Session(None, SimpleNamespace(device_sync=device_sync), None, None, None)
+
     calls = []
-    timer = Session(_cuda_sync=lambda: calls.append("sync")).timer()
+    timer = session(lambda: calls.append("sync")).timer()
     with timer("rollout"):
         calls.append("rollout")
     assert calls == ["sync", "rollout", "sync"] and set(timer.seconds) == {"rollout"}
-    cpu = Session(_cuda_sync=None).timer()
+    cpu = session(None).timer()
     with cpu("update"):
         pass
     assert cpu.sync is None and set(cpu.seconds) == {"update"}

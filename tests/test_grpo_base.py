@@ -211,22 +211,20 @@ def test_loss_and_gradients_equal_one_unbucketed_pass(tiny_random_model, agg):
 
 
 def update_session(model, micro_batch_size: int = 3, layout: str = "padded"):
-    """A one-process session holding what update() uses: the real accelerator, micro-batch plan,
+    """A one-process trainer holding what update() uses: the real accelerator, micro-batch plan,
     accumulation and optimiser step. SGD at lr 0 leaves the model as it is; a hook keeps each
     optimiser step's gradients."""
     from common.distributed import make_accelerator, parallel_mode
     from common.health import UpdateGuard
-    from common.session import Session
+    from common.trainer import Trainer
 
     accelerator = make_accelerator("no", grad_clip=1e9)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     grads = []
     opt.register_step_pre_hook(lambda o, a, k: grads.append({n: p.grad.clone() for n, p in model.named_parameters()}))
-    s = Session(
-        accelerator=accelerator, device=torch.device("cpu"), world=1, mode=parallel_mode(accelerator), model=model,
-        optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), guard=UpdateGuard(0),
-        grad_clip=1e9, micro_batch_size=micro_batch_size, max_tokens_per_micro_batch=0, skipped_this_step=False,
-        layout=layout, memory_tokens=0,
+    s = Trainer(
+        accelerator, parallel_mode(accelerator), model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
+        UpdateGuard(0), grad_clip=1e9, micro_batch_size=micro_batch_size, layout=layout,
     )  # fmt: skip
     return s, grads
 

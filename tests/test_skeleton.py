@@ -149,7 +149,7 @@ def test_every_script_reads_the_same(script):
     method = DECLARED[script]["prefix"] if script in DECLARED else "grpo"
     step5 = "\n".join(main_sections(top["main"])["5"])
     assert f"advantages, info = {method}_advantages(scores.reward, old, batch, G, args)" in step5
-    assert "advantages = scores.without_unchecked_groups(advantages, G)" in step5
+    assert "advantages = without_unchecked_groups(advantages, scores.checked, G)" in step5
     assert "| info" in top["main"], "the method's metrics are logged from info"
     assert "start_session(\n        Path(__file__).stem," in top["main"], (
         "the run directory's default follows the file name"

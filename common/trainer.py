@@ -1,0 +1,216 @@
+"""The trainer of a session: the accelerator, the policy (and the reference model), the optimiser and its
+learning-rate schedule, the micro-batches of a pass and the optimiser step (`Trainer`, built by
+`open_trainer`). The scripts' old_logprobs(), update() and step_metrics() take it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.cli import require
+from common.health import UpdateGuard
+from common.models import Precision
+from common.run_flags import RunFlags
+
+
+@dataclass
+class OptimizerStep:
+    loss: float  # the mini-batch's loss, over all ranks
+    grad_norm: float  # before clipping (NaN when DeepSpeed clips inside its own step)
+    applied: bool  # False: skipped (not finite, or a gradient-norm spike)
+    sums: dict  # the micro-batches' sums over all ranks, as floats (the loss summed, not averaged)
+
+
+@dataclass
+class Trainer:
+    accelerator: object  # accelerate.Accelerator
+    mode: object  # common.distributed.ParallelMode: how the policy is laid out over the ranks
+    model: object  # the policy, prepared by accelerate
+    optimizer: object
+    scheduler: object  # the learning-rate schedule, stepped once per optimiser step
+    guard: UpdateGuard  # decides per optimiser step whether its update is applied
+    grad_clip: float
+    micro_batch_size: int  # --micro_batch_size
+    max_tokens_per_micro_batch: int = 0  # > 0: micro-batches by padded tokens (common.batching.micro_batches)
+    memory_tokens: int = 0  # the padded tokens --micro_batch_memory_gb allows a micro-batch (0: no cap)
+    layout: str = "padded"  # how passes run a micro-batch (common.batching.select)
+    ref_model: object = None  # the initial model, frozen (--beta > 0)
+    device_sync: Callable[[], None] | None = None  # torch.cuda.synchronize on a GPU: phase times wait for it
+    skipped_this_step: bool = False  # an update was skipped since `take_skipped` last asked
+
+    @property
+    def device(self):
+        return self.accelerator.device
+
+    @property
+    def rank(self) -> int:
+        return self.accelerator.process_index
+
+    @property
+    def world(self) -> int:
+        return self.accelerator.num_processes
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def micro_batch_plan(self, batch: dict, rows: list[int]) -> list[list[int]]:
+        """The micro-batches (rows of `batch`) of one forward/backward each (`common.batching.micro_batches`);
+        when several processes train, every rank runs as many (the most any rank has)."""
+        from common.distributed import micro_batch_plan
+
+        return micro_batch_plan(
+            self.accelerator, batch, rows, self.micro_batch_size, self.max_tokens_per_micro_batch, self.memory_tokens
+        )
+
+    def accumulate(self, last: bool):
+        """Context of one micro-batch's forward/backward; gradients are reduced over ranks on the `last`."""
+        from common.distributed import micro_batch
+
+        return micro_batch(self.accelerator, self.model, self.mode, last)
+
+    def optimizer_step(self, step: int, local_sums: dict) -> OptimizerStep:
+        """Clip the accumulated gradient, then apply the update unless its loss or gradient norm is not
+        finite or spikes (`common.health.UpdateGuard`), step the schedule, and clear the gradients. Every
+        rank must call it (the loss is summed over ranks, so all ranks decide alike). `local_sums`: this
+        rank's sums over the optimiser step's micro-batches ("loss" and any statistics), numbers or
+        0-dim tensors left on the device: they are summed over ranks and read, with the gradient
+        norm, in one wait for the device."""
+        from common.distributed import global_sum
+
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        if grad_norm is None:  # DeepSpeed clips in its own step
+            grad_norm = math.nan
+        elif hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+            grad_norm = grad_norm.full_tensor()
+        # The norm is the same on every rank: each rank's share of the sum is norm / world.
+        sums = global_sum(self.accelerator, dict(local_sums) | {"grad_norm": grad_norm / self.world})
+        grad_norm, loss = sums.pop("grad_norm"), sums["loss"] / self.world
+        applied = self.guard.check(step, loss, grad_norm, self.learning_rate())
+        if applied:
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad()
+        self.skipped_this_step |= not applied
+        return OptimizerStep(loss, grad_norm, applied, sums)
+
+    def learning_rate(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def take_skipped(self) -> bool:
+        """Was an update skipped since the last call? (A step whose update was skipped is not saved on schedule.)"""
+        skipped, self.skipped_this_step = self.skipped_this_step, False
+        return skipped
+
+    def resume(self, run_dir: Path) -> dict | None:
+        """The newest good checkpoint's weights, optimiser, schedule (at this run's learning rate) and RNG
+        (`common.checkpoint.load_checkpoint`); returns its trainer state, or None when there is none."""
+        from common.checkpoint import load_checkpoint
+        from common.lr_schedule import set_base_lr
+
+        base_lrs = list(self.scheduler.base_lrs)
+        state = load_checkpoint(self.accelerator, run_dir)
+        if state is not None:
+            set_base_lr(self.optimizer, self.scheduler, base_lrs)  # this run's --lr, not the checkpoint's
+        return state
+
+
+def open_trainer(spec, run: RunFlags, model_path: str, precision: Precision, run_dir: Path, total_steps: int,
+                 gpu: bool, say) -> Trainer:  # fmt: skip
+    """The trainer of `spec` (`common.train_spec.TrainSpec`) under `run`'s flags: the accelerator and the checks
+    that need it (`open_accelerator`), this rank's seed, then the models and the optimiser (`load_models`)
+    with the learning-rate schedule over `total_steps` steps. Its guard says what it skips with `print` until
+    the session gives it the log's line (`common.health.UpdateGuard.say`)."""
+    import torch
+    from accelerate.utils import set_seed
+
+    from common.batching import device_memory_gib
+    from common.lr_schedule import lr_lambda
+
+    accelerator, mode = open_accelerator(
+        run, spec.grad_clip, precision, run_dir, model_path, spec.reference_model, device_memory_gib(gpu)
+    )
+    set_seed(spec.seed + accelerator.process_index)
+    policy, ref_model, opt, scheduler, layout, memory_tokens = load_models(
+        run, model_path, precision, accelerator, spec.reference_model, spec.optimizer,
+        lr_lambda(spec.lr_schedule, spec.warmup_steps, total_steps * spec.optimizer_steps_per_step),
+        spec.max_prompt_len + spec.extra_context, spec.max_completion_len, say=say,
+    )  # fmt: skip
+    return Trainer(
+        accelerator, mode, policy, opt, scheduler, UpdateGuard(run.max_nonfinite_steps, run.grad_spike_factor),
+        spec.grad_clip, run.micro_batch_size, run.max_tokens_per_micro_batch, memory_tokens, layout, ref_model,
+        device_sync=torch.cuda.synchronize if gpu else None,
+    )  # fmt: skip
+
+
+def open_accelerator(
+    run: RunFlags, grad_clip: float, precision: Precision, run_dir: Path, model_path: str, reference_model: bool,
+    device_gib: float | None,
+):  # fmt: skip
+    """The accelerator and the parallel mode, then the checks that need them, before any weight loads: every
+    rank sees the run directory (multi-node), no reference model under ZeRO-3, and the memory preflight on a
+    device of `device_gib` GiB (None: CPU, not planned). Returns (accelerator, mode)."""
+    from common.distributed import make_accelerator, parallel_mode
+    from common.run_dir import check_shared
+
+    accelerator = make_accelerator(precision.mixed, grad_clip, run.micro_batch_size, run.report_to, str(run_dir))
+    check_shared(run_dir, accelerator)  # multi-node: every rank sees what rank 0 writes (before minutes of loading)
+    mode = parallel_mode(accelerator)  # decided once, from accelerate's state; passed to what depends on it
+    require(
+        not (reference_model and mode.kind == "zero3"),
+        "--beta > 0 under DeepSpeed ZeRO-3: the reference model would be partitioned and never wrapped; "
+        "use configs/accelerate/fsdp2.yaml (the reference model is then loaded whole on each GPU) or --beta 0",
+    )
+    check_memory(run, model_path, mode, reference_model, device_gib)
+    return accelerator, mode
+
+
+def check_memory(run: RunFlags, model_path: str, mode, reference_model: bool, device_gib: float | None):
+    """The memory preflight (`common.preflight.preflight_memory`) of this run's flags under `mode`, on a device
+    of `device_gib` GiB (None: nothing is planned). Returns the plan (GiB per item) or None."""
+    from common.preflight import preflight_memory
+
+    return preflight_memory(  # refuse a plan whose memory cannot fit, before any weight loads
+        model_path, mode=mode.kind, world=mode.world, precision=run.precision, reference_model=reference_model,
+        vllm_utilization=run.vllm_gpu_memory_utilization if run.rollout == "vllm" else 0.0, total_gib=device_gib,
+    )  # fmt: skip
+
+
+def load_models(
+    run: RunFlags, model_path: str, precision: Precision, accelerator, reference_model: bool, optimizer: Callable,
+    schedule: Callable[[int], float], prompt_len: int, completion_len: int, say,
+) -> tuple:  # fmt: skip
+    """The policy (prepared by accelerate with its optimiser), the reference model when asked, the learning-rate
+    schedule (`schedule`: the multiplier per optimiser step), the passes' layout and the micro-batch token budget.
+    Returns (policy, reference model or None, optimiser, scheduler, layout, memory tokens)."""
+    import torch
+
+    from common.batching import micro_batch_tokens, pass_layout, sliding
+    from common.distributed import confine_zero3_linear
+    from common.models import load_policy, load_reference_model
+
+    policy = load_policy(model_path, precision.policy, run.gradient_checkpointing)
+    ref_model = None
+    if reference_model:  # only then: all four papers train without it
+        ref_model = load_reference_model(model_path, precision.reference, accelerator.device)
+    for m in filter(None, (policy, ref_model)):
+        if run.attn_implementation != "auto":
+            m.set_attn_implementation(run.attn_implementation)
+    layout = pass_layout(
+        run.padding_free, run.share_prompts, policy.config._attn_implementation, sliding(policy.config)
+    )
+    memory_tokens = micro_batch_tokens(
+        policy.config, precision.activation_bytes, prompt_len, completion_len,
+        memory_gb=run.micro_batch_memory_gb, micro_batch_size=run.micro_batch_size,
+        max_tokens_per_micro_batch=run.max_tokens_per_micro_batch, gradient_checkpointing=run.gradient_checkpointing,
+        say=say,
+    )  # fmt: skip
+    opt = optimizer(policy.parameters())
+    # The schedule counts optimiser steps (--mu x --num_minibatches a step), as the scheduler is stepped.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    policy, opt = accelerator.prepare(policy, opt)
+    confine_zero3_linear(policy)  # DeepSpeed's F.linear for the policy only, not the rollout engine's layers
+    accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
+    return policy, ref_model, opt, scheduler, layout, memory_tokens
