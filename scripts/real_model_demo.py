@@ -1,5 +1,5 @@
-"""The README's real-model demo: SmolLM2-135M-Instruct (`--model smollm2`) learns two-digit sums with GRPO
-on CPU. One fresh run, then the README table between the two marker lines below, from that run's
+"""The README's real-model demo: SmolLM2-135M-Instruct (`--model smollm2`) learns sums (a + b, each from 0 to
+99) with GRPO on CPU. One fresh run, then the README table between the two marker lines below, from that run's
 metrics; the metrics file and the run's wall time are kept in docs/ (tests/test_real_model.py holds the
 table to them).
 
@@ -38,12 +38,19 @@ FLAGS = [
 ]  # fmt: skip
 
 
+def held_out_rows() -> list[dict]:
+    """The 100 held-out evaluation sums."""
+    from common.synthetic import synthetic_arithmetic
+
+    return synthetic_arithmetic(100, seed=1, max_operand=99)
+
+
 def write_data(folder: Path) -> tuple[Path, Path]:
     """The held-out evaluation sums first, then the training sums drawn without them."""
     from common.synthetic import synthetic_arithmetic
 
     folder.mkdir(parents=True, exist_ok=True)
-    held_out = synthetic_arithmetic(100, seed=1, max_operand=99)
+    held_out = held_out_rows()
     train = synthetic_arithmetic(400, seed=2, max_operand=99, exclude=[r["problem"] for r in held_out])
     paths = folder / "sums_train.jsonl", folder / "sums_eval.jsonl"
     for path, rows in zip(paths, (train, held_out)):

@@ -1,0 +1,166 @@
+"""What the comparison runs: the methods, baselines and ablations, their scripts and flags, the seeds and the
+budget, each run's evaluations, and what each paper claims. Nothing here runs anything."""
+
+METHODS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")
+BASELINES = ("dapo", "dr_grpo", "gspo", "kl_cov", "clip_cov")  # baselines/<name>.py, or a variant of one
+VARIANTS = {"clip_cov": ("kl_cov", ["--variant", "clip_cov"])}  # name -> (the script's method, its flags)
+# Each method against itself with its idea turned off: the same script, temperature and other defaults, so that the
+# difference is the idea alone (GRPO differs from a method in its temperature and defaults as well).
+# name: (method, the flags that turn the idea off, in words).
+ABLATIONS = {
+    "edge_grpo-off": ("edge_grpo", ["--gec", "off", "--eda", "false"], "GEC and EDA off"),
+    "edge_grpo-gec": ("edge_grpo", ["--eda", "false"], "GEC alone (EDA off)"),
+    "edge_grpo-eda": ("edge_grpo", ["--gec", "off"], "EDA alone (GEC off)"),
+    # Not an ablation: the opt-in stabiliser (a departure from the paper), read beside the method and its ablation.
+    "edge_grpo-bound": ("edge_grpo", ["--eda_ratio_bound", "10"], "EDA's P_hat bounded to [0.1, 10]"),
+    "cw_grpo-off": ("cw_grpo", ["--cw", "false"], "the kernel off"),
+    "pro_grpo-off": ("pro_grpo", ["--alpha", "0"], "the re-weighting off (alpha 0)"),
+    "egpo-off": ("egpo", ["--lambda_max", "1", "--lambda_min", "1", "--nsr", "false"], "the weighting and NSR off"),
+}
+# A partial ablation's part turned off, read as "that part, added to the rest" when the method differs from it.
+PART_OFF = {"edge_grpo-gec": "EDA", "edge_grpo-eda": "GEC"}
+STABILISERS = ("edge_grpo-bound",)  # read beside the method, not as its ablation
+SCRIPT = {m: f"baselines/{VARIANTS.get(m, (m,))[0]}.py" if m in BASELINES else f"{m}.py" for m in METHODS + BASELINES}
+SCRIPT |= {a: SCRIPT[m] for a, (m, _, _) in ABLATIONS.items()}
+ORDER = METHODS + BASELINES + tuple(ABLATIONS)  # BASE first: its run evaluates the policy before training
+BASE = "grpo_base"
+
+SEEDS = (0, 1, 2, 3, 4)
+STEPS = 8
+EVAL_N = 8  # samples per held-out sum: pass@1, 2, 4, 8
+EVAL_TEMPERATURE = 1.0  # every run's own evaluation; the methods' training T (CW-GRPO's is 0.7, EDGE-GRPO's 0.6)
+BENCH = "sums"
+# scripts/real_model_demo.py's flags, less its length and evaluation schedule.
+FLAGS = [
+    "--few_shot", "2", "--prompts_per_step", "6", "--group_size", "8", "--max_completion_len", "32",
+    "--lr", "1e-5", "--micro_batch_size", "8", "--save_minutes", "0",
+]  # fmt: skip
+
+# Each run's evaluation setting besides T = EVAL_TEMPERATURE: (temperature, top-p), whose it is, and whether that is
+# the method's own paper's, as each page states it (docs/algorithms/<method>.md, "evaluation"). Temperature 0 is
+# greedy: one sample per problem. GSPO's paper states no decoding: it has none here.
+EVAL_SETTINGS = {
+    "edge_grpo": ((0.1, 1.0), "its paper's (Evaluation Benchmark)", True),
+    "egpo": ((0.6, 0.95), "the project's choice: EGPO's paper lost its values", False),
+    "cw_grpo": ((0.6, 0.95), "Open-RS's, which CW-GRPO follows: its paper states none", False),
+    "pro_grpo": ((0.6, 0.95), "its paper's (Sec. 4.2)", True),
+    "dapo": ((1.0, 0.7), "its paper's (Sec. 4.1)", True),
+    "dr_grpo": ((0.0, 1.0), "its paper's (Sec. 2.2)", True),
+    "kl_cov": ((0.0, 1.0), "its paper's (Sec. 4.3; AIME and AMC aside, sampled at T = 0.6)", True),
+    "clip_cov": ((0.0, 1.0), "its paper's (Sec. 4.3; AIME and AMC aside, sampled at T = 0.6)", True),
+}
+# The project's runs each paper compares its method with in its tables, read at that method's setting too: EGPO's
+# Table 1 (GRPO, DAPO, EDGE-GRPO), CW-GRPO's Table 2 (GRPO, Clip-Cov), Pro-GRPO's Table 2 (GRPO, GRPO w/ KL-Cov).
+COMPARED_WITH = {"egpo": ("dapo", "edge_grpo"), "cw_grpo": ("clip_cov",), "pro_grpo": ("kl_cov",)}
+
+NAMES = {
+    "grpo_base": "GRPO",
+    "edge_grpo": "EDGE-GRPO",
+    "egpo": "EGPO",
+    "cw_grpo": "CW-GRPO",
+    "pro_grpo": "Pro-GRPO",
+    "dapo": "DAPO",
+    "dr_grpo": "Dr. GRPO",
+    "gspo": "GSPO",
+    "kl_cov": "KL-Cov",
+    "clip_cov": "Clip-Cov",
+}
+NAMES |= {a: f"{NAMES[m]}, {off}" for a, (m, _, off) in ABLATIONS.items()}
+COLORS = {
+    "grpo_base": "black",
+    "edge_grpo": "tab:blue",
+    "egpo": "tab:orange",
+    "cw_grpo": "tab:green",
+    "pro_grpo": "tab:red",
+    "dapo": "tab:purple",
+    "dr_grpo": "tab:brown",
+    "gspo": "tab:pink",
+    "kl_cov": "tab:olive",
+    "clip_cov": "tab:cyan",
+}
+COLORS |= {a: COLORS[m] for a, (m, _, _) in ABLATIONS.items()}
+
+P1 = "pass1_after"  # the accuracy a run is read by, at T = EVAL_TEMPERATURE
+# Each paper's claim: (method, what the paper says, the figure that measures it, the direction it claims). An
+# accuracy claim is read at T = EVAL_TEMPERATURE and again at the run's own evaluation setting.
+CLAIMS = [
+    ("edge_grpo", "GEC gives all-equal groups a signal: fewer groups with zero advantage", "zero_adv", "lower"),
+    # GEC's edits enter this figure too (a replaced completion's reward, EDA's P on it): it reads GEC + EDA together.
+    ("edge_grpo", "GEC + EDA spread the advantages: larger within-group advantage variance", "adv_var", "higher"),
+    ("edge_grpo", "higher accuracy", P1, "higher"),
+    ("egpo", "calibration: its confidence separates right from wrong answers better", "auroc_after", "higher"),
+    ("egpo", "higher accuracy", P1, "higher"),
+    ("cw_grpo", "stable entropy: a smaller entropy change over training", "entropy_drift", "lower"),
+    ("cw_grpo", "higher accuracy", P1, "higher"),
+    ("pro_grpo", "exploration: higher policy entropy", "entropy_late", "higher"),
+    ("pro_grpo", "diversity: higher pass@k at the largest k", "passmax_after", "higher"),
+    ("pro_grpo", "higher accuracy", P1, "higher"),
+    ("dapo", "higher accuracy", P1, "higher"),
+    ("dr_grpo", "higher accuracy", P1, "higher"),
+    ("gspo", "higher accuracy", P1, "higher"),
+    ("kl_cov", "exploration: higher policy entropy", "entropy_late", "higher"),
+    ("kl_cov", "higher accuracy", P1, "higher"),
+    ("clip_cov", "exploration: higher policy entropy", "entropy_late", "higher"),
+    ("clip_cov", "higher accuracy", P1, "higher"),
+]
+
+
+def method_of(run: str) -> str:
+    """The method (or baseline) a run name belongs to: an ablation's own method, else the name itself."""
+    return ABLATIONS[run][0] if run in ABLATIONS else run
+
+
+def settings(run: str, seed: int, model: str, steps: int) -> dict:
+    """What a stored run was made with; a stored run is reused only under the same."""
+    evals = ["--eval_steps", str(steps), "--eval_n", str(EVAL_N), "--eval_temperature", str(EVAL_TEMPERATURE)]
+    if run != BASE:  # the policy before training is every run's: evaluated once per seed, in BASE's run
+        evals += ["--eval_before", "false"]
+    extra = ABLATIONS[run][1] if run in ABLATIONS else VARIANTS[run][1] if run in VARIANTS else []
+    return {"method": run, "seed": seed, "model": model, "steps": steps, "flags": FLAGS + extra + evals}
+
+
+def own_setting(run: str) -> tuple | None:
+    """The evaluation setting of a run's method (an ablation: its method's), or None: it has none here."""
+    found = EVAL_SETTINGS.get(method_of(run))
+    return found[0] if found else None
+
+
+def eval_settings(run: str, runs: list) -> list[tuple]:
+    """The settings a run is evaluated at after training, besides T = EVAL_TEMPERATURE: its method's own, and
+    those of the methods in `runs` that read it: GRPO is read by every one, a baseline by the methods whose papers
+    compare with it (COMPARED_WITH)."""
+    if run == BASE:
+        readers = runs
+    else:
+        readers = [run, *(m for m, others in COMPARED_WITH.items() if run in others and m in runs)]
+    return sorted({st for m in readers if (st := own_setting(m))})
+
+
+def samples_at(setting: tuple) -> int:
+    """Samples per problem at a setting: one when greedy (every sample would be the same)."""
+    return 1 if setting[0] == 0 else EVAL_N
+
+
+def label(setting: tuple) -> str:
+    """The stored samples' name of an evaluation at a setting, and its figures' suffix."""
+    return "after-T{}-p{}".format(*setting)
+
+
+def pass_key(k: int, setting: tuple | None) -> str:
+    """The figure of held-out pass@k after training at a setting (None: at T = EVAL_TEMPERATURE)."""
+    return f"pass{k}_after" if setting is None else f"pass{k}_{label(setting)}"
+
+
+def setting_text(setting: tuple) -> str:
+    t, top_p = setting
+    return ("greedy" if t == 0 else f"T = {t}") + (f", top-p {top_p}" if top_p != 1.0 else "")
+
+
+def whose_setting(run: str) -> str:
+    """Whose evaluation setting a run's own is, in words ("its paper's (Sec. 4.2)", "the project's choice: ...")."""
+    return EVAL_SETTINGS[method_of(run)][1]
+
+
+def papers_setting(run: str) -> bool:
+    """Is a run's own evaluation setting its method's paper's (not another project's, nor this project's choice)?"""
+    return EVAL_SETTINGS[method_of(run)][2]

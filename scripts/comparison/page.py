@@ -1,0 +1,318 @@
+"""docs/results_real.md, read in a minute: the verdict table first, then one computed sentence per claim, each
+method against its ablations and its paper's baselines, the mechanisms' figures, the details, and how it was run
+and read. The README's block and each method page's block are parts of it. Nothing here is typed by hand."""
+
+from scripts.comparison import details
+from scripts.comparison.grid import (
+    ABLATIONS,
+    BASE,
+    BASELINES,
+    COMPARED_WITH,
+    EVAL_TEMPERATURE,
+    METHODS,
+    NAMES,
+    SCRIPT,
+    STABILISERS,
+    own_setting,
+    papers_setting,
+    pass_key,
+    setting_text,
+    whose_setting,
+)
+from scripts.comparison.stats import CONFIDENCE, METHOD, N_RESAMPLES, RNG_SEED, Estimate
+from scripts.comparison.verdicts import (
+    CONTRADICTED,
+    MIN_SEEDS,
+    SUPPORTED,
+    UNDECIDED,
+    Reader,
+    ablation_groups,
+    claims,
+    comparisons,
+    evaluations,
+    reading,
+    smallest_told,
+)
+
+PAGE, FIGURE, STORE = "results_real.md", "compare_real.png", "real_compare"
+BOOKKEEPING = {"eval_before"}  # the comparison's own flag, not a method's
+WORDS = {"higher": "better", "lower": "worse", "not told apart": "tied"}  # a run's difference to GRPO, in one word
+
+
+def pct(e: Estimate | None) -> str:
+    """A run's figure with its interval: '0.536 [0.49, 0.58]'."""
+    return "-" if e is None else f"{e.value:.3f} [{e.low:.3f}, {e.high:.3f}]"
+
+
+def diff_cell(e: Estimate | None) -> str:
+    return "not compared" if e is None else e.text()
+
+
+def improve_cell(e: Estimate | None) -> str:
+    return "-" if e is None or e.improve is None else f"{e.improve:.2f}"
+
+
+def word(e: Estimate | None) -> str:
+    return "-" if e is None else WORDS[e.word]
+
+
+def runs_of(figures: dict) -> list[str]:
+    """The methods and baselines stored (not the ablations), in the grid's order."""
+    return [m for m in figures if m in METHODS + BASELINES]
+
+
+def verdict_table(reader: Reader, infos: dict) -> list[str]:
+    """Every method and baseline at T = EVAL_TEMPERATURE: held-out pass@1, the difference to GRPO, the chance it
+    beats GRPO, and one word."""
+    L = [
+        "| run | trained at | seeds | held-out pass@1 [95% CI] | minus GRPO's [95% CI] | P(beats GRPO) | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m in runs_of(reader.figures):
+        t = infos[m][min(infos[m])]["script_flags"]["temperature"]
+        e = None if m == BASE else reader.diff(m, BASE)
+        L.append(
+            f"| {NAMES[m]} | T = {t} | {len(reader.figures[m])} | {pct(reader.level(m))} | "
+            f"{'-' if m == BASE else diff_cell(e)} | {'-' if m == BASE else improve_cell(e)} | "
+            f"{'(the yardstick)' if m == BASE else word(e)} |"
+        )
+    return L
+
+
+def own_setting_table(reader: Reader) -> list[str]:
+    """Each run with an evaluation setting of its own, read there beside GRPO at the same setting."""
+    rows = [(m, st) for m in runs_of(reader.figures) if m != BASE and (st := own_setting(m))]
+    rows = [(m, st) for m, st in rows if reader.level(m, pass_key(1, st)) is not None]
+    if not rows:
+        return []
+    L = [
+        "At each run's own evaluation setting (whose: the last column), beside GRPO's runs evaluated there:",
+        "",
+        "| run | setting | held-out pass@1 [95% CI] | GRPO's there | minus GRPO's [95% CI] | P(beats GRPO) | verdict | whose setting |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m, st in rows:
+        key = pass_key(1, st)
+        e = reader.diff(m, BASE, key)
+        L.append(
+            f"| {NAMES[m]} | {setting_text(st)} | {pct(reader.level(m, key))} | {pct(reader.level(BASE, key))} | "
+            f"{diff_cell(e)} | {improve_cell(e)} | {word(e)} | {whose_setting(m)} |"
+        )
+    return L
+
+
+def rule_line(reader: Reader) -> str:
+    """How a verdict is reached, and the smallest difference this design tells apart."""
+    pairs = [(m, BASE, k) for m in runs_of(reader.figures) if m != BASE for k, _ in evaluations(m)]
+    pairs += [(a, b, k) for a, b in comparisons(reader.figures) for k, _ in evaluations(a)]
+    told = smallest_told(reader, pairs)
+    line = (
+        f"A verdict word is read off the {CONFIDENCE:.0%} interval of the difference, paired by seed and problem: "
+        "better or worse when it excludes zero, tied when it does not ([how](#how-it-was-run-and-read))."
+    )
+    if told:
+        line += (
+            f" This design tells a difference in pass@1 from zero when it exceeds the interval's half-width: "
+            f"{told[0]:.3f} at the median of the page's comparisons ({told[1]:.3f} to {told[2]:.3f})."
+        )
+    return line
+
+
+def claim_lines(reader: Reader) -> list[str]:
+    """One computed sentence per claim."""
+    L = []
+    for m, text, where, key, direction, est, v in claims(reader):
+        at = f", at {where}" if where else ""
+        what = details.key_name(key)
+        if est is None:
+            L.append(f"- **{NAMES[m]}**, {text}{at}: {v}: fewer than {MIN_SEEDS} seeds evaluated in both.")
+            continue
+        L.append(
+            f"- **{NAMES[m]}**, {text}{at}: **{v}**. {what[0].upper() + what[1:]} minus GRPO's: {est.text()} "
+            f"({direction} claimed; {est.seeds} seeds{f' x {est.problems} problems' if est.problems > 1 else ''})."
+        )
+    counts = {w: sum(c[-1] == w for c in claims(reader)) for w in (SUPPORTED, CONTRADICTED, UNDECIDED)}
+    L += [
+        "",
+        f"Of {sum(counts.values())} claims: {counts[SUPPORTED]} supported, {counts[CONTRADICTED]} contradicted, "
+        f"{counts[UNDECIDED]} not told apart from GRPO.",
+    ]
+    return L
+
+
+def comparison_table(reader: Reader) -> list[str]:
+    """Each method against its ablations and the baselines its paper compares with, at each evaluation."""
+    L = [
+        "| first | second | reads | evaluated at | first minus second [95% CI] | P(first beats second) | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for a, b in comparisons(reader.figures):
+        reads = (
+            "the rest of its settings"
+            if b == BASE
+            else "its paper's baseline"
+            if b in COMPARED_WITH.get(a, ())
+            else "the stabiliser"
+            if a in STABILISERS
+            else "the part left on"
+            if a in ABLATIONS
+            else "the idea"
+            if b == f"{a}-off"
+            else "the part turned off"
+        )
+        for key, where in evaluations(a if a not in ABLATIONS else ABLATIONS[a][0]):
+            e = reader.diff(a, b, key)
+            if e is not None:
+                L.append(
+                    f"| {NAMES[a]} | {NAMES[b]} | {reads} | {where} | {e.text()} | {improve_cell(e)} | {word(e)} |"
+                )
+    return L
+
+
+def ablation_section(reader: Reader, infos: dict) -> list[str]:
+    groups = ablation_groups(reader.figures)
+    if not groups:
+        return []
+    L = [
+        "## Each method against its ablations and its paper's baselines",
+        "",
+        "A method differs from GRPO in its idea and also in its other defaults (temperature, loss aggregation, "
+        "reward, weight decay: [Setup](#setup)). Each ablation runs the method's own script with the idea turned "
+        "off and every other flag kept: the method against it reads the idea alone, the ablation against GRPO the "
+        "rest. The ablations:",
+        "",
+    ]
+    for group in groups.values():
+        L += [f"- {NAMES[a]}: `{SCRIPT[a]} {' '.join(ABLATIONS[a][1])}`" for a in group]
+    L += [""] + comparison_table(reader) + ["", "What each method's accuracy against GRPO comes with:", ""]
+    for m in groups:
+        L += [f"- **{NAMES[m]}**"] + [f"  - {line}" for line in reading(m, reader, infos, BOOKKEEPING)]
+    return L + [""]
+
+
+def setup_section(reader: Reader, infos: dict, task: str) -> list[str]:
+    base = infos[BASE][min(infos[BASE])]
+    flags = base["flags"]
+    L = ["## How it was run and read", "", "### Setup", ""]
+    L.append(
+        f"- `--model {base['model']}`, {base['steps']} steps; {task}; {base['data']['train']} training problems, "
+        f"{base['data']['held_out']} held-out problems never trained on (`scripts/real_model_demo.py`'s data)."
+    )
+    L.append(
+        f"- Every run: `{' '.join(flags)}`: the same data, seeds and budget for all. The seeds: {seeds_text(infos)}."
+    )
+    L.append("- Each run keeps its own defaults otherwise; where they differ from GRPO's (GRPO's in brackets):")
+    L += ["  " + line for line in details.method_defaults(infos, BOOKKEEPING)]
+    n = flags[flags.index("--eval_n") + 1]
+    L.append(
+        f"- Every run is evaluated before its first step and after its last, {n} samples per held-out problem at "
+        f"T = {EVAL_TEMPERATURE}; pass@k is the unbiased estimator (Chen et al. 2021). The policy before training is "
+        "every run's: evaluated once per seed, in GRPO's run. After training each run is evaluated again at its "
+        "own evaluation setting, and at that of each method that reads it (GRPO at all of them), from its saved "
+        "model, with the same prompts and seed (greedy: one sample per problem). Whose each setting is:"
+    )
+    for m in runs_of(reader.figures):
+        if own := own_setting(m):
+            papers = "its paper's" if papers_setting(m) else "not its paper's"
+            L.append(f"  - {NAMES[m]}: {setting_text(own)}, {whose_setting(m)} ({papers}).")
+    L.append(
+        "- A held-out sample's confidence is its mean token log-prob under logits / T over the whole completion: "
+        "minus EGPO's entropy proxy (eq. 5, [algorithms/egpo.md](algorithms/egpo.md)). AUROC: the chance that a "
+        "right sample is more confident than a wrong one, ties 1/2, over a run's held-out samples."
+    )
+    L += ["- " + line for line in details.machine_lines(infos)] + [""]
+    return L
+
+
+def seeds_text(infos: dict) -> str:
+    """'0, 1, 2, 3, 4', and the runs with fewer named."""
+    every = sorted({s for runs in infos.values() for s in runs})
+    fewer = {m: sorted(runs) for m, runs in infos.items() if sorted(runs) != every}
+    line = ", ".join(map(str, every))
+    if fewer:
+        line += " (fewer: " + "; ".join(f"{NAMES[m]} {', '.join(map(str, ss))}" for m, ss in fewer.items()) + ")"
+    return line
+
+
+def statistics_section() -> list[str]:
+    return [
+        "### Statistics",
+        "",
+        "Runs of one seed share the data order and the starting policy, and every run is evaluated on the same "
+        "held-out problems: two runs are paired by seed, and a held-out figure by seed and problem. A held-out "
+        f"difference's {CONFIDENCE:.0%} interval is `scipy.stats.bootstrap`'s ({METHOD}, {N_RESAMPLES:,} draws, "
+        f"generator seed {RNG_SEED}) over the seeds both runs have: each draw takes seeds and problems with "
+        "replacement, independently, and averages the paired differences over them, so the interval covers the "
+        "training's seed-to-seed variation and the choice of problems; a run's own pass@1 interval is drawn the "
+        "same way. A figure of the training (entropy, advantage variance, AUROC, time per step: one number a run) "
+        "gets the paired t-interval over seeds (`scipy.stats.ttest_rel`): a bootstrap over a handful of numbers "
+        "would be narrower than they allow. P(beats) is rliable's probability of improvement (Agarwal et al., "
+        "NeurIPS 2021): the chance that a run of the first beats a run of the second on a problem, ties 1/2, "
+        f"averaged over problems. A comparison needs {MIN_SEEDS} seeds in both runs. With five seeds a percentile "
+        "bootstrap still sees the seeds' spread through five numbers: an interval that only just excludes zero is "
+        "a weak verdict. Code: `scripts/comparison/stats.py`.",
+        "",
+    ]
+
+
+def page(figures: dict, infos: dict, task: str) -> str:
+    reader = Reader(figures)
+    L = [
+        "# The methods and baselines side by side on a real model",
+        "",
+        "Written by `python scripts/compare_real.py` from the runs stored in [real_compare/](real_compare/) "
+        "(`--render_only` writes it again from them). Figure: [compare_real.png](compare_real.png).",
+        "",
+        "## Which method",
+        "",
+        f"Held-out pass@1 after training, at T = {EVAL_TEMPERATURE} for every run:",
+        "",
+        *verdict_table(reader, infos),
+        "",
+        *own_setting_table(reader),
+        "",
+        rule_line(reader),
+        "",
+        "## The papers' claims",
+        "",
+        *claim_lines(reader),
+        "",
+        *ablation_section(reader, infos),
+        *details.mechanism_sections(reader, infos),
+        *details.detail_sections(reader, infos),
+        *setup_section(reader, infos, task),
+        *statistics_section(),
+        *details.scale_section(reader, infos),
+    ]
+    return "\n".join(L)
+
+
+def readme_block(figures: dict, infos: dict, docs: str = "docs") -> str:
+    """The README's lines: the verdict table and the links."""
+    L = [f"[{docs}/{PAGE}]({docs}/{PAGE}) (figure: [{docs}/{FIGURE}]({docs}/{FIGURE})):", ""]
+    if figures:
+        reader = Reader(figures)
+        L += verdict_table(reader, infos) + ["", rule_line(reader).replace("](#", f"]({docs}/{PAGE}#")]
+    return "\n".join(L)
+
+
+def method_block(m: str, figures: dict, infos: dict) -> str:
+    """A method page's lines: its comparisons, and where the rest is."""
+    reader = Reader(figures)
+    rows = [line for line in comparison_table(reader)[2:] if line.startswith(f"| {NAMES[m]} ")]
+    whole = [
+        f"| {NAMES[m]} | GRPO | the whole method | {where} | {diff_cell(e)} | {improve_cell(e)} | {word(e)} |"
+        for key, where in evaluations(m)
+        if (e := reader.diff(m, BASE, key)) is not None
+    ]
+    base = infos[BASE][min(infos[BASE])]
+    return "\n".join(
+        [
+            f"On `--model {base['model']}`, {base['steps']} steps ([results_real.md](../{PAGE}), the runs in "
+            f"[real_compare/](../{STORE}/)):",
+            "",
+            *comparison_table(reader)[:2],
+            *whole,
+            *rows,
+        ]
+    )

@@ -1,0 +1,176 @@
+"""Running the grid: each (run, seed) trained by its own script and stored with what the page reads, then evaluated
+at the settings it is read at. Resumable: a stored run is kept; a run cut short is started over.
+
+The store, one folder per run (<store>/<run>-seed<S>/): metrics.jsonl (the run's own log), eval_samples.jsonl (each
+held-out sample's correctness and confidence, per evaluation), run.json (its settings, flags, machine, wall time and
+evaluations; written last, the mark of a finished run)."""
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common.evaluation import RECORDS_FILE
+from common.jsonl import read_jsonl, write_jsonl
+from scripts.comparison.grid import (
+    BASE,
+    BENCH,
+    EVAL_TEMPERATURE,
+    FLAGS,
+    SCRIPT,
+    eval_settings,
+    label,
+    samples_at,
+    setting_text,
+    settings,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_FILE, METRICS_FILE, SAMPLES_FILE = "run.json", "metrics.jsonl", "eval_samples.jsonl"
+# Flags that name this machine's paths or the run's bookkeeping, not what is trained: not stored.
+LOCAL_FLAGS = {"dataset", "eval_benchmarks", "output_dir", "overwrite", "resume", "seed"}
+
+
+def sample_lines(folder: Path, when: str) -> list[dict]:
+    """An evaluation's records as the stored samples: whether each was right, and its confidence."""
+    return [
+        {
+            "eval": when,
+            "index": rec["index"],
+            "correct": [int(c) for c in rec["correct"]],
+            "confidence": [None if c is None else round(c, 6) for c in rec["mean_logprob"]],
+        }
+        for rec in read_jsonl(folder / RECORDS_FILE)
+    ]
+
+
+def run_one(run: str, seed: int, model: str, steps: int, data: tuple[Path, Path], runs: Path, store: Path) -> None:
+    """Train one (run, seed) from scratch and store what the page needs; run.json last, as the mark of a finished
+    run. The run's model stays in its directory under `runs` for the evaluations at other settings."""
+    train, held_out = data
+    want = settings(run, seed, model, steps)
+    run_dir = runs / f"{run}-seed{seed}"
+    cmd = [sys.executable, SCRIPT[run], "--model", model, "--steps", str(steps), "--seed", str(seed)]
+    cmd += [*want["flags"], "--dataset", str(train), "--eval_benchmarks", f"{BENCH}={held_out}"]
+    cmd += ["--output_dir", str(run_dir), "--overwrite"]
+    print(f"== {run}, seed {seed}: {' '.join(cmd[1:])}", flush=True)
+    start = time.monotonic()
+    if (code := subprocess.run(cmd, cwd=ROOT).returncode) != 0:
+        raise SystemExit(
+            f"error: {SCRIPT[run]}, seed {seed}, failed (exit {code}; its output is above): run the command again to "
+            "start that run over; the stored runs are kept"
+        )
+    wall_s = time.monotonic() - start
+    out = store / run_dir.name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    shutil.copyfile(run_dir / METRICS_FILE, out / METRICS_FILE)
+    lines = []
+    if run != BASE:  # the same seed's BASE run (run first) evaluated the policy before training
+        lines = [r for r in read_jsonl(store / f"{BASE}-seed{seed}" / SAMPLES_FILE) if r["eval"] == "before"]
+    else:
+        lines += sample_lines(run_dir / "eval-step-0", "before")
+    lines += sample_lines(run_dir, "after")
+    write_jsonl(lines, out / SAMPLES_FILE)
+    config = json.loads((run_dir / "run_config.json").read_text())
+    flags = {k: v for k, v in config["flags"].items() if k not in LOCAL_FLAGS}
+    sizes = {"train": len(read_jsonl(train)), "held_out": len(read_jsonl(held_out))}
+    info = want | {"data": sizes, "script_flags": flags, "wall_s": round(wall_s, 1)}
+    info["machine"] = config["history"][0].get("machine")  # CPU, bf16 units, threads, load at start, precision
+    (out / RUN_FILE).write_text(json.dumps(info, indent=1) + "\n")
+    for checkpoint in run_dir.glob("checkpoint-*"):  # the exported model/ stays, for the other evaluations
+        shutil.rmtree(checkpoint)
+
+
+def evaluate_at(run: str, seed: int, setting: tuple, held_out: Path, runs: Path, store: Path) -> None:
+    """Evaluate a stored run's trained model (kept in its run directory) at a setting, as the run evaluated it at
+    T = EVAL_TEMPERATURE (the same prompts, length and seed; one sample when greedy); the samples join the stored
+    ones under their label, and run.json records the setting. An evaluation already in the run directory (a call cut
+    short before storing it) is taken: the directory is deleted whenever its run is trained again."""
+    run_dir, out = runs / f"{run}-seed{seed}", store / f"{run}-seed{seed}"
+    folder = run_dir / "eval-T{}-p{}".format(*setting)
+    n = samples_at(setting)
+    cmd = [sys.executable, "-m", "tools.evaluate", "--model", str(run_dir), "--benchmarks", f"{BENCH}={held_out}"]
+    cmd += ["--n", str(n), "--temperature", str(setting[0]), "--top_p", str(setting[1]), "--seed", str(seed)]
+    cmd += ["--max_tokens", FLAGS[FLAGS.index("--max_completion_len") + 1], "--output_dir", str(folder)]
+    if (folder / RECORDS_FILE).is_file():
+        print(f"== {run}, seed {seed}: evaluated at {setting_text(setting)} in {folder}, taken", flush=True)
+    else:
+        print(f"== {run}, seed {seed}: evaluated at {setting_text(setting)}: {' '.join(cmd[1:])}", flush=True)
+        if (code := subprocess.run(cmd, cwd=ROOT).returncode) != 0:
+            raise SystemExit(
+                f"error: evaluating {run_dir} failed (exit {code}; its output is above): run the command again"
+            )
+    lines = [r for r in read_jsonl(out / SAMPLES_FILE) if r["eval"] != label(setting)]
+    lines += sample_lines(folder, label(setting))
+    write_jsonl(lines, out / SAMPLES_FILE)
+    info = json.loads((out / RUN_FILE).read_text())
+    evals = info.setdefault("evals", {})
+    evals[label(setting)] = {"temperature": setting[0], "top_p": setting[1], "n": n}
+    (out / RUN_FILE).write_text(json.dumps(info, indent=1) + "\n")
+
+
+def rerun(before: list[dict], after: list[dict]) -> str:
+    """A rerun's held-out samples against the stored run's, in words: whether each sample is right or wrong as
+    before, and how far its confidence moved (the CPU's float reductions need not repeat to the last bit)."""
+    total = sum(len(r["correct"]) for r in before)
+    if [r["correct"] for r in after] != [r["correct"] for r in before]:
+        differ = sum(a != b for x, y in zip(after, before) for a, b in zip(x["correct"], y["correct"]))
+        return f"OTHER answers than the stored run in {differ} of {total} samples (now replaced)"
+    moved = [
+        abs(a - b)
+        for x, y in zip(after, before)
+        for a, b in zip(x["confidence"], y["confidence"])
+        if None not in (a, b)
+    ]
+    return f"the same answers, right and wrong, in all {total} samples; confidence within {max(moved, default=0):.1e}"
+
+
+def evaluate_missing(run: str, seed: int, grid: list, model: str, steps: int, data: tuple, runs: Path, store: Path):
+    """The settings a stored run lacks, evaluated on its kept model. A run whose model is gone (made before these
+    evaluations, or on another machine) is trained again first, and then evaluated at every setting, so that all its
+    samples come from one model: seeded, it is the same run up to the CPU's float rounding, which the check of its
+    samples at T = EVAL_TEMPERATURE against the stored ones shows (rerun)."""
+    name = f"{run}-seed{seed}"
+    done = json.loads((store / name / RUN_FILE).read_text()).get("evals", {})
+    missing = [s for s in eval_settings(run, grid) if label(s) not in done]
+    if missing and not (runs / name / "model").is_dir():
+        print(f"== {run}, seed {seed}: its model is not in {runs / name}: trained again to evaluate it", flush=True)
+        before = [r for r in read_jsonl(store / name / SAMPLES_FILE) if r["eval"] == "after"]
+        run_one(run, seed, model, steps, data, runs, store)
+        after = [r for r in read_jsonl(store / name / SAMPLES_FILE) if r["eval"] == "after"]
+        print(f"== {run}, seed {seed}: trained again; its evaluation at T = {EVAL_TEMPERATURE}: {rerun(before, after)}")
+        missing = eval_settings(run, grid)
+    for setting in missing:
+        evaluate_at(run, seed, setting, data[1], runs, store)
+
+
+def check_stored(path: Path, run: str, seed: int, model: str, steps: int) -> None:
+    """A stored run made with other settings than asked is refused, naming the fix."""
+    want = settings(run, seed, model, steps)
+    stored = {k: v for k, v in json.loads(path.read_text()).items() if k in want}
+    if stored != want:
+        raise SystemExit(
+            f"error: {path.parent} was run with other settings ({stored} here, {want} now): pass --fresh to run "
+            "every method again, or --out another folder"
+        )
+
+
+def run_all(grid: list, seeds: list, model: str, steps: int, runs: Path, store: Path) -> None:
+    """Every (run, seed) of the grid whose result is not stored yet, seed by seed (a comparison cut short has every
+    run of its first seeds), each then evaluated at the settings it is read at."""
+    from scripts.real_model_demo import write_data
+
+    data = write_data(runs / "data")
+    for seed in seeds:
+        for run in grid:
+            done = store / f"{run}-seed{seed}" / RUN_FILE
+            if done.is_file():
+                check_stored(done, run, seed, model, steps)
+                print(f"== {run}, seed {seed}: stored in {done.parent}, skipped")
+            else:
+                run_one(run, seed, model, steps, data, runs, store)
+            evaluate_missing(run, seed, grid, model, steps, data, runs, store)

@@ -1,0 +1,161 @@
+"""The comparisons the page reads, each a paired estimate (stats.py) over the seeds both runs have: a run against
+GRPO, a method against its ablations and its paper's baselines, and each paper's claims."""
+
+import numpy as np
+
+from scripts.comparison.grid import (
+    ABLATIONS,
+    BASE,
+    CLAIMS,
+    COMPARED_WITH,
+    EVAL_TEMPERATURE,
+    METHODS,
+    P1,
+    STABILISERS,
+    method_of,
+    own_setting,
+    pass_key,
+    setting_text,
+)
+from scripts.comparison.stats import HIGHER, LOWER, Estimate, grid_mean, paired_problems, paired_seeds
+
+SUPPORTED, CONTRADICTED, UNDECIDED = "supported", "contradicted", "not told apart"
+MIN_SEEDS = 3  # fewer seeds in both runs: not compared (2 seeds give a bootstrap 3 distinct draws of them)
+
+
+class Reader:
+    """The page's estimates from the runs' figures ({run: {seed: figures}}), each computed once."""
+
+    def __init__(self, figures: dict):
+        self.figures = figures
+        self._cache = {}
+
+    def seeds(self, key: str, *runs: str) -> list:
+        """The seeds every one of `runs` has `key` at (evaluated there, or logged it)."""
+        have = [{s for s, f in self.figures.get(r, {}).items() if f.get(key) is not None} for r in runs]
+        return sorted(set.intersection(*have)) if have else []
+
+    def level(self, run: str, key: str = P1) -> Estimate | None:
+        """A run's held-out figure, its mean over seeds and problems with its interval; None if not evaluated."""
+        if (run, key) not in self._cache:
+            seeds = self.seeds(key, run)
+            table = [self.figures[run][s][f"{key}_problems"] for s in seeds]
+            self._cache[(run, key)] = grid_mean(np.array(table)) if seeds else None
+        return self._cache[(run, key)]
+
+    def diff(self, a: str, b: str, key: str = P1) -> Estimate | None:
+        """a - b over the seeds both have it (paired by seed, and by problem for a held-out figure); None under
+        MIN_SEEDS seeds."""
+        if (a, b, key) not in self._cache:
+            seeds = self.seeds(key, a, b)
+            est = None
+            if len(seeds) >= MIN_SEEDS:
+                per_problem = f"{key}_problems" in self.figures[a][seeds[0]]
+                vals = [[self.figures[r][s][f"{key}_problems" if per_problem else key] for s in seeds] for r in (a, b)]
+                est = paired_problems(*map(np.array, vals)) if per_problem else paired_seeds(*vals)
+            self._cache[(a, b, key)] = est
+        return self._cache[(a, b, key)]
+
+
+def claim_word(est: Estimate | None, direction: str) -> str:
+    """A claim's verdict: supported when the interval excludes zero on the claimed side, contradicted on the other."""
+    if est is None or est.word not in (HIGHER, LOWER):
+        return UNDECIDED
+    return SUPPORTED if (est.word == HIGHER) == (direction == "higher") else CONTRADICTED
+
+
+def evaluations(run: str) -> list[tuple[str, str]]:
+    """(figure, in words) of each held-out pass@1 a run is read by: at T = EVAL_TEMPERATURE, and at its own
+    evaluation setting when it has one."""
+    out = [(P1, f"T = {EVAL_TEMPERATURE}")]
+    if own := own_setting(run):
+        out.append((pass_key(1, own), setting_text(own)))
+    return out
+
+
+def claims(reader: Reader) -> list[tuple]:
+    """(method, claim, where, figure key, direction, estimate against GRPO, verdict) of the stored methods; an
+    accuracy claim at T = EVAL_TEMPERATURE and again at the method's own evaluation setting."""
+    out = []
+    for m, text, key, direction in CLAIMS:
+        if m not in reader.figures:
+            continue
+        for k, where in evaluations(m) if key == P1 else [(key, "")]:
+            est = reader.diff(m, BASE, k)
+            out.append((m, text, where, k, direction, est, claim_word(est, direction)))
+    return out
+
+
+def ablation_groups(figures: dict) -> dict:
+    """{method: [its ablation with the whole idea off, its other stored ablations and stabilisers]} of the methods
+    whose whole ablation is stored."""
+    return {
+        m: [f"{m}-off"] + [a for a, (of, _, _) in ABLATIONS.items() if of == m and a in figures and a != f"{m}-off"]
+        for m in METHODS
+        if m in figures and f"{m}-off" in figures
+    }
+
+
+def comparisons(figures: dict) -> list[tuple[str, str]]:
+    """(first, second) of each comparison a method is read by, besides GRPO: the method against each of its
+    ablations (the idea), the whole ablation against GRPO (the rest of its settings), a partial ablation against
+    the whole one, and the method against each baseline its paper compares with."""
+    out = []
+    for m, group in ablation_groups(figures).items():
+        full, *others = group
+        out += [(m, full), (full, BASE)]
+        out += [(m, a) for a in others] + [(a, full) for a in others if a not in STABILISERS]
+    out += [(m, b) for m, bs in COMPARED_WITH.items() if m in figures for b in bs if b in figures]
+    return out
+
+
+def other_settings(m: str, infos: dict, bookkeeping: set) -> str:
+    """The flags in which a method's own defaults differ from GRPO's (its idea's flags and the comparison's
+    bookkeeping left out): what an ablation keeps and GRPO does not."""
+    base, flags = (infos[r][min(infos[r])]["script_flags"] for r in (BASE, m))
+    diff = [f"--{k} {flags[k]}" for k in flags if k in base and flags[k] != base[k] and k not in bookkeeping]
+    return ", ".join(diff) or "none"
+
+
+def part_said(est: Estimate | None) -> str:
+    """An estimate of a part's effect on accuracy, in words: 'costs accuracy (-0.112 [-0.169, -0.050])'."""
+    if est is None:
+        return f"not compared (fewer than {MIN_SEEDS} seeds in both)"
+    verb = {HIGHER: "gains accuracy", LOWER: "costs accuracy"}.get(est.word, "is not told apart from zero")
+    return f"{verb} ({est.text()})"
+
+
+def reading(m: str, reader: Reader, infos: dict, bookkeeping: set) -> list[str]:
+    """One short sentence per evaluation on what a method's accuracy against GRPO comes with: the idea (the
+    method against its whole ablation) and the rest of its settings (that ablation against GRPO)."""
+    full = ablation_groups(reader.figures)[m][0]
+    rest = other_settings(method_of(m), infos, bookkeeping)
+    lines = []
+    for key, where in evaluations(m):
+        whole = reader.diff(m, BASE, key)
+        said = f"against GRPO {whole.text()}" if whole else "against GRPO not compared"
+        lines.append(
+            f"At {where}, {said}: the idea (against {ABLATIONS[full][2]}) {part_said(reader.diff(m, full, key))}; "
+            f"the rest of its settings ({rest}) {part_said(reader.diff(full, BASE, key))}."
+        )
+    return lines
+
+
+def fell(reader: Reader, runs: list) -> list[tuple[str, int, float, float]]:
+    """(run, seed, before, after) of each run whose held-out pass@1 after training is below the same seed's before."""
+    out = []
+    for m in runs:
+        for seed, f in reader.figures[m].items():
+            before = reader.figures[BASE].get(seed, {}).get("pass1_before")
+            if before is not None and f[P1] < before:
+                out.append((m, seed, before, f[P1]))
+    return out
+
+
+def smallest_told(reader: Reader, pairs: list[tuple[str, str, str]]) -> tuple[float, float, float] | None:
+    """(median, lowest, highest) half-width of the 95% intervals of held-out pass@1 differences among `pairs`
+    ((a, b, key)): a difference smaller than its half-width is not told from zero by this design."""
+    widths = sorted(e.half_width for a, b, k in pairs if (e := reader.diff(a, b, k)) is not None)
+    if not widths:
+        return None
+    return float(np.median(widths)), widths[0], widths[-1]

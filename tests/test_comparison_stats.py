@@ -1,0 +1,133 @@
+"""scripts/comparison/stats.py and verdicts.py: the paired intervals the comparison's verdicts come from, checked
+against their definitions on synthetic runs (no training here)."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+from train_utils import ROOT
+
+SPEC = importlib.util.spec_from_file_location("compare_real", ROOT / "scripts" / "compare_real.py")
+compare = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(compare)  # puts the repository root on sys.path: scripts.comparison imports below
+
+from scripts.comparison import stats, verdicts  # noqa: E402
+from scripts.comparison.grid import BASE, P1  # noqa: E402
+
+
+def crossed_bootstrap(d: np.ndarray, draws: int, seed: int) -> tuple[float, float]:
+    """The oracle: seeds and problems drawn with replacement, independently, the mean of the paired differences
+    over the drawn grid; the 2.5th and 97.5th percentiles."""
+    rng = np.random.default_rng(seed)
+    S, J = d.shape
+    means = [d[rng.integers(0, S, S)][:, rng.integers(0, J, J)].mean() for _ in range(draws)]
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def test_the_interval_is_the_crossed_bootstrap_of_seeds_and_problems():
+    rng = np.random.default_rng(1)
+    a = rng.random((5, 100)) + rng.normal(0, 0.1, (5, 1))  # a seed effect shared by every problem
+    b = rng.random((5, 100))
+    est = stats.paired_problems(a, b)
+    assert est.value == pytest.approx((a - b).mean()) and (est.seeds, est.problems) == (5, 100)
+    low, high = crossed_bootstrap(a - b, 4000, 2)
+    assert est.low == pytest.approx(low, abs=0.01) and est.high == pytest.approx(high, abs=0.01)
+
+
+def test_a_seed_effect_widens_the_interval_and_resampling_problems_alone_would_miss_it():
+    """Seeds that move every problem together: the interval must carry that spread (it resamples seeds)."""
+    rng = np.random.default_rng(0)
+    noise = rng.normal(0, 0.2, (5, 100))
+    flat = stats.grid_mean(noise)
+    shifted = stats.grid_mean(noise + np.array([[-0.2], [-0.1], [0.0], [0.1], [0.2]]))
+    assert shifted.half_width > 2 * flat.half_width
+
+
+def test_constant_differences_give_the_value_itself():
+    est = stats.paired_problems(np.full((3, 4), 0.75), np.full((3, 4), 0.5))
+    assert (est.value, est.low, est.high, est.word) == (0.25, 0.25, 0.25, stats.HIGHER)
+    same = stats.paired_problems(np.full((3, 4), 0.5), np.full((3, 4), 0.5))
+    assert same.word == stats.TIED and same.improve == 0.5
+
+
+def test_probability_of_improvement_is_rliables_mann_whitney_over_runs_averaged_over_problems():
+    a = np.array([[1.0, 0.0], [1.0, 0.5], [1.0, 0.0]])
+    b = np.array([[0.0, 0.0], [0.0, 0.5], [0.0, 0.0]])
+    # Problem 0: every run of a beats every run of b (1); problem 1: of the 9 pairs, (0.5 vs 0) twice wins,
+    # (0 vs 0.5) twice loses, the other 5 tie: (2 + 5 / 2) / 9 = 0.5. Mean: 0.75.
+    assert stats.paired_problems(a, b).improve == pytest.approx(0.75)
+
+
+def test_a_figure_of_the_training_gets_the_paired_t_interval():
+    from scipy.stats import ttest_rel
+
+    a, b = [0.30, 0.35, 0.32, 0.28, 0.31], [0.40, 0.45, 0.41, 0.39, 0.42]
+    est = stats.paired_seeds(a, b)
+    low, high = ttest_rel(a, b).confidence_interval(0.95)
+    assert (est.low, est.high) == pytest.approx((low, high)) and est.word == stats.LOWER and est.problems == 1
+    assert stats.paired_seeds([0.5, 0.6], [0.4, 0.5]).low == pytest.approx(0.1)  # no spread: the value
+
+
+def test_estimate_words_and_text():
+    e = stats.Estimate(-0.112, -0.169, -0.05, 5, 100)
+    assert e.word == "lower" and e.text() == "-0.112 [-0.169, -0.050]" and e.half_width == pytest.approx(0.0595)
+    assert stats.Estimate(0.01, -0.02, 0.04, 5, 100).word == stats.TIED
+
+
+@pytest.mark.parametrize(
+    "low, high, direction, says",
+    [
+        (0.01, 0.05, "higher", "supported"),
+        (-0.05, -0.01, "higher", "contradicted"),
+        (-0.05, -0.01, "lower", "supported"),
+        (-0.01, 0.05, "higher", "not told apart"),
+        (0.0, 0.05, "higher", "not told apart"),  # touching zero is not excluding it
+    ],
+)
+def test_a_claims_verdict_is_its_interval_against_the_claimed_side(low, high, direction, says):
+    assert verdicts.claim_word(stats.Estimate((low + high) / 2, low, high, 5, 100), direction) == says
+    assert verdicts.claim_word(None, direction) == "not told apart"
+
+
+def figures_of(p1: dict, problems: int = 20, seed: int = 0) -> dict:
+    """{run: {seed: figures}} with per-problem held-out pass@1 near the given per-seed means (8 samples each)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for run, means in p1.items():
+        out[run] = {}
+        for s, m in enumerate(means):
+            per = list(rng.binomial(8, m, problems) / 8)
+            out[run][s] = {f"{P1}_problems": per, P1: float(np.mean(per)), "pass1_before": 0.2}
+    return out
+
+
+def test_a_run_is_compared_on_the_seeds_both_have_and_needs_three():
+    figs = figures_of({BASE: [0.5, 0.5, 0.5, 0.5], "egpo": [0.2, 0.2, 0.2, 0.2]})
+    reader = verdicts.Reader(figs)
+    est = reader.diff("egpo", BASE)
+    assert est.seeds == 4 and est.word == stats.LOWER and est.value < -0.2
+    del figs["egpo"][3], figs["egpo"][2]
+    assert verdicts.Reader(figs).diff("egpo", BASE) is None  # 2 seeds: not compared
+    assert verdicts.Reader(figs).level("egpo").seeds == 2  # a run's own level needs no pair
+
+
+def test_the_reading_names_each_part_with_its_interval():
+    figs = figures_of({BASE: [0.6] * 3, "cw_grpo": [0.2] * 3, "cw_grpo-off": [0.4] * 3})
+    infos = {
+        m: {s: {"script_flags": {"temperature": t, "cw": m == "cw_grpo"}} for s in range(3)}
+        for m, t in ((BASE, 1.0), ("cw_grpo", 0.7), ("cw_grpo-off", 0.7))
+    }
+    infos[BASE] = {s: {"script_flags": {"temperature": 1.0}} for s in range(3)}
+    line = verdicts.reading("cw_grpo", verdicts.Reader(figs), infos, set())[0]
+    assert line.startswith("At T = 1.0, against GRPO -0.")
+    assert "the idea (against the kernel off) costs accuracy (-0." in line
+    assert "the rest of its settings (--temperature 0.7) costs accuracy (-0." in line
+    assert verdicts.reading("cw_grpo", verdicts.Reader(figs), infos, set())[1].startswith(
+        "At T = 0.6, top-p 0.95, against GRPO not compared"
+    )
+
+
+def test_only_runs_that_end_strictly_below_their_start_have_fallen():
+    """A run whose held-out pass@1 stays where it started has not gained, and has not fallen either."""
+    figs = {BASE: {0: {P1: 0.0, "pass1_before": 0.0}}, "egpo": {0: {P1: 0.0}}, "cw_grpo": {0: {P1: -0.1}}}
+    assert verdicts.fell(verdicts.Reader(figs), [BASE, "egpo", "cw_grpo"]) == [("cw_grpo", 0, 0.0, -0.1)]
