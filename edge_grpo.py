@@ -166,7 +166,7 @@ INJECTION = (
 
 def check_gec_data(rows: list[dict], gec: str) -> None:
     """Full GEC injects the gold answer and swaps in the reference solution: every problem needs both."""
-    no_solution, no_answer = (sum(not (r[k] or "").strip() for r in rows) for k in ("solution", "answer"))
+    no_solution, no_answer = (sum(not (row[k] or "").strip() for row in rows) for k in ("solution", "answer"))
     require(
         gec != "full" or no_solution == no_answer == 0,  # reflection only needs no solution
         f"--gec full needs a reference solution and an answer for every problem, but {no_solution} of {len(rows)} rows lack a solution "
@@ -238,7 +238,7 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
     may be wider (the whole batch's C) and are cut to C; adv: [n] or [n, C]. num_seqs / num_tokens:
     this rank's share of the mini-batch's sequences / tokens (the global count / the ranks), so
     that the micro-batches' losses, summed and averaged over ranks, are exactly the mini-batch's.
-    --tis_cap C > 0: each token's surrogate is weighted by min(pi_old / pi_rollout, C).
+    --tis_cap > 0: each token's surrogate is weighted by min(pi_old / pi_rollout, tis_cap).
     Returns the loss and token sums for the step's metrics (0-dim tensors, left on the device).
     """
     C = logp.shape[1]
@@ -278,18 +278,18 @@ def old_logprobs(trainer, batch: dict, args: Args) -> dict:
     with torch.no_grad():
         for idx in trainer.micro_batch_plan(batch, list(range(len(batch["input_ids"])))):
             mb = select(batch, idx, trainer.layout)
-            r = mb["rows"][: len(idx)]  # on the device (a list index would be a blocking copy); none if idx is empty
+            at = mb["rows"][: len(idx)]  # on the device (a list index would be a blocking copy); none if idx is empty
             C = mb["completion_mask"].shape[1]
             ids, attn = mb["input_ids"], mb["attention_mask"]
             logp, ent = sequence_logprobs(
                 trainer.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True, layout=mb["layout"]
             )
-            out["logp"][r, :C], out["entropy"][r, :C] = logp[: len(idx)], ent[: len(idx)]
+            out["logp"][at, :C], out["entropy"][at, :C] = logp[: len(idx)], ent[: len(idx)]
             if trainer.ref_model is not None:
                 ref_logp, _ = sequence_logprobs(
                     trainer.ref_model, ids, attn, args.temperature, logits_to_keep=C, layout=mb["layout"]
                 )
-                out["ref_logp"][r, :C] = ref_logp[: len(idx)]
+                out["ref_logp"][at, :C] = ref_logp[: len(idx)]
     return out
 
 
@@ -306,12 +306,14 @@ def update(trainer, batch: dict, old: dict, advantages: torch.Tensor, args: Args
     for _ in range(args.mu):
         order = torch.randperm(n).tolist() if args.num_minibatches > 1 else list(range(n))
         for first in range(0, n, size):
-            rows = order[first : first + size]
-            num_tokens = global_sum(trainer.accelerator, sum(batch["completion_lens"][r] for r in rows)) / trainer.world
-            plan, local = trainer.micro_batch_plan(batch, [r for r in rows if live[r]]), Counter()
+            minibatch = order[first : first + size]  # rows of the batch
+            num_tokens = (
+                global_sum(trainer.accelerator, sum(batch["completion_lens"][i] for i in minibatch)) / trainer.world
+            )
+            plan, local = trainer.micro_batch_plan(batch, [i for i in minibatch if live[i]]), Counter()
             for i, idx in enumerate(plan):
                 mb = select(batch, idx, trainer.layout)
-                r = mb["rows"]
+                at = mb["rows"]  # the micro-batch's rows of the batch, on the device
                 with trainer.accumulate(last=i == len(plan) - 1):
                     C = mb["completion_mask"].shape[1]
                     ids, attn, mask = mb["input_ids"], mb["attention_mask"], mb["completion_mask"]
@@ -319,18 +321,18 @@ def update(trainer, batch: dict, old: dict, advantages: torch.Tensor, args: Args
                         trainer.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=args.eda_entropy_grad,
                         layout=mb["layout"],
                     )  # fmt: skip
-                    adv = advantages[r]
+                    adv = advantages[at]
                     if (
                         args.eda_entropy_grad
                     ):  # the authors' code: P_i from this very pass, with its gradient through 1 / P_i
                         adv = (
                             adv
-                            * masked_mean(old["entropy"][r], batch["completion_mask"][r], dim=-1).clamp(min=1e-6)
+                            * masked_mean(old["entropy"][at], batch["completion_mask"][at], dim=-1).clamp(min=1e-6)
                             / masked_mean(ent, mask, dim=-1).clamp(min=1e-6)
                         )
                     loss, stats = policy_loss(
-                        logp, old["logp"][r], adv, mb["completion_mask"], args, len(rows), num_tokens,
-                        old["ref_logp"][r], batch["rollout_logp"][r],
+                        logp, old["logp"][at], adv, mb["completion_mask"], args, len(minibatch), num_tokens,
+                        old["ref_logp"][at], batch["rollout_logp"][at],
                     )  # fmt: skip
                     trainer.accelerator.backward(loss)
                 local.update(stats | {"loss": loss.detach()})
@@ -353,7 +355,7 @@ def step_metrics(
     capped = (old["logp"] - rollout_logp).exp().nan_to_num(nan=1.0) >= tis_cap if tis_cap > 0 else 0 * mask
     tok = {"entropy": (old["entropy"] * mask).sum(), "mask": mask.sum(), "tis_capped": (capped * mask).sum()}
     tok = global_sum(trainer.accelerator, tok)
-    per_token = lambda k, n="tokens": sums[k] / max(sums[n], 1)  # noqa: E731
+    token_mean = lambda k, n="tokens": sums[k] / max(sums[n], 1)  # a sum over tokens, per token
     return {
         "train/reward": scores.reward.mean(),
         "train/accuracy": scores.accuracy.mean(),
@@ -366,10 +368,10 @@ def step_metrics(
             (rollout_logp.nan_to_num() - old["logp"]).abs(), mask * rollout_logp.isfinite()
         ),
         "train/grad_norm": sums["grad_norm"],
-        "train/clip_frac_low": per_token("clip_low", "batch_tokens"),  # a flat row's tokens are never clipped
-        "train/clip_frac_high": per_token("clip_high", "batch_tokens"),
-        "train/approx_kl": per_token("approx_kl"),
-        "train/kl_ref": per_token("kl_ref") if "kl_ref" in sums else float("nan"),  # --beta 0: no reference (null)
+        "train/clip_frac_low": token_mean("clip_low", "batch_tokens"),  # a flat row's tokens are never clipped
+        "train/clip_frac_high": token_mean("clip_high", "batch_tokens"),
+        "train/approx_kl": token_mean("approx_kl"),
+        "train/kl_ref": token_mean("kl_ref") if "kl_ref" in sums else float("nan"),  # --beta 0: no reference (null)
         "train/tis_capped_frac": tok["tis_capped"] / max(tok["mask"], 1),
         "train/loss": sums["loss"] / sums["optimizer_steps"],
         "train/skipped_steps": sums["skipped"],
@@ -379,8 +381,7 @@ def step_metrics(
 
 
 def main(args: Args, run: RunFlags) -> None:
-    """1. Set up: the spec of what is trained, then the session's parts (common/session.py): the trainer, the
-    rollout side (engine, prompts), the rewards (verifier), the run's I/O (log, checkpoints, health).
+    """1. Set up: the spec of what is trained; the session's trainer, rollout, rewards and I/O (common/session.py).
     Then each step:
     2. Rollout: G completions per prompt from pi_old.
     3. Rewards.
@@ -396,10 +397,9 @@ def main(args: Args, run: RunFlags) -> None:
         spec_from(
             args, optimizer=partial(torch.optim.AdamW, lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay),
             optimizer_steps_per_step=args.mu * args.num_minibatches, reference_model=args.beta > 0,
-            check_data=partial(check_gec_data, gec=args.gec),
+            check_data=partial(check_gec_data, gec=args.gec), extra_context_flags=" + GEC's reflection and --gec_max_new_tokens",
             # GEC continues prompt + completion + REFLECTION (at most one token per character) by --gec_max_new_tokens.
             extra_context=0 if args.gec == "off" else len(REFLECTION) + args.gec_max_new_tokens,
-            extra_context_flags=" + GEC's reflection and --gec_max_new_tokens",
         ),
         run, flag_record(args, run),
     )  # fmt: skip
@@ -407,30 +407,28 @@ def main(args: Args, run: RunFlags) -> None:
     with s:  # closed on any exit: the closing line after the last step, the bar's end before an error
         for step in s.steps():  # ends early, after saving a checkpoint, on SIGTERM / Ctrl-C
             timer = s.timer()
-            rows = s.rollout.sampler.next_batch()
+            prompt_rows = s.rollout.sampler.next_batch()
 
             # 2. Rollout: G completions per prompt from pi_old; one seed per prompt, from its place in the global batch.
             with timer("rollout"):
-                seeds = s.rollout.seeds(step, len(rows))
-                prompts = [r["prompt_ids"] for r in rows]
+                seeds = s.rollout.seeds(step, len(prompt_rows))
+                prompts = [row["prompt_ids"] for row in prompt_rows]
                 groups = s.rollout.engine.generate(
                     prompts, G, args.max_completion_len, args.temperature, args.top_p, seed=seeds
                 )
-            rollout_rows = [r for r in rows for _ in range(G)]
+            rollout_rows = [row for row in prompt_rows for _ in range(G)]
             completions = [c for g in groups for c in g]
-            texts = s.rollout.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+            texts = s.rollout.texts(completions)
 
             # 2b. GEC: edit the incorrect completions; everything below scores and trains on the edited ones.
             branches, rollout_acc = [None] * len(completions), None
             if args.gec != "off":
                 with timer("gec"):
-                    rollout_acc = accuracy_reward(texts, [r["answer"] for r in rollout_rows], s.rewards.verifier)
+                    rollout_acc = accuracy_reward(texts, [row["answer"] for row in rollout_rows], s.rewards.verifier)
                     completions, branches = guided_error_correction(
                         s.rollout, rollout_rows, completions, rollout_acc, step, args
                     )
-                    texts = s.rollout.tokenizer.batch_decode(
-                        [c.token_ids for c in completions], skip_special_tokens=True
-                    )
+                    texts = s.rollout.texts(completions)
 
             # 3. Rewards.
             with timer("scoring"):
@@ -439,10 +437,9 @@ def main(args: Args, run: RunFlags) -> None:
 
             # 4. pi_old's log-probs (and token entropies) from the trainer, before any update.
             with timer("old_logp"):
-                s.rollout.sleep()
-                batch = pack(
-                    [r["prompt_ids"] for r in rollout_rows], completions, s.rollout.tokenizer.pad_token_id, s.trainer.device
-                )  # fmt: skip
+                s.rollout.sleep()  # its memory to the trainer's passes, until step 7's sync wakes it
+                prompt_ids = [row["prompt_ids"] for row in rollout_rows]
+                batch = pack(prompt_ids, completions, s.rollout.tokenizer.pad_token_id, s.trainer.device)
                 old = old_logprobs(s.trainer, batch, args)
 
             # 5. Advantages; EDA rescales them by the group-normalised policy entropy under pi_old (eqs. 3, 6, 7);
@@ -454,7 +451,7 @@ def main(args: Args, run: RunFlags) -> None:
             with timer("update"):
                 sums = update(s.trainer, batch, old, advantages, args, step)
 
-            # 7. Sync: the rollout engine samples from the new policy next step.
+            # 7. Sync: the rollout engine wakes with the new weights; it samples from the new policy next step.
             with timer("sync"):
                 s.rollout.sync_weights(s.trainer)
 

@@ -135,7 +135,7 @@ def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.
     return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)).view(-1)
 
 
-def overlong_penalty(lengths: torch.Tensor, max_len: int, cache: int) -> torch.Tensor:
+def length_reward(lengths: torch.Tensor, max_len: int, cache: int) -> torch.Tensor:
     """R_length (eq. 13) of completions of `lengths` tokens: 0 up to max_len - cache, then falling linearly to -1
     at max_len, -1 beyond (the engine cuts at max_len: a truncated completion gets -1). cache 0: no punishment."""
     if cache == 0:
@@ -143,32 +143,30 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cache: int) -> torch.T
     return -((lengths - (max_len - cache)).clamp(min=0) / cache).clamp(max=1.0)
 
 
-def sample_groups(s, args: Args, timer, tally: Counter, rows: list[dict]) -> list[dict]:
-    """One generation batch of dynamic sampling: G completions for each of this rank's `rows` (none once it is
+def sample_groups(s, args: Args, timer, tally: Counter, prompt_rows: list[dict]) -> list[dict]:
+    """One generation batch of dynamic sampling: G completions for each of this rank's `prompt_rows` (none once it is
     full; the engine is still called) from pi_old, scored, the overlong punishment added (eqs. 7, 13). One
     seed per prompt, from its place in the global generation batch (the sampler's draw). One dict per group."""
     G = args.group_size
     with timer("rollout"):
-        seeds = s.rollout.seeds(s.rollout.sampler.step - 1, len(rows))
-        prompts = [r["prompt_ids"] for r in rows]
-        groups = s.rollout.engine.generate(
-            prompts, G, args.max_completion_len, args.temperature, args.top_p, seed=seeds
-        )
-    if not rows:
+        seeds = s.rollout.seeds(s.rollout.sampler.step - 1, len(prompt_rows))
+        prompts = [row["prompt_ids"] for row in prompt_rows]
+        groups = s.rollout.engine.generate(prompts, G, args.max_completion_len, args.temperature, args.top_p, seed=seeds)  # fmt: skip
+    if not prompt_rows:
         return []
     completions = [c for g in groups for c in g]
-    texts = s.rollout.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+    texts = s.rollout.texts(completions)
     with timer("scoring"):
-        scores = s.rewards.score(texts, [r for r in rows for _ in range(G)])
+        scores = s.rewards.score(texts, [row for row in prompt_rows for _ in range(G)])
         s.io.score_watch.saw(scores, texts)  # unchecked answers counted; a flat first step said
     lengths = torch.tensor([len(c.token_ids) for c in completions], device=scores.reward.device)
-    punish = overlong_penalty(lengths, args.max_completion_len, overlong_cache(args))
-    reward = scores.reward + args.overlong_penalty * punish
+    r_length = length_reward(lengths, args.max_completion_len, overlong_cache(args))
+    reward = scores.reward + args.overlong_penalty * r_length  # --overlong_penalty: R_length's weight
     tally.update(completions=len(completions), correct=scores.accuracy.sum())  # summed on the device
     return [
         {"row": row, "completions": group, "texts": texts[i * G : (i + 1) * G]}
-        | {k: v[i * G : (i + 1) * G] for k, v in (("reward", reward), ("accuracy", scores.accuracy), ("checked", scores.checked))}
-        for i, (row, group) in enumerate(zip(rows, groups))
+        | {k: v[i * G : (i + 1) * G] for k, v in (("reward", reward), ("accuracy", scores.accuracy), ("checked", scores.checked), ("r_length", r_length))}
+        for i, (row, group) in enumerate(zip(prompt_rows, groups))
     ]  # fmt: skip
 
 
@@ -202,12 +200,12 @@ def sampling_metrics(trainer, got, tally: Counter, prompts_per_step: int) -> dic
     }
 
 
-def dapo_advantages(rewards: torch.Tensor, old: dict, batch: dict, G: int, args: Args) -> tuple[torch.Tensor, dict]:
-    """GRPO's group-normalised advantage (eq. 9) of the shaped rewards R_i = R(o_i) + R_length(|o_i|); and the
-    overlong figures: the share of completions in the punished last L_cache tokens, and their mean R_length."""
-    lengths = batch["completion_mask"].sum(-1)  # each completion's tokens
-    punish = overlong_penalty(lengths, args.max_completion_len, overlong_cache(args))
-    metrics = {"dapo/overlong_frac": (punish < 0).float().mean(), "dapo/overlong_penalty": punish.mean()}
+def dapo_advantages(
+    rewards: torch.Tensor, old: dict, batch: dict, G: int, args: Args, r_length: torch.Tensor
+) -> tuple[torch.Tensor, dict]:
+    """GRPO's group-normalised advantage (eq. 9) of the rewards shaped as sampled, R_i = R(o_i) + R_length(|o_i|); the
+    overlong figures of `r_length` ([N], each R_length): the share in the punished last L_cache tokens, their mean."""
+    metrics = {"dapo/overlong_frac": (r_length < 0).float().mean(), "dapo/overlong_penalty": r_length.mean()}
     return group_advantages(rewards, G), metrics
 
 
@@ -218,7 +216,7 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
     may be wider (the whole batch's C) and are cut to C; adv: [n] or [n, C]. num_seqs / num_tokens:
     this rank's share of the mini-batch's sequences / tokens (the global count / the ranks), so
     that the micro-batches' losses, summed and averaged over ranks, are exactly the mini-batch's.
-    --tis_cap C > 0: each token's surrogate is weighted by min(pi_old / pi_rollout, C).
+    --tis_cap > 0: each token's surrogate is weighted by min(pi_old / pi_rollout, tis_cap).
     Returns the loss and token sums for the step's metrics (0-dim tensors, left on the device).
     """
     C = logp.shape[1]
@@ -258,18 +256,18 @@ def old_logprobs(trainer, batch: dict, args: Args) -> dict:
     with torch.no_grad():
         for idx in trainer.micro_batch_plan(batch, list(range(len(batch["input_ids"])))):
             mb = select(batch, idx, trainer.layout)
-            r = mb["rows"][: len(idx)]  # on the device (a list index would be a blocking copy); none if idx is empty
+            at = mb["rows"][: len(idx)]  # on the device (a list index would be a blocking copy); none if idx is empty
             C = mb["completion_mask"].shape[1]
             ids, attn = mb["input_ids"], mb["attention_mask"]
             logp, ent = sequence_logprobs(
                 trainer.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True, layout=mb["layout"]
             )
-            out["logp"][r, :C], out["entropy"][r, :C] = logp[: len(idx)], ent[: len(idx)]
+            out["logp"][at, :C], out["entropy"][at, :C] = logp[: len(idx)], ent[: len(idx)]
             if trainer.ref_model is not None:
                 ref_logp, _ = sequence_logprobs(
                     trainer.ref_model, ids, attn, args.temperature, logits_to_keep=C, layout=mb["layout"]
                 )
-                out["ref_logp"][r, :C] = ref_logp[: len(idx)]
+                out["ref_logp"][at, :C] = ref_logp[: len(idx)]
     return out
 
 
@@ -286,12 +284,14 @@ def update(trainer, batch: dict, old: dict, advantages: torch.Tensor, args: Args
     for _ in range(args.mu):
         order = torch.randperm(n).tolist() if args.num_minibatches > 1 else list(range(n))
         for first in range(0, n, size):
-            rows = order[first : first + size]
-            num_tokens = global_sum(trainer.accelerator, sum(batch["completion_lens"][r] for r in rows)) / trainer.world
-            plan, local = trainer.micro_batch_plan(batch, [r for r in rows if live[r]]), Counter()
+            minibatch = order[first : first + size]  # rows of the batch
+            num_tokens = (
+                global_sum(trainer.accelerator, sum(batch["completion_lens"][i] for i in minibatch)) / trainer.world
+            )
+            plan, local = trainer.micro_batch_plan(batch, [i for i in minibatch if live[i]]), Counter()
             for i, idx in enumerate(plan):
                 mb = select(batch, idx, trainer.layout)
-                r = mb["rows"]
+                at = mb["rows"]  # the micro-batch's rows of the batch, on the device
                 with trainer.accumulate(last=i == len(plan) - 1):
                     C = mb["completion_mask"].shape[1]
                     logp, _ = sequence_logprobs(
@@ -299,8 +299,8 @@ def update(trainer, batch: dict, old: dict, advantages: torch.Tensor, args: Args
                         layout=mb["layout"],
                     )  # fmt: skip
                     loss, stats = policy_loss(
-                        logp, old["logp"][r], advantages[r], mb["completion_mask"], args, len(rows), num_tokens,
-                        old["ref_logp"][r], batch["rollout_logp"][r],
+                        logp, old["logp"][at], advantages[at], mb["completion_mask"], args, len(minibatch), num_tokens,
+                        old["ref_logp"][at], batch["rollout_logp"][at],
                     )  # fmt: skip
                     trainer.accelerator.backward(loss)
                 local.update(stats | {"loss": loss.detach()})
@@ -323,7 +323,7 @@ def step_metrics(
     capped = (old["logp"] - rollout_logp).exp().nan_to_num(nan=1.0) >= tis_cap if tis_cap > 0 else 0 * mask
     tok = {"entropy": (old["entropy"] * mask).sum(), "mask": mask.sum(), "tis_capped": (capped * mask).sum()}
     tok = global_sum(trainer.accelerator, tok)
-    per_token = lambda k, n="tokens": sums[k] / max(sums[n], 1)  # noqa: E731
+    token_mean = lambda k, n="tokens": sums[k] / max(sums[n], 1)  # a sum over tokens, per token
     return {
         "train/reward": scores.reward.mean(),
         "train/accuracy": scores.accuracy.mean(),
@@ -336,10 +336,10 @@ def step_metrics(
             (rollout_logp.nan_to_num() - old["logp"]).abs(), mask * rollout_logp.isfinite()
         ),
         "train/grad_norm": sums["grad_norm"],
-        "train/clip_frac_low": per_token("clip_low", "batch_tokens"),  # a flat row's tokens are never clipped
-        "train/clip_frac_high": per_token("clip_high", "batch_tokens"),
-        "train/approx_kl": per_token("approx_kl"),
-        "train/kl_ref": per_token("kl_ref") if "kl_ref" in sums else float("nan"),  # --beta 0: no reference (null)
+        "train/clip_frac_low": token_mean("clip_low", "batch_tokens"),  # a flat row's tokens are never clipped
+        "train/clip_frac_high": token_mean("clip_high", "batch_tokens"),
+        "train/approx_kl": token_mean("approx_kl"),
+        "train/kl_ref": token_mean("kl_ref") if "kl_ref" in sums else float("nan"),  # --beta 0: no reference (null)
         "train/tis_capped_frac": tok["tis_capped"] / max(tok["mask"], 1),
         "train/loss": sums["loss"] / sums["optimizer_steps"],
         "train/skipped_steps": sums["skipped"],
@@ -349,8 +349,7 @@ def step_metrics(
 
 
 def main(args: Args, run: RunFlags) -> None:
-    """1. Set up: the spec of what is trained, then the session's parts (common/session.py): the trainer, the
-    rollout side (engine, prompts), the rewards (verifier), the run's I/O (log, checkpoints, health).
+    """1. Set up: the spec of what is trained; the session's trainer, rollout, rewards and I/O (common/session.py).
     Then each step:
     2. Rollout: G completions per prompt from pi_old.
     3. Rewards.
@@ -372,7 +371,8 @@ def main(args: Args, run: RunFlags) -> None:
 
     with s:  # closed on any exit: the closing line after the last step, the bar's end before an error
         for step in s.steps():  # ends early, after saving a checkpoint, on SIGTERM / Ctrl-C
-            timer, tally = s.timer(), Counter()
+            timer = s.timer()
+            tally = Counter()  # all that dynamic sampling drew this step, for its figures
 
             # 2. Rollout with dynamic sampling (Sec. 3.2): generation batches of prompts, G completions each from
             # pi_old, scored as they come; only mixed groups are kept, until each rank holds its share of
@@ -392,33 +392,33 @@ def main(args: Args, run: RunFlags) -> None:
             completions = [c for g in got.groups for c in g["completions"]]
             texts = [t for g in got.groups for t in g["texts"]]
 
-            # 3. Rewards: each group's, scored as it was sampled, the overlong punishment added (eqs. 7, 13).
+            # 3. Rewards.
+            # Each group's, scored as it was sampled, R_length added (eqs. 7, 13); R_length kept for the figures.
             scores = Scores(*(torch.cat([g[k] for g in got.groups]) for k in ("reward", "accuracy", "checked")))
+            r_length = torch.cat([g["r_length"] for g in got.groups])
 
             # 4. pi_old's log-probs (and token entropies) from the trainer, before any update.
             with timer("old_logp"):
-                s.rollout.sleep()
-                batch = pack(
-                    [r["prompt_ids"] for r in rollout_rows], completions, s.rollout.tokenizer.pad_token_id, s.trainer.device
-                )  # fmt: skip
+                s.rollout.sleep()  # its memory to the trainer's passes, until step 7's sync wakes it
+                prompt_ids = [row["prompt_ids"] for row in rollout_rows]
+                batch = pack(prompt_ids, completions, s.rollout.tokenizer.pad_token_id, s.trainer.device)
                 old = old_logprobs(s.trainer, batch, args)
 
             # 5. Advantages; a group holding an answer the verifier had no time to check gets none.
-            advantages, info = dapo_advantages(scores.reward, old, batch, G, args)
+            advantages, info = dapo_advantages(scores.reward, old, batch, G, args, r_length)
             advantages = without_unchecked_groups(advantages, scores.checked, G)
 
             # 6. Clipped-surrogate updates.
             with timer("update"):
                 sums = update(s.trainer, batch, old, advantages, args, step)
 
-            # 7. Sync: the rollout engine samples from the new policy next step.
+            # 7. Sync: the rollout engine wakes with the new weights; it samples from the new policy next step.
             with timer("sync"):
                 s.rollout.sync_weights(s.trainer)
 
             # 8. Log (a few completions too), evaluate, save.
-            metrics = (
-                step_metrics(s.trainer, scores, batch, old, advantages, sums, G, timer, args.tis_cap) | info | sampled
-            )
+            metrics = step_metrics(s.trainer, scores, batch, old, advantages, sums, G, timer, args.tis_cap) | info
+            metrics |= sampled
             s.end_step(step + 1, metrics, timer, samples=(rollout_rows, texts, scores.reward, advantages))
 
 

@@ -27,6 +27,10 @@ class Rollout:
 
         return prompt_seeds(self.seed, step, self.prompts_per_step, self.rank, n)
 
+    def texts(self, completions: list) -> list[str]:
+        """The completions as text (special tokens left out): what the rewards read."""
+        return self.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+
     def sleep(self) -> None:
         """Give the engine's GPU memory (weights and KV cache) to the trainer's passes, with --vllm_sleep; a
         no-op otherwise. The engine must not sample until `sync_weights` wakes it."""

@@ -12,7 +12,7 @@ import pytest
 import torch
 from train_utils import TWO_STEPS, run_cli, run_script
 
-from baselines.dapo import Args, dapo_advantages, mixed_groups, overlong_cache, overlong_penalty, policy_loss
+from baselines.dapo import Args, dapo_advantages, length_reward, mixed_groups, overlong_cache, policy_loss
 from common.run_flags import vllm_available
 
 # --- oracles, from the paper's equations, in fp64 Python floats -------------------------------------------------
@@ -79,7 +79,7 @@ def test_overlong_punishment_is_eq13(l_max, frac):
     l_cache = overlong_cache(args)
     assert l_cache == round(frac * l_max) and (l_max != 20480 or l_cache == 4096)  # the paper's 4,096 of 20,480
     lengths = list(range(0, l_max + 3)) if l_max < 100 else [0, 16383, 16384, 16385, 18432, 20479, 20480, 20481]
-    got = overlong_penalty(torch.tensor(lengths), l_max, l_cache)
+    got = length_reward(torch.tensor(lengths), l_max, l_cache)
     want = [eq13(n, l_max, l_cache) if l_cache else 0.0 for n in lengths]
     assert got.dtype == torch.float32 and got.tolist() == pytest.approx(want, abs=1e-6)
 
@@ -92,9 +92,10 @@ def test_advantage_is_grpo_s_of_the_shaped_reward(G):
     groups = 5
     correct = [rng.choice([1.0, -1.0]) for _ in range(groups * G)]
     lens = [rng.randint(1, 40) for _ in range(groups * G)]
-    shaped = torch.tensor(correct) + overlong_penalty(torch.tensor(lens), 40, overlong_cache(args))
+    r_length = length_reward(torch.tensor(lens), 40, overlong_cache(args))  # as sample_groups carries it
+    shaped = torch.tensor(correct) + r_length
     mask = torch.tensor([[1.0] * n + [0.0] * (40 - n) for n in lens])
-    adv, metrics = dapo_advantages(shaped, {}, {"completion_mask": mask}, G, args)
+    adv, metrics = dapo_advantages(shaped, {}, {"completion_mask": mask}, G, args, r_length)
     for g in range(groups):
         r = [correct[i] + eq13(lens[i], 40, 10) for i in range(g * G, (g + 1) * G)]
         want = [(x - statistics.fmean(r)) / (statistics.stdev(r) + 1e-6) for x in r]

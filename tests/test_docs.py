@@ -451,7 +451,10 @@ def logged_metrics() -> dict[str, frozenset[str]]:
                      ("pro_grpo", "pro_advantages"), ("dr_grpo", "dr_advantages"), ("kl_cov", "kl_cov_advantages"),
                      ("dapo", "dapo_advantages")]:  # fmt: skip
         module = importlib.import_module(PAGE_SCRIPT[name].replace("/", "."))
-        advantages, info = getattr(module, fn)(rewards, old, batch, G, module.Args())
+        explicit = {"egpo": [batch["completion_mask"]], "dapo": [torch.zeros(N)]}.get(
+            name, []
+        )  # entropy mask, R_length
+        advantages, info = getattr(module, fn)(rewards, old, batch, G, module.Args(), *explicit)
         out[name] = set(info)
     edge = importlib.import_module("edge_grpo")
     out["edge_grpo"] |= set(edge.gec_metrics(["reflection", None] * (N // 2), [0.0] * N, [1.0] * N)) | {"time/gec_s"}

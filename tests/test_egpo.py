@@ -151,15 +151,13 @@ def test_flag_checks_name_the_flag(argv, flag):
 
 
 def test_answer_span_proxy_of_the_authors_code():
-    """--entropy_span answer: H over the completion tokens after </think> (the batch's entropy_mask)."""
+    """--entropy_span answer: H over the completion tokens after </think> (the entropy mask main() passes)."""
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
     logp = torch.tensor([[-3.0, -1.0, -0.5]] * 4)  # think tokens are unsure, the answer token sure
     mask = torch.ones(4, 3)
     span = torch.tensor([[0.0, 0.0, 1.0]] * 4)  # only the token after </think>
-    whole = egpo.egpo_advantages(rewards, {"logp": logp}, {"completion_mask": mask}, 4, Args())[1]
-    answer = egpo.egpo_advantages(rewards, {"logp": logp}, {"completion_mask": mask, "entropy_mask": span}, 4, Args())[
-        1
-    ]
+    whole = egpo.egpo_advantages(rewards, {"logp": logp}, {"completion_mask": mask}, 4, Args(), mask)[1]
+    answer = egpo.egpo_advantages(rewards, {"logp": logp}, {"completion_mask": mask}, 4, Args(), span)[1]
     assert whole["egpo/entropy_proxy_correct"].item() == pytest.approx(1.5)  # mean NLL of 3, 1, 0.5
     assert answer["egpo/entropy_proxy_correct"].item() == pytest.approx(0.5)
 

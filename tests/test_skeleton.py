@@ -148,7 +148,8 @@ def test_every_script_reads_the_same(script):
     src, _, top = parse(script)
     method = DECLARED[script]["prefix"] if script in DECLARED else "grpo"
     step5 = "\n".join(main_sections(top["main"])["5"])
-    assert f"advantages, info = {method}_advantages(scores.reward, old, batch, G, args)" in step5
+    # the shared arguments, then any the method needs passed explicitly (EGPO's entropy mask, DAPO's R_length)
+    assert re.search(rf"advantages, info = {method}_advantages\(scores\.reward, old, batch, G, args(, \w+)*\)", step5)
     assert "advantages = without_unchecked_groups(advantages, scores.checked, G)" in step5
     assert "| info" in top["main"], "the method's metrics are logged from info"
     assert "start_session(\n        Path(__file__).stem," in top["main"], (
