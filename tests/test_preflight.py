@@ -1,48 +1,23 @@
 """The memory preflight (common/preflight.py): the recipes' plans fit an 80 GB GPU, the issue's plan
-(FSDP2 + 7B + a reference model + vLLM at 0.7) is refused with its figures and the fix, the
-session runs it, and the shared-filesystem check, before any weight loads, and under each real
-engine (DDP, FSDP2, ZeRO-2, ZeRO-3 on 2 gloo processes) it counts what it counts without one."""
+(FSDP2 + 7B + a reference model + vLLM at 0.7) is refused with its figures and the fix, vLLM's floor
+(weights, profile activations, one max_model_len sequence of KV, CUDA graphs) part by part at the
+recipes' models, GSPO's 30.5B refused at a 0.73 share, the session runs it, and the shared-filesystem
+check, before any weight loads, and under each real engine (DDP, FSDP2, ZeRO-2, ZeRO-3 on 2 gloo
+processes) it counts what it counts without one."""
 
-import importlib
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
-import yaml
 from engines.launch import CONFIGS, launch
+from recipe_memory import H100_GIB, MODELS, RECIPES, launch_plan, recipe_flags, recipe_floor
 from train_utils import ROOT
 
 from common.cli import parse_args
-from common.preflight import check_plan, count_parameters
+from common.preflight import check_plan, count_parameters, model_shape, vllm_floor
 from common.run_flags import RunFlags
 
-H100_GIB = 79.2  # torch.cuda.get_device_properties(0).total_memory of an 80 GB H100, in GiB
-QWEN2 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 28, "head_dim": 128}
-QWEN2_7B = {"hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4,
-            "vocab_size": 152064, "tie_word_embeddings": False}  # fmt: skip
-# The recipes' models (their config.json sizes) and their parameter counts.
-MODELS = {
-    "Qwen/Qwen2.5-7B": (QWEN2 | QWEN2_7B, 7_615_616_512),
-    "Qwen/Qwen2.5-Math-7B": (QWEN2 | QWEN2_7B, 7_615_616_512),  # Qwen2.5-7B's sizes, a 4k context
-    "Qwen/Qwen2.5-Math-1.5B": (
-        QWEN2 | {"hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12, "num_key_value_heads": 2,
-                 "vocab_size": 151936, "tie_word_embeddings": True},
-        1_543_714_304,
-    ),
-    "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": (
-        QWEN2 | {"hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12, "num_key_value_heads": 2,
-                 "vocab_size": 151936, "tie_word_embeddings": False},
-        1_777_088_000,
-    ),
-    "Qwen/Qwen3-30B-A3B-Base": (  # a mixture of experts: 128 experts of which 8 a token, 30.5B parameters in all
-        {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048,
-         "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
-         "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-         "vocab_size": 151936, "tie_word_embeddings": False},
-        30_532_122_624,
-    ),
-}  # fmt: skip
-RECIPES = sorted(p.name for p in (ROOT / "recipes").glob("*.yaml"))
 SCRIPTS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")
 FIVE = [r for r in RECIPES if r.startswith(tuple(f"{s}_" for s in SCRIPTS))]  # the five scripts' recipes
 
@@ -62,45 +37,19 @@ def test_parameter_count_comes_from_the_config(parameters):
     assert parameters == {name: count for name, (_, count) in MODELS.items()}
 
 
-def launch_command(recipe: str) -> tuple[str, int | None, str]:
-    """(accelerate config, --num_processes or None, script) of the launch line in the recipe's header."""
-    line = next(x for x in (ROOT / "recipes" / recipe).read_text().splitlines() if "accelerate launch" in x)
-    tokens = line.split()
-    world = int(tokens[tokens.index("--num_processes") + 1]) if "--num_processes" in tokens else None
-    return tokens[tokens.index("--config_file") + 1], world, next(t for t in tokens if t.endswith(".py"))
-
-
-def recipe_flags(recipe: str):
-    """The recipe's (Args, RunFlags), parsed by its script (a top-level script or baselines/<name>.py)."""
-    module = importlib.import_module(launch_command(recipe)[2].removesuffix(".py").replace("/", "."))
-    return parse_args(module.Args, RunFlags, argv=["--config", str(ROOT / "recipes" / recipe)])
-
-
-def launch_plan(recipe: str) -> dict:
-    """The recipe's flags and the layout of the accelerate command in its header."""
-    config, world, _ = launch_command(recipe)
-    launch = yaml.safe_load((ROOT / config).read_text())
-    kind = launch["distributed_type"]
-    mode = {"NO": "single", "MULTI_GPU": "ddp", "FSDP": "fsdp2"}.get(
-        kind
-    ) or f"zero{launch['deepspeed_config']['zero_stage']}"
-    args, run = recipe_flags(recipe)
-    return {"model": args.model, "mode": mode, "world": world or launch["num_processes"], "precision": run.precision,
-            "reference_model": args.beta > 0, "vllm_utilization": run.vllm_gpu_memory_utilization}  # fmt: skip
-
-
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_fits_an_80gb_gpu(recipe, parameters):
     """The five scripts' recipes and the baselines': a recipe whose launch the preflight refuses is a broken recipe."""
     plan = launch_plan(recipe)
-    used = check_plan(parameters[plan.pop("model")], **plan, total_gib=H100_GIB)
+    used = check_plan(parameters[plan.pop("model")], **plan, total_gib=H100_GIB, vllm_floor=recipe_floor(recipe))
     assert sum(used.values()) <= H100_GIB
 
 
 def test_the_7b_recipe_plan_item_by_item(parameters):
     """ZeRO-3 on 8 GPUs, bf16: 2 / 8 bf16 weights + 16 / 8 fp32 master, gradients and moments per parameter."""
     plan = launch_plan("pro_grpo_qwen2.5-7b.yaml")
-    used = check_plan(parameters[plan.pop("model")], **plan, total_gib=H100_GIB)
+    floor = recipe_floor("pro_grpo_qwen2.5-7b.yaml")
+    used = check_plan(parameters[plan.pop("model")], **plan, total_gib=H100_GIB, vllm_floor=floor)
     assert plan["mode"] == "zero3" and plan["world"] == 8
     assert used["training state"] == pytest.approx(7_615_616_512 * 18 / 8 / 2**30)  # 16.0 GiB
     assert used["vLLM"] == pytest.approx(0.7 * H100_GIB) and used["reference model"] == 0
@@ -110,7 +59,8 @@ def test_the_7b_recipe_plan_item_by_item(parameters):
 def test_fsdp2_7b_with_a_reference_model_at_utilisation_0_7_is_refused(parameters):
     """14.2 GiB training state (16 / 8 bytes per parameter) + 14.2 reference model + 55.4 vLLM + 2 = 85.8 > 79.2."""
     p = parameters["Qwen/Qwen2.5-7B"]
-    plan = {"mode": "fsdp2", "world": 8, "precision": "auto", "vllm_utilization": 0.7, "total_gib": H100_GIB}
+    plan = {"mode": "fsdp2", "world": 8, "precision": "auto", "vllm_utilization": 0.7, "total_gib": H100_GIB,
+            "vllm_floor": recipe_floor("pro_grpo_qwen2.5-7b.yaml")}  # fmt: skip
     with pytest.raises(SystemExit) as stop:
         check_plan(p, reference_model=True, **plan)
     message = str(stop.value)
@@ -125,7 +75,7 @@ def test_unsharded_7b_is_refused_with_a_sharded_config_named(parameters):
     with pytest.raises(SystemExit, match=r"113\.5 training state.*shard the model \(configs/accelerate/zero3.yaml"):
         check_plan(
             parameters["Qwen/Qwen2.5-7B"], mode="ddp", world=8, precision="auto", reference_model=False,
-            vllm_utilization=0.3, total_gib=H100_GIB,
+            vllm_utilization=0.3, total_gib=H100_GIB, vllm_floor=recipe_floor("pro_grpo_qwen2.5-7b.yaml"),
         )  # fmt: skip
 
 
@@ -138,6 +88,7 @@ def test_session_checks_memory_and_the_shared_filesystem_before_any_weight_loads
     import common.preflight
     import common.run_dir
     import grpo_base
+    from common.train_spec import spec_from
 
     calls = []
     monkeypatch.setattr(common.run_dir, "check_shared", lambda *a: calls.append("check_shared"))
@@ -152,14 +103,9 @@ def test_session_checks_memory_and_the_shared_filesystem_before_any_weight_loads
         grpo_base.Args, RunFlags,
         argv=["--model", str(tiny_random_dir), "--output_dir", str(tmp_path / "run"), "--beta", "0.1", "--rollout", "hf"],
     )  # fmt: skip
+    spec = spec_from(args, optimizer=None, optimizer_steps_per_step=1, reference_model=True)
     with pytest.raises(SystemExit, match="memory: refused"):
-        grpo_base.start_session(
-            "grpo_base", run, (vars(args) | vars(run), set()), model=args.model, dataset=args.dataset,
-            template=args.template, rewards=args.rewards, reward_fn=None, seed=0, steps=1, epochs=None,
-            prompts_per_step=args.prompts_per_step, group_size=args.group_size, max_prompt_len=args.max_prompt_len,
-            max_completion_len=args.max_completion_len, optimizer=None, lr_schedule="constant", warmup_steps=0,
-            optimizer_steps_per_step=1, grad_clip=1.0, reference_model=True,
-        )  # fmt: skip
+        grpo_base.start_session("grpo_base", spec, run, (vars(args) | vars(run), set()))
     assert calls == [
         "check_shared",
         ("preflight", str(tiny_random_dir), {"mode": "single", "world": 1, "precision": "auto", "reference_model": True,
@@ -195,10 +141,13 @@ def test_the_preflight_under_each_real_engine(mode, tmp_path):
             "vllm_gpu_memory_utilization": run.vllm_gpu_memory_utilization,
         }
         plans[recipe] = {"model_dir": str(model_dir), "flags": flags, "reference_model": plan["reference_model"], "device_gib": H100_GIB}  # fmt: skip
+        # vLLM's floor as the session asks it: no vLLM settings passed (vLLM's defaults, the model's own context)
+        floor = vllm_floor(count, model_shape(SimpleNamespace(**sizes)), precision=run.precision, total_gib=H100_GIB)
         try:
             expected[recipe] = {"count": count, "plan": check_plan(
                 count, mode=mode, world=2, precision=run.precision, reference_model=plan["reference_model"],
                 vllm_utilization=run.vllm_gpu_memory_utilization if run.rollout == "vllm" else 0.0, total_gib=H100_GIB,
+                vllm_floor=floor,
             )}  # fmt: skip
         except SystemExit as stop:
             expected[recipe] = {"count": count, "refused": str(stop)}
@@ -239,22 +188,26 @@ def test_precision_on_a_gpu_and_on_cpu(precision, gpu, expected):
     """The session's dtypes, from --precision and whether a GPU trains (the session asks torch once)."""
     from dataclasses import astuple
 
-    from common.session import precision_for
+    from common.models import precision_for
 
     assert astuple(precision_for(precision, gpu)) == expected
 
 
 def test_the_session_plans_memory_on_a_gpu_only(tiny_random_dir):
     """check_memory: the plan on a device of the stated GiB, refused past it; nothing planned on CPU (None)."""
+    import dataclasses
+
     from common.distributed import ParallelMode
-    from common.session import check_memory
+    from common.trainer import check_memory
 
     run, mode = RunFlags(), ParallelMode("ddp", 2)
     assert check_memory(run, str(tiny_random_dir), mode, False, None) is None
     plan = check_memory(run, str(tiny_random_dir), mode, False, 10.0)
     assert plan["vLLM"] == pytest.approx(run.vllm_gpu_memory_utilization * 10.0) and plan["margin"] == 2.0
+    with pytest.raises(SystemExit, match=r"^error: memory: vLLM's share of each GPU, 0\.6 GiB .* 1\.0 CUDA graphs"):
+        check_memory(run, str(tiny_random_dir), mode, False, 2.0)  # vLLM's floor, before the sum
     with pytest.raises(SystemExit, match=r"^error: memory: each GPU would hold .* of its 2\.0 "):
-        check_memory(run, str(tiny_random_dir), mode, False, 2.0)
+        check_memory(dataclasses.replace(run, rollout="hf"), str(tiny_random_dir), mode, False, 2.0)
 
 
 def test_the_count_is_the_same_while_transformers_zero3_hook_is_set(tmp_path):
@@ -276,12 +229,109 @@ def test_the_count_is_the_same_while_transformers_zero3_hook_is_set(tmp_path):
         unset_hf_deepspeed_config()
 
 
-def test_a_vllm_share_too_small_for_the_weights_is_refused(parameters):
-    """Each rank's vLLM holds the whole model (colocated, no tensor parallelism): 30.5B parameters are 56.9 GiB in
-    bf16, more than a 0.3 share of an 80 GB GPU, however many GPUs shard the training state."""
-    plan = {"mode": "fsdp2", "world": 64, "precision": "auto", "reference_model": False, "total_gib": H100_GIB}
+# vLLM's floor at each recipe model, with its recipe's vLLM settings, GiB: weights (P x 2 bytes), the profile run's
+# activations (the larger of the forward of 16,384 tokens, 2 x 16,384 x (3 D + the MLP's 3 I or the experts'
+# 8 x (max(2 x 768, D) + 768)), and the sampler's N x V x 18 bytes + 16,384 x D x 2), one max_model_len sequence
+# of KV in 16-token blocks (2 x layers x KV heads x 128 x 2 bytes a token), the CUDA graphs' allowance.
+FLOORS = {
+    # 1.5B: forward 16,384 x (4,608 + 26,880) x 2 = 0.961 > sampler 256 x 151,936 x 18 + 16,384 x 1,536 x 2 = 0.699;
+    # 4,032 tokens x 28,672 bytes = 0.108
+    "grpo_base_qwen2.5-math-1.5b.yaml": (2.875, 0.961, 0.108, 1.0),
+    # 1,024 sequences: the sampler, 1,024 x 151,936 x 18 + 50.3M bytes = 2.655, passes the forward; 4,096 x 28,672
+    "dapo_qwen2.5-math-1.5b.yaml": (2.875, 2.655, 0.109, 1.0),
+    "cw_grpo_r1-distill-qwen-1.5b.yaml": (3.310, 0.961, 0.123, 1.0),  # untied head: 1,777,088,000 parameters
+    # 7B: forward 16,384 x (10,752 + 56,832) x 2 = 2.063; 4,032 x 57,344 = 0.215
+    "dr_grpo_qwen2.5-math-7b.yaml": (14.185, 2.063, 0.215, 1.0),
+    "kl_cov_qwen2.5-7b.yaml": (14.185, 2.063, 0.547, 1.0),  # 10,240 x 57,344 bytes
+    # 30B MoE: forward 16,384 x (6,144 + 8 x (2,048 + 768)) x 2 = 0.875; 10,240 x 98,304 bytes = 0.9375
+    "gspo_qwen3-30b-a3b-base.yaml": (56.871, 0.875, 0.9375, 1.0),
+}
+
+
+@pytest.mark.parametrize("recipe", FLOORS)
+def test_vllms_floor_at_the_recipes_models(recipe):
+    """What vLLM's share must hold before its KV cache, part by part, against the arithmetic above."""
+    floor = recipe_floor(recipe)
+    assert list(floor) == ["weights", "activations", "one sequence's KV", "CUDA graphs"]
+    assert list(floor.values()) == pytest.approx(FLOORS[recipe], abs=0.001)
+
+
+def test_gspo_at_a_0_73_share_is_refused_and_at_its_recipes_share_fits(parameters):
+    """The issue's plan: 0.73 x 79.2 = 57.8 GiB held the 56.9 GiB of weights, the old floor, but not vLLM's own
+    56.9 + 0.9 activations + 0.9 of one 10,240-token sequence's KV + 1.0 CUDA graphs = 59.7 GiB: vLLM would have
+    stopped after the policy had loaded. The fix it names (0.76) passes, and so does the recipe's 0.85."""
+    gspo = "gspo_qwen3-30b-a3b-base.yaml"
+    plan = launch_plan(gspo)
+    count, floor = parameters[plan.pop("model")], recipe_floor(gspo)
+    plan.pop("vllm_utilization")
     with pytest.raises(SystemExit) as stop:
-        check_plan(parameters["Qwen/Qwen3-30B-A3B-Base"], vllm_utilization=0.3, **plan)
-    assert str(stop.value).startswith("error: memory: vLLM's share of each GPU, 23.8 GiB (")
-    assert "cannot hold the model's 56.9 GiB of weights: raise it well above 0.72" in str(stop.value)
-    check_plan(parameters["Qwen/Qwen3-30B-A3B-Base"], vllm_utilization=0.85, **plan)  # 64 GPUs at 0.85 fit
+        check_plan(count, **plan, vllm_utilization=0.73, total_gib=H100_GIB, vllm_floor=floor)
+    assert str(stop.value) == (
+        "error: memory: vLLM's share of each GPU, 57.8 GiB (--vllm_gpu_memory_utilization 0.73 x 79.2), cannot hold "
+        "what it needs before its KV cache, 59.7 GiB (56.9 weights + 0.9 activations + 0.9 one sequence's KV + 1.0 "
+        "CUDA graphs; vLLM would stop after the policy loads): raise it to at least 0.76 (the rest is its KV cache), "
+        "shorten --max_prompt_len + --max_completion_len, or use GPUs with more memory"
+    )
+    for share in (0.76, 0.85):
+        check_plan(count, **plan, vllm_utilization=share, total_gib=H100_GIB, vllm_floor=floor)
+
+
+def test_the_session_check_refuses_gspo_at_0_73_from_the_config(tmp_path):
+    """`preflight_memory`, the session's entry, from a config.json with Qwen3-30B-A3B-Base's sizes: refused at 0.73
+    with the recipe's vLLM settings, passed at 0.85; without them, vLLM's defaults and the model's own 32,768-token
+    context (3.0 GiB of KV for one sequence; 1,024 sequences' sampler, 2.7 GiB) make the floor 63.5 GiB, still
+    under 0.85's 67.3."""
+    from common.preflight import preflight_memory
+
+    (tmp_path / "config.json").write_text(json.dumps(MODELS["Qwen/Qwen3-30B-A3B-Base"][0]))
+    plan = {"mode": "fsdp2", "world": 64, "precision": "auto", "reference_model": False, "total_gib": H100_GIB}
+    vllm = {"max_model_len": 10240, "max_num_seqs": 16}
+    with pytest.raises(SystemExit, match=r"59\.7 GiB .* raise it to at least 0\.76 "):
+        preflight_memory(str(tmp_path), **plan, vllm_utilization=0.73, **vllm)
+    assert preflight_memory(str(tmp_path), **plan, vllm_utilization=0.85, **vllm)["vLLM"] == pytest.approx(67.32)
+    sizes, count = MODELS["Qwen/Qwen3-30B-A3B-Base"]
+    untold = vllm_floor(count, model_shape(SimpleNamespace(**sizes)), precision="auto", total_gib=H100_GIB)
+    assert untold["one sequence's KV"] == pytest.approx(3.0) and sum(untold.values()) == pytest.approx(63.5, abs=0.05)
+    preflight_memory(str(tmp_path), **plan, vllm_utilization=0.85)
+
+
+def test_kv_bytes_match_vllms_own_page_sizes():
+    """One sequence's KV is vLLM's FullAttentionSpec.max_memory_usage_bytes (what `_check_enough_kv_cache_memory`
+    asks) over the model's layers, at each recipe model."""
+    pytest.importorskip("vllm")
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    for recipe in FLOORS:
+        sizes, count = MODELS[launch_plan(recipe)["model"]]
+        shape = model_shape(SimpleNamespace(**sizes))
+        spec = FullAttentionSpec(
+            block_size=16, num_kv_heads=shape.kv_heads, head_size=shape.head_dim, dtype=torch.bfloat16
+        )
+        config = SimpleNamespace(
+            model_config=SimpleNamespace(max_model_len=4099),
+            parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        )
+        floor = vllm_floor(count, shape, precision="auto", total_gib=H100_GIB, max_model_len=4099)
+        assert floor["one sequence's KV"] * 2**30 == shape.layers * spec.max_memory_usage_bytes(config)
+
+
+@pytest.mark.parametrize(
+    ("gib", "name", "expected"), [(80, "nvidia h100 80gb hbm3", (1024, 16384)), (40, "nvidia a100", (256, 8192))]
+)
+def test_vllms_batch_defaults_are_vllms(monkeypatch, gib, name, expected):
+    """`vllm_batch`'s defaults are vLLM's own offline ones (EngineArgs.get_batch_defaults) on such a GPU."""
+    pytest.importorskip("vllm")
+    import vllm.engine.arg_utils as arg_utils
+    from vllm.usage.usage_lib import UsageContext
+
+    from common.preflight import vllm_batch
+
+    gpu = SimpleNamespace(
+        get_device_total_memory=lambda: gib * 2**30, get_device_name=lambda: name, is_tpu=lambda: False,
+        is_cpu=lambda: False,
+    )  # fmt: skip
+    monkeypatch.setattr(arg_utils, "current_platform", gpu)
+    tokens, seqs = arg_utils.EngineArgs.get_batch_defaults(1)
+    assert (seqs[UsageContext.LLM_CLASS], tokens[UsageContext.LLM_CLASS]) == expected
+    assert vllm_batch(gib * 0.99, 100_000, None, None) == expected
+    assert vllm_batch(gib * 0.99, 4, 2, None) == (2, 8)  # at most max_num_seqs x max_model_len
