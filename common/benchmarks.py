@@ -112,6 +112,19 @@ def load_benchmark(
             problem_field=problem_field or spec.problem_field, answer_field=answer_field or spec.answer_field
         )
 
+    rows = _read_rows(name, spec, source, named, limit)
+    out = []
+    for r in rows:
+        answer = spec.answer_transform(r["answer"]) if spec.answer_transform else r["answer"]
+        out.append({"problem": r["problem"], "answer": _clean_answer(answer)})
+    if not out:
+        raise ValueError(f"benchmark {name!r}: no problems in {source or spec.hub}")
+    return out
+
+
+def _read_rows(name: str, spec: Benchmark, source: str | None, named: bool, limit: int | None) -> list[dict]:
+    """`load_benchmark`'s rows before their answers are cleaned: from the hub (`source` None), from `source` in the
+    fields the user `named`, or from `source` in our own fields, else in the hub dataset's."""
     if source is None:  # the hub
         try:
             rows = load_math_dataset(
@@ -150,13 +163,7 @@ def load_benchmark(
                 raise ValueError(
                     f"benchmark {name!r}: {source} needs the fields {' or '.join(sorted(fields))} ({detail})"
                 ) from None
-    out = []
-    for r in rows:
-        answer = spec.answer_transform(r["answer"]) if spec.answer_transform else r["answer"]
-        out.append({"problem": r["problem"], "answer": _clean_answer(answer)})
-    if not out:
-        raise ValueError(f"benchmark {name!r}: no problems in {source or spec.hub}")
-    return out
+    return rows
 
 
 def parse_benchmarks(text: str) -> list[tuple[str, str | None]]:

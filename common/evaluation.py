@@ -138,50 +138,56 @@ def evaluate(
             seeds = prompt_seeds(seed, 0, 0, 0, first + len(rows))[first:]  # unique across benchmarks too
             first += len(rows)
             mine = list(range(rank, len(rows), world))
-            prompts = {
-                i: tokenizer(
-                    format_few_shot_prompt(
-                        rows[i]["problem"], template,
-                        few_shot_examples(rows[i]["problem"], few_shot_pool, few_shot) if few_shot else [], tokenizer,
-                    ),
-                    add_special_tokens=False,
-                ).input_ids
-                for i in mine
-            }  # fmt: skip
+            prompts = {i: _prompt_ids(rows[i]["problem"], template, tokenizer, few_shot, few_shot_pool) for i in mine}
             keep = [i for i in mine if max_prompt_len is None or len(prompts[i]) <= max_prompt_len]
             # Called on every rank even with nothing to sample: a synced engine steps with its peers.
             groups = engine.generate(
                 [prompts[i] for i in keep], n, max_tokens, temperature, top_p, seed=[seeds[i] for i in keep]
             )
             by_index = dict(zip(keep, groups))
-            bench_records = []
-            for i in mine:
-                rec = {"benchmark": bench, "index": i, "problem": rows[i]["problem"], "answer": rows[i]["answer"]}
-                rec["prompt_tokens"] = len(prompts[i])
-                group = by_index.get(i)
-                if group is None:
-                    rec |= {"skipped": f"prompt of {len(prompts[i])} tokens > max_prompt_len={max_prompt_len}"}
-                    rec |= {"completions": [""] * n, "num_tokens": [0] * n, "finished": [False] * n}
-                    rec["mean_logprob"] = [None] * n
-                else:
-                    rec["completions"] = tokenizer.batch_decode([c.token_ids for c in group], skip_special_tokens=True)
-                    rec |= {"num_tokens": [len(c.token_ids) for c in group], "finished": [c.finished for c in group]}
-                    rec["mean_logprob"] = [sum(c.logprobs) / len(c.logprobs) if c.logprobs else None for c in group]
-                bench_records.append(rec)
+            bench_records = [
+                _record(bench, i, rows[i], prompts[i], by_index.get(i), n, max_prompt_len, tokenizer) for i in mine
+            ]
             score_records(bench_records, verifier)
             bench_records = _gather(bench_records, accelerator)
             records += bench_records
             if say is not None:
-                acc = sum(sum(r["correct"]) / n for r in bench_records) / len(rows)
-                skipped = sum("skipped" in r for r in bench_records)
-                note = f", {skipped} prompts too long" if skipped else ""
-                say(
-                    f"{bench}: {len(rows)} problems x {n} samples, pass@1 {100 * acc:.1f}%{note} ({time.perf_counter() - start:.0f}s)"
-                )
+                say(_bench_line(bench, len(rows), n, bench_records, time.perf_counter() - start))
     finally:
         if own_verifier:
             verifier.close()
     return summarize(records, ks), records
+
+
+def _prompt_ids(problem: str, template: str, tokenizer, few_shot: int, pool: list[dict] | None) -> list[int]:
+    """A problem as the policy's prompt: the template, and K worked examples from the pool before it."""
+    examples = few_shot_examples(problem, pool, few_shot) if few_shot else []
+    text = format_few_shot_prompt(problem, template, examples, tokenizer)
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def _record(bench: str, index: int, row: dict, prompt: list[int], group, n: int, max_prompt_len, tokenizer) -> dict:
+    """A problem's record before scoring: its completions (`group`: the engine's; None when its prompt was too
+    long to generate, recorded as `skipped` with n empty completions), their lengths and mean log-probs."""
+    rec = {"benchmark": bench, "index": index, "problem": row["problem"], "answer": row["answer"]}
+    rec["prompt_tokens"] = len(prompt)
+    if group is None:
+        rec |= {"skipped": f"prompt of {len(prompt)} tokens > max_prompt_len={max_prompt_len}"}
+        rec |= {"completions": [""] * n, "num_tokens": [0] * n, "finished": [False] * n}
+        rec["mean_logprob"] = [None] * n
+        return rec
+    rec["completions"] = tokenizer.batch_decode([c.token_ids for c in group], skip_special_tokens=True)
+    rec |= {"num_tokens": [len(c.token_ids) for c in group], "finished": [c.finished for c in group]}
+    rec["mean_logprob"] = [sum(c.logprobs) / len(c.logprobs) if c.logprobs else None for c in group]
+    return rec
+
+
+def _bench_line(bench: str, problems: int, n: int, records: list[dict], seconds: float) -> str:
+    """The line `evaluate` says when a benchmark is done: problems, pass@1, prompts too long, time."""
+    acc = sum(sum(r["correct"]) / n for r in records) / problems
+    skipped = sum("skipped" in r for r in records)
+    note = f", {skipped} prompts too long" if skipped else ""
+    return f"{bench}: {problems} problems x {n} samples, pass@1 {100 * acc:.1f}%{note} ({seconds:.0f}s)"
 
 
 @dataclass(frozen=True)

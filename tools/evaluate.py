@@ -232,52 +232,15 @@ def rescore_main(args: Args, ks: list[int] | None) -> None:
     print(f"wrote {path}")
 
 
-def main(args: Args, ks: list[int] | None, given: set[str] | None = None) -> None:
-    """`given`: the flags set explicitly (`parse_args`'s); None: those that differ from their defaults."""
-    if given is None:
-        given = {f.name for f in dataclasses.fields(Args) if getattr(args, f.name) != f.default}
-    if args.rescore:
-        return rescore_main(args, ks)
-    from common.benchmarks import load_benchmarks
+def check_prompts(args: Args, benchmarks: dict, tokenizer, pool: list[dict] | None, model_path: str) -> int:
+    """The prompts as the evaluation renders them (--template, --few_shot examples from `pool`): refused or warned
+    when they ask for another answer format than the last \\boxed{} it reads (`common.rewards.format_mismatch`).
+    Returns the engine's context: the longest prompt + --max_tokens, at most the model's (said when cut)."""
     from common.cli import clear_errors
-    from common.jsonl import write_jsonl
-    from common.models import offline_unless_hub_reachable
-
-    offline_unless_hub_reachable()  # no minute of retries before a one-line error
-    with clear_errors("--benchmarks"):
-        benchmarks = load_benchmarks(args.benchmarks, args.data_dir, args.limit, args.problem_field, args.answer_field)
-    if args.export_data:
-        for name, rows in benchmarks.items():
-            print(f"{name}: {write_jsonl(rows, Path(args.export_data) / f'{name}.jsonl')} problems")
-        return
-
-    from common.console import quiet_libraries
-    from common.evaluation import evaluate, format_table, write_results
-    from common.models import context_length, hub_error, load_tokenizer, model_to_load
-    from common.prompts import few_shot_examples, format_few_shot_prompt, stop_strings
+    from common.models import context_length
+    from common.prompts import few_shot_examples, format_few_shot_prompt
     from common.rewards import format_mismatch
-    from common.rollout import make_engine
 
-    quiet_libraries()
-    model_path, run = model_to_load(args.model)
-    print(f"evaluating {model_path}")  # which checkpoint of a run, for the record
-    args, overridden, lines = follow_run(args, run_flags(run), given)
-    for line in lines:
-        print(line)
-    with clear_errors("--template"):  # a run's own template file may have moved since
-        check_template(args.template)
-    with clear_errors("--stop"):
-        stops, stop_line = stop_strings(args.stop, args.template, args.few_shot)
-    if stop_line:
-        print(stop_line)
-    with clear_errors("--model"):
-        try:
-            tokenizer = load_tokenizer(model_path)
-        except OSError:
-            if os.environ.get("HF_HUB_OFFLINE") == "1" and not Path(model_path).exists():
-                raise hub_error("--model", model_path) from None
-            raise
-    pool = few_shot_pool_for(args, run)
     shots = lambda problem: few_shot_examples(problem, pool, args.few_shot) if args.few_shot else []  # noqa: E731
     first = next(iter(benchmarks.values()))[0]["problem"]
     with clear_errors("--template"):
@@ -301,6 +264,74 @@ def main(args: Args, ks: list[int] | None, given: set[str] | None = None) -> Non
             f"note: prompt + --max_tokens ({max_model_len}) exceeds the model's context ({limit}); completions stop there"
         )
         max_model_len = limit
+    return max_model_len
+
+
+def write_evaluation(args: Args, overridden: dict, model_path: str, run: Path | None, summary: dict,
+                     records: list[dict], stops: list[str], seconds: float) -> None:  # fmt: skip
+    """The results where `output_dir` says (a quick check's in a folder of its own), with the settings that made
+    them; the table, and where they went."""
+    from common.evaluation import format_table, write_results
+
+    tag = check_tag(args, overridden)
+    out = output_dir(args, model_path, run, tag)
+    config = asdict(args) | {"model_path": model_path, "eval_s": round(seconds, 1)}
+    config |= {"stop_strings": stops, "quick_check": tag or None}
+    config |= {"checkpoint": checkpoint} if (checkpoint := checkpoint_of(model_path, run)) else {}
+    path = write_results(out, summary, records, config)
+    print(format_table(summary))
+    print(f"wrote {path} and {out / 'eval_records.jsonl'}")
+    if tag and not args.output_dir:
+        where = "the run's own evaluation" if run is not None else "a full evaluation's"
+        print(f"a quick check ({tag}): its results are in {out}, not over {where}")
+
+
+def main(args: Args, ks: list[int] | None, given: set[str] | None = None) -> None:
+    """`given`: the flags set explicitly (`parse_args`'s); None: those that differ from their defaults."""
+    if given is None:
+        given = {f.name for f in dataclasses.fields(Args) if getattr(args, f.name) != f.default}
+    if args.rescore:
+        return rescore_main(args, ks)
+    from common.benchmarks import load_benchmarks
+    from common.cli import clear_errors
+    from common.jsonl import write_jsonl
+    from common.models import offline_unless_hub_reachable
+
+    offline_unless_hub_reachable()  # no minute of retries before a one-line error
+    with clear_errors("--benchmarks"):
+        benchmarks = load_benchmarks(args.benchmarks, args.data_dir, args.limit, args.problem_field, args.answer_field)
+    if args.export_data:
+        for name, rows in benchmarks.items():
+            print(f"{name}: {write_jsonl(rows, Path(args.export_data) / f'{name}.jsonl')} problems")
+        return
+
+    from common.console import quiet_libraries
+    from common.evaluation import evaluate
+    from common.models import hub_error, load_tokenizer, model_to_load
+    from common.prompts import stop_strings
+    from common.rollout import make_engine
+
+    quiet_libraries()
+    model_path, run = model_to_load(args.model)
+    print(f"evaluating {model_path}")  # which checkpoint of a run, for the record
+    args, overridden, lines = follow_run(args, run_flags(run), given)
+    for line in lines:
+        print(line)
+    with clear_errors("--template"):  # a run's own template file may have moved since
+        check_template(args.template)
+    with clear_errors("--stop"):
+        stops, stop_line = stop_strings(args.stop, args.template, args.few_shot)
+    if stop_line:
+        print(stop_line)
+    with clear_errors("--model"):
+        try:
+            tokenizer = load_tokenizer(model_path)
+        except OSError:
+            if os.environ.get("HF_HUB_OFFLINE") == "1" and not Path(model_path).exists():
+                raise hub_error("--model", model_path) from None
+            raise
+    pool = few_shot_pool_for(args, run)
+    max_model_len = check_prompts(args, benchmarks, tokenizer, pool, model_path)
     engine = make_engine(
         args.rollout, model_path, tokenizer, seed=args.seed, max_model_len=max_model_len, dtype=args.dtype,
         gpu_memory_utilization=args.gpu_memory_utilization, batch_size=args.batch_size, stop=stops,
@@ -310,17 +341,7 @@ def main(args: Args, ks: list[int] | None, given: set[str] | None = None) -> Non
         engine, tokenizer, benchmarks, args.template, args.n, args.temperature, args.max_tokens, args.top_p,
         args.seed, ks=ks, say=print, few_shot=args.few_shot, few_shot_pool=pool,
     )  # fmt: skip
-    tag = check_tag(args, overridden)
-    out = output_dir(args, model_path, run, tag)
-    config = asdict(args) | {"model_path": model_path, "eval_s": round(time.perf_counter() - start, 1)}
-    config |= {"stop_strings": stops, "quick_check": tag or None}
-    config |= {"checkpoint": checkpoint} if (checkpoint := checkpoint_of(model_path, run)) else {}
-    path = write_results(out, summary, records, config)
-    print(format_table(summary))
-    print(f"wrote {path} and {out / 'eval_records.jsonl'}")
-    if tag and not args.output_dir:
-        where = "the run's own evaluation" if run is not None else "a full evaluation's"
-        print(f"a quick check ({tag}): its results are in {out}, not over {where}")
+    write_evaluation(args, overridden, model_path, run, summary, records, stops, time.perf_counter() - start)
 
 
 if __name__ == "__main__":
