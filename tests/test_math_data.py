@@ -18,7 +18,7 @@ from common.synthetic import (
     synthetic_arithmetic,
     synthetic_eval_set,
 )
-from data import prepare
+from data import near_duplicates, openr1, prepare
 
 
 def run_prepare(argv):
@@ -323,8 +323,8 @@ def test_single_value_answer():
     ok = ["5", "1,000", "12,345.5", "\\frac{1}{2}", "\\boxed{3}", "x^2+1", "x=5", "brand"]
     bad = ["", " ", "2, 3", "x=1 \\text{ or } x=2", "3 and 4", "\\boxed{1}\\boxed{2}", "proof", "a=1; b=2"]
     bad += ["(1, 2)", "[0, 1)", "\\{1,2\\}", "x=y=2", "1，2", "1,00"]  # tuples, intervals and sets too
-    assert all(prepare.is_single_value_answer(a) for a in ok)
-    assert not any(prepare.is_single_value_answer(a) for a in bad)
+    assert all(openr1.is_single_value_answer(a) for a in ok)
+    assert not any(openr1.is_single_value_answer(a) for a in bad)
 
 
 @pytest.fixture(scope="module")
@@ -343,8 +343,8 @@ def tiny_tokenizer_path(tmp_path_factory):
 
 
 def openr1_summaries(src, subset="default"):
-    rows = iter_math_dataset(src, preset="open-r1/OpenR1-Math-220k", keep=prepare.OPENR1_COLUMNS)
-    return [prepare.openr1_summary(r, subset) for r in rows]
+    rows = iter_math_dataset(src, preset="open-r1/OpenR1-Math-220k", keep=openr1.OPENR1_COLUMNS)
+    return [openr1.openr1_summary(r, subset) for r in rows]
 
 
 def test_prepare_egpo_filters(tmp_path, fmt, tiny_tokenizer_path):
@@ -356,37 +356,37 @@ def test_prepare_egpo_filters(tmp_path, fmt, tiny_tokenizer_path):
     short = len(tok(format_prompt(rows[0]["problem"], "qwen_math"), add_special_tokens=False)["input_ids"])
     long = len(tok(format_prompt(rows[-1]["problem"], "qwen_math"), add_special_tokens=False)["input_ids"])
     assert long > short + 30
-    train, val = prepare.prepare_egpo(rows, tiny_tokenizer_path, max_prompt_tokens=short + 5, n=100, val_size=2)
+    train, val = openr1.prepare_egpo(rows, tiny_tokenizer_path, max_prompt_tokens=short + 5, n=100, val_size=2)
     assert len(val) == 2 and not {r["problem"] for r in val} & {r["problem"] for r in train}
     assert sorted(r["answer"] for r in train + val) == sorted(["5", "1,000", "\\frac{1}{2}"])
     # The long prompt survives a larger budget.
-    assert sum(map(len, prepare.prepare_egpo(rows, tok, max_prompt_tokens=long, n=100, val_size=2))) == 4
+    assert sum(map(len, openr1.prepare_egpo(rows, tok, max_prompt_tokens=long, n=100, val_size=2))) == 4
     # The response limit (the matching solution's tokens) applies.
     with pytest.raises(ValueError, match="only 0 rows left"):
-        prepare.prepare_egpo(rows, tok, max_prompt_tokens=long, n=100, val_size=2, max_response_tokens=1)
+        openr1.prepare_egpo(rows, tok, max_prompt_tokens=long, n=100, val_size=2, max_response_tokens=1)
     with pytest.raises(ValueError, match="--tokenizer"):
-        prepare.prepare_egpo(rows, None)
+        openr1.prepare_egpo(rows, None)
     with pytest.raises(ValueError, match="validation"):
-        prepare.prepare_egpo(rows, tok, max_prompt_tokens=long, val_size=4)
+        openr1.prepare_egpo(rows, tok, max_prompt_tokens=long, val_size=4)
 
 
 def test_openr1_summary_buckets_and_boxed_match():
     def summary(**kw):
-        return prepare.openr1_summary(openr1_row("P", "4", **kw), "extended")
+        return openr1.openr1_summary(openr1_row("P", "4", **kw), "extended")
 
     assert summary(verdicts=[True, True])["bucket"] == "entirely_correct"
     assert summary(verdicts=[True, False, True])["bucket"] == "mixed"
     assert summary(verdicts=[False, False])["bucket"] == "entirely_incorrect"
     assert summary(verdicts=[True])["bucket"] is None  # fewer than two generations
     row = openr1_row("P", "4", verdicts=[False, False]) | {"correctness_count": 1}  # a Llama-judged one
-    assert prepare.openr1_summary(row, "default")["bucket"] == "mixed"  # the dataset's count decides
-    assert prepare.openr1_summary(row | {"correctness_count": 3}, "default")["bucket"] is None  # inconsistent
+    assert openr1.openr1_summary(row, "default")["bucket"] == "mixed"  # the dataset's count decides
+    assert openr1.openr1_summary(row | {"correctness_count": 3}, "default")["bucket"] is None  # inconsistent
     assert summary(solution="$\\boxed{ 4 }$")["response"] == "$\\boxed{ 4 }$"  # the solution first
     assert summary(verdicts=[False, True], solution="so 4")["response"].endswith("\\boxed{4}")  # else a generation
     assert summary(verdicts=[False, False], solution="so 4")["response"] is None  # no box matches
     assert summary(verdicts=[False, False], solution="\\boxed{4}, then \\boxed{5}")["response"] is None  # the last box
     row = openr1_row("P", "1,000", verdicts=[False, False], solution="$\\boxed{{1000}}$")
-    assert prepare.openr1_summary(row, "default")["response"] is not None  # light normalisation
+    assert openr1.openr1_summary(row, "default")["response"] is not None  # light normalisation
     assert summary()["subset"] == "extended"
 
 
@@ -399,7 +399,7 @@ def openr1_snapshot(tmp_path, fmt, cells):
         start = sum(len(r) for r in rows.values())
         rows[subset] += [openr1_row(distinct_problem(start + i), str(i), verdicts[bucket]) for i in range(count)]
     rows["default"] += [openr1_row(f"unmatched {i}?", "9", [False, False], solution="no box") for i in range(5)]
-    for subset, folder in prepare.OPENR1_SUBSET_DIRS.items():
+    for subset, folder in openr1.OPENR1_SUBSET_DIRS.items():
         (tmp_path / folder).mkdir()
         save(rows[subset], tmp_path / folder, fmt, name="train-00000-of-00001")
     return str(tmp_path)
@@ -566,21 +566,21 @@ def test_egpo_near_duplicates_and_decontamination(tmp_path, tiny_tokenizer_path)
     """MinHash-LSH at the paper's 128 permutations / Jaccard 0.8: a problem with one word of 30 changed
     is a near-duplicate (dropped within its subset, kept in the other); a benchmark problem's
     near-duplicate is dropped with --decontaminate; distinct problems all stay."""
-    assert prepare.lsh_bands(0.8, 128) == (9, 13)
+    assert near_duplicates.lsh_bands(0.8, 128) == (9, 13)
     base = distinct_problem(1, words=30)
     near = base.replace(base.split()[5], "changed")
     leaked = distinct_problem(2, words=30)
-    rows = [prepare.openr1_summary(openr1_row(p, "3"), subset) for p, subset in
+    rows = [openr1.openr1_summary(openr1_row(p, "3"), subset) for p, subset in
             [(base, "default"), (near, "default"), (near, "extended"), (leaked + " Then", "default")]
             + [(distinct_problem(10 + i, words=30), "default") for i in range(20)]]  # fmt: skip
-    kept = prepare.drop_near_duplicates(rows, 0.8)
+    kept = near_duplicates.drop_near_duplicates(rows, 0.8)
     assert [(r["problem"], r["subset"]) for r in kept[:3]] == [
         (base, "default"),
         (near, "extended"),
         (leaked + " Then", "default"),
     ]
     assert len(kept) == len(rows) - 1
-    kept = prepare.drop_near_duplicates(rows, 0.8, test_problems=[leaked])
+    kept = near_duplicates.drop_near_duplicates(rows, 0.8, test_problems=[leaked])
     assert len(kept) == len(rows) - 2 and all(not r["problem"].startswith(leaked) for r in kept)
     # Through the CLI: a local copy of a benchmark.
     src, bench, out = tmp_path / "openr1.jsonl", tmp_path / "math500.jsonl", tmp_path / "egpo.jsonl"

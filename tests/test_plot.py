@@ -7,6 +7,7 @@ import sys
 import matplotlib
 import pytest
 
+from tools import panels as plot_panels
 from tools import plot
 
 matplotlib.use("Agg")
@@ -113,7 +114,7 @@ def test_two_methods_get_the_common_panels_only(capsys):
 def test_one_method_gets_its_own_panels_after_the_common_ones():
     runs = {"egpo_c1": rows_for(EGPO_KEYS[::-1]), "egpo_c5": rows_for(EGPO_KEYS)}
     chosen = plot.choose_metrics(runs)
-    assert chosen[:5] == ["train/accuracy", "train/entropy", "train/response_len", *plot.COMMON[-2:]]
+    assert chosen[:5] == ["train/accuracy", "train/entropy", "train/response_len", *plot_panels.COMMON[-2:]]
     assert chosen[5:] == EGPO_KEYS  # in the order of LABELS, whatever the logs' order
     assert plot.choose_metrics({"cw": rows_for(["cw/cov_mean"])})[-1] == "cw/cov_mean"  # one run: its own too
     # EDGE-GRPO logs edge/ and gec/: one method, whether or not a run logs GEC counts.
@@ -145,17 +146,17 @@ def test_a_cap_on_method_panels_leaves_every_method_one(capsys):
 
 def test_reward_and_accuracy_share_a_panel_only_when_equal_in_every_run():
     same = {"a": rows_for(), "b": rows_for()}
-    assert plot.reward_is_accuracy(same)
+    assert plot_panels.reward_is_accuracy(same)
     assert "train/reward" not in plot.choose_metrics(same)
     shaped = {"a": rows_for(), "b": rows_for(reward_bonus=0.1)}  # b's reward has a format bonus
-    assert not plot.reward_is_accuracy(shaped)
+    assert not plot_panels.reward_is_accuracy(shaped)
     assert plot.choose_metrics(shaped)[:2] == ["train/accuracy", "train/reward"]
     no_accuracy = {"a": [{"step": 1, "train/reward": 0.5}]}
-    assert not plot.reward_is_accuracy(no_accuracy) and plot.choose_metrics(no_accuracy) == ["train/reward"]
+    assert not plot_panels.reward_is_accuracy(no_accuracy) and plot.choose_metrics(no_accuracy) == ["train/reward"]
 
-    titles = panels(plot.figure(same, plot.choose_metrics(same)))
+    titles = panels(plot_panels.figure(same, plot.choose_metrics(same)))
     assert "Training accuracy (= reward)" in titles and "Training reward" not in titles
-    titles = panels(plot.figure(shaped, plot.choose_metrics(shaped)))
+    titles = panels(plot_panels.figure(shaped, plot.choose_metrics(shaped)))
     assert {"Training accuracy", "Training reward"} <= set(titles)
 
 
@@ -182,7 +183,7 @@ def test_metrics_flag_names_the_panels_in_order(tmp_path, capsys):
 def test_every_panel_has_a_readable_title_and_axis_labels():
     runs = {"egpo": rows_for(EGPO_KEYS, eval_every=5), "egpo_c1": rows_for(EGPO_KEYS)}
     metrics = plot.choose_metrics(runs)
-    fig = plot.figure(runs, metrics)
+    fig = plot_panels.figure(runs, metrics)
     axes = panels(fig)
     assert len(axes) == len(metrics) == 9
     expected = {
@@ -203,54 +204,57 @@ def test_every_panel_has_a_readable_title_and_axis_labels():
 
 
 def test_titles_of_metrics_without_an_entry_come_from_the_key():
-    assert all(k in plot.LABELS for k in plot.COMMON)
-    assert plot.describe("egpo/w_at_lambda_min_frac") == (
+    assert all(k in plot_panels.LABELS for k in plot_panels.COMMON)
+    assert plot_panels.describe("egpo/w_at_lambda_min_frac") == (
         "EGPO: weight at lambda_min (fraction)",
         "fraction of completions",
     )
-    assert plot.describe("egpo/new_w_at_lambda_max_frac") == ("EGPO: new weight at lambda_max (fraction)", "fraction")
-    assert plot.describe("gec/new_thing") == ("EDGE-GRPO: new thing", "new_thing")
-    assert plot.describe("time/sync_s") == ("Time: sync (seconds)", "seconds")
-    assert plot.describe("eval/gsm8k/pass@8") == ("Eval pass@8 (gsm8k)", "pass@8")
-    assert plot.describe("eval/mean/response_len") == ("Eval response length (benchmark mean)", "tokens")
+    assert plot_panels.describe("egpo/new_w_at_lambda_max_frac") == (
+        "EGPO: new weight at lambda_max (fraction)",
+        "fraction",
+    )
+    assert plot_panels.describe("gec/new_thing") == ("EDGE-GRPO: new thing", "new_thing")
+    assert plot_panels.describe("time/sync_s") == ("Time: sync (seconds)", "seconds")
+    assert plot_panels.describe("eval/gsm8k/pass@8") == ("Eval pass@8 (gsm8k)", "pass@8")
+    assert plot_panels.describe("eval/mean/response_len") == ("Eval response length (benchmark mean)", "tokens")
 
 
 def test_the_x_axis_names_what_it_shows():
     """Its values are metrics.jsonl's "step", a rollout batch (several optimiser steps with --mu or
     --num_minibatches): the axis said "optimiser step"."""
-    ax = panels(plot.figure({"a": rows_for(steps=5)}, ["train/accuracy"]))["Training accuracy (= reward)"]
+    ax = panels(plot_panels.figure({"a": rows_for(steps=5)}, ["train/accuracy"]))["Training accuracy (= reward)"]
     assert ax.get_xlabel() == "training step" and list(ax.get_lines()[-1].get_xdata()) == [1, 2, 3, 4, 5]
 
 
 def test_training_curves_are_smoothed_by_default_raw_faint_behind():
     runs = {"a": rows_for(steps=200)}
-    raw = plot.series(runs["a"], "train/accuracy")[1]
-    ax = panels(plot.figure(runs, ["train/accuracy"]))["Training accuracy (= reward)"]
+    raw = plot_panels.series(runs["a"], "train/accuracy")[1]
+    ax = panels(plot_panels.figure(runs, ["train/accuracy"]))["Training accuracy (= reward)"]
     faint, curve = ax.get_lines()
     assert list(faint.get_ydata()) == raw and faint.get_alpha() < 0.5
-    assert list(curve.get_ydata()) == pytest.approx(plot.ema(raw, plot.auto_smoothing(200)))
+    assert list(curve.get_ydata()) == pytest.approx(plot_panels.ema(raw, plot_panels.auto_smoothing(200)))
 
     def roughness(ys):
         return sum(abs(b - a) for a, b in zip(ys, ys[1:]))
 
     assert roughness(list(curve.get_ydata())) < 0.3 * roughness(raw)
     # --smooth 0: the raw curve alone.
-    (line,) = panels(plot.figure(runs, ["train/accuracy"], smooth=0))["Training accuracy (= reward)"].get_lines()
+    (line,) = panels(plot_panels.figure(runs, ["train/accuracy"], smooth=0))["Training accuracy (= reward)"].get_lines()
     assert list(line.get_ydata()) == raw
     # The CLI's default is that automatic weight.
     assert plot.parse_args(plot.Args, argv=["run"]).smooth is None
 
 
 def test_default_smoothing_is_light_for_short_runs_and_stronger_for_long():
-    weights = [plot.auto_smoothing(n) for n in (30, 80, 400, 1000, 4000, 100_000)]
+    weights = [plot_panels.auto_smoothing(n) for n in (30, 80, 400, 1000, 4000, 100_000)]
     assert weights == pytest.approx([0.5, 0.5, 0.9, 0.96, 0.99, 0.99])
-    assert plot.ema([1.0, 0.0, 0.0], 0.5) == pytest.approx([1.0, 1 / 3, 1 / 7])  # bias-corrected start
-    assert plot.ema([1.0, 0.0], 0.0) == [1.0, 0.0]
+    assert plot_panels.ema([1.0, 0.0, 0.0], 0.5) == pytest.approx([1.0, 1 / 3, 1 / 7])  # bias-corrected start
+    assert plot_panels.ema([1.0, 0.0], 0.0) == [1.0, 0.0]
 
 
 def test_eval_points_are_markers_not_smoothed_on_the_training_steps():
     runs = {"a": rows_for(steps=100, eval_every=10), "b": rows_for(steps=100, eval_every=10)}
-    axes = panels(plot.figure(runs, ["train/accuracy", plot.EVAL_KEY]))
+    axes = panels(plot_panels.figure(runs, ["train/accuracy", plot_panels.EVAL_KEY]))
     lines = axes["Eval pass@1 (all benchmarks)"].get_lines()
     assert len(lines) == 2  # one per run, no faint copy
     for line in lines:
@@ -278,8 +282,8 @@ def test_series_skips_nulls_and_keeps_last_row_of_a_repeated_step(tmp_path):
     )
     rows = plot.read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert plot.series(rows, "train/reward") == ([1, 2, 3], [0.1, 0.25, 0.3])
-    assert plot.series(rows, "missing") == ([], [])
+    assert plot_panels.series(rows, "train/reward") == ([1, 2, 3], [0.1, 0.25, 0.3])
+    assert plot_panels.series(rows, "missing") == ([], [])
 
 
 def test_a_torn_last_line_of_a_live_run_is_left_out(tmp_path):
