@@ -19,8 +19,9 @@ The parts, each built by the module that holds it:
 
 `start_session` checks what it can before a model loads (common/before_loading.py), then builds the trainer,
 the rollout side, resumes from the newest good checkpoint when asked, builds the rewards and the run's I/O,
-and records the run's flags. The scripts never see a flag of RunFlags by name, and common/ never sees a
-script's Args: it gets the spec of what is trained (`common.train_spec.TrainSpec`).
+and records the run's flags. The scripts never see a flag of RunFlags by name, and common/ reads a script's
+Args once, by the names of the flags every script shares, into the spec of what is trained
+(`common.train_spec.spec_from`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The flags every script shares are read from `Args` by name (`FROM_ARGS`); what a script decides itself
 (its optimiser, how many optimiser steps its update takes, whether a reference model loads, the context
 a sequence may grow by, a check of its data) it passes by keyword. `common.session.start_session` takes
-the spec and the run's flags (`common.run_flags.RunFlags`); nothing in common/ sees a script's `Args`.
+the spec and the run's flags (`common.run_flags.RunFlags`); past `spec_from`, nothing in common/ sees `Args`.
 """
 
 from collections.abc import Callable

@@ -52,10 +52,6 @@ class Trainer:
     def world(self) -> int:
         return self.accelerator.num_processes
 
-    @property
-    def is_main(self) -> bool:
-        return self.accelerator.is_main_process
-
     def micro_batch_plan(self, batch: dict, rows: list[int]) -> list[list[int]]:
         """The micro-batches (rows of `batch`) of one forward/backward each (`common.batching.micro_batches`);
         when several processes train, every rank runs as many (the most any rank has)."""
@@ -140,7 +136,8 @@ def open_trainer(spec, run: RunFlags, model_path: str, precision: Precision, run
     )  # fmt: skip
     return Trainer(
         accelerator, mode, policy, opt, scheduler, UpdateGuard(run.max_nonfinite_steps, run.grad_spike_factor),
-        spec.grad_clip, run.micro_batch_size, run.max_tokens_per_micro_batch, memory_tokens, layout, ref_model,
+        spec.grad_clip, run.micro_batch_size, max_tokens_per_micro_batch=run.max_tokens_per_micro_batch,
+        memory_tokens=memory_tokens, layout=layout, ref_model=ref_model,
         device_sync=torch.cuda.synchronize if gpu else None,
     )  # fmt: skip
 
