@@ -31,7 +31,8 @@ class Scorer:
     device: object  # where the tensors go
 
     def score(self, texts: list[str], rows: list[dict]) -> Scores:
-        """Rewards of the step's completions `texts` (`rows`: each completion's dataset row)."""
+        """Rewards of the step's completions `texts` (`rows`: each completion's dataset row). A --reward_fn of
+        yours that raises, or returns other than one finite number per completion, stops the run in one line."""
         import torch
 
         from common.rewards import RewardFnError, compute_rewards, reward_columns
