@@ -46,14 +46,20 @@ def caller() -> str | None:
     return "?"
 
 
-def patch() -> None:
+def count() -> None:
+    """Count a sync at the line that asked for it (`caller`)."""
+    if where := caller():
+        COUNTS[where] += 1
+
+
+def patch(on_sync=count) -> None:
+    """From now on, call `on_sync()` at each call that would make the host wait for a GPU (module docstring)."""
     for name in READS:
         original = getattr(torch.Tensor, name)
 
         @functools.wraps(original)
         def counted(self, *a, __original=original, **k):
-            if where := caller():
-                COUNTS[where] += 1
+            on_sync()
             return __original(self, *a, **k)
 
         setattr(torch.Tensor, name, counted)
@@ -66,18 +72,18 @@ def patch() -> None:
         return blocking(index) or (isinstance(index, tuple) and any(blocking(i) for i in index))
 
     def counted_getitem(self, index):
-        if listed(index) and (where := caller()):
-            COUNTS[where] += 1
+        if listed(index):
+            on_sync()
         return getitem(self, index)
 
     def counted_setitem(self, index, value):
-        if listed(index) and (where := caller()):
-            COUNTS[where] += 1
+        if listed(index):
+            on_sync()
         return setitem(self, index, value)
 
     def counted_tensor(data, *a, **k):  # host data copied to a device, blocking
-        if k.get("device") is not None and (where := caller()):
-            COUNTS[where] += 1
+        if k.get("device") is not None:
+            on_sync()
         return tensor(data, *a, **k)
 
     torch.Tensor.__getitem__ = counted_getitem
