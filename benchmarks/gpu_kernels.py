@@ -1,0 +1,276 @@
+"""The first GPU run's kernel checks (benchmarks/gpu_first_run.py, part "kernels"), each on the device there is:
+
+- the chunked head's fp32 accumulation: `common.logprobs._add_product` (on CUDA `addmm(..., out_dtype=float32)`)
+  against the same sum in bf16 and in fp64, and the tied weight's gradient of the whole chunked pass under
+  bf16 autocast against the unchunked pass (benchmarks/bf16_grads.py's yardstick, in one process);
+- which SDPA kernel torch picks for the shared-prompt layout's 4D mask, each backend alone, and that it runs
+  with the math kernel excluded (efficient or cuDNN), under bf16 autocast as the scripts train on a GPU;
+- the shared-prompt and padding-free layouts against the padded one: log-probs, entropies and every
+  parameter's gradient (tests/test_logprobs.py's comparison, on the device, fp32; bf16 reported);
+- the output layer's chunk: the rows `head_chunk_rows` picks from `_device_memory`, and the time of a scoring
+  pass's forward + backward at Qwen2.5's vocabulary for 110 rows (CPU's), that and twice that.
+
+`dry`: toy sizes, for the CPU dry run.
+"""
+
+import copy
+import time
+import warnings
+
+import torch
+from findings import Findings
+
+# Groups of rows sharing a prompt: (prompt length, completion lengths), as tests/test_logprobs.py's SHARED_GROUPS.
+GROUPS = [(6, [4, 1, 0, 3]), (2, [5, 5]), (1, [2]), (9, [1, 3, 2])]
+
+
+def small_qwen(device, vocab: int = 1024, hidden: int = 256, heads: int = 4, layers: int = 2, **extra):
+    """A random small Qwen2 with a tied embedding, on `device`, SDPA attention."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), tie_word_embeddings=True,
+        max_position_embeddings=1024, attn_implementation="sdpa", **extra,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config).to(device)
+
+
+def grouped_batch(vocab: int, device) -> tuple[dict, list[int]]:
+    """A packed batch of GROUPS (left-padded prompts, empty completions, a one-token prompt) on `device`."""
+    from common.batching import pack
+    from common.completion import Completion
+
+    g = torch.Generator().manual_seed(0)
+    prompts, completions = [], []
+    for p, cs in GROUPS:
+        prompt = torch.randint(3, vocab, (p,), generator=g).tolist()
+        for c in cs:
+            prompts.append(prompt)
+            tokens = torch.randint(3, vocab, (c,), generator=g).tolist()
+            completions.append(Completion(tokens, [0.0] * c, True))
+    batch = pack(prompts, completions, 0, device)
+    return batch, list(range(len(prompts)))
+
+
+def fp32_accumulation(f: Findings, device, dry: bool) -> None:
+    """The weight gradient's sum over chunks, sum_c dZ_c^T H_c, of bf16 factors: in one fp32 buffer (the scripts'),
+    in bf16 (autograd's sum before), and in fp64 (exact)."""
+    from common.logprobs import _add_product, _fp32_out_addmm
+
+    V, D, rows, chunks = 4096, 256, 32, 166
+    g = torch.Generator().manual_seed(0)
+    dz = [torch.randn(rows, V, generator=g).to(device, torch.bfloat16) for _ in range(chunks)]
+    h = [torch.randn(rows, D, generator=g).to(device, torch.bfloat16) for _ in range(chunks)]
+    exact = sum(a.double().T @ b.double() for a, b in zip(dz, h))
+    acc = torch.zeros(V, D, device=device)
+    bf16 = torch.zeros(V, D, device=device, dtype=torch.bfloat16)
+    for a, b in zip(dz, h):
+        _add_product(acc, a.T, b)
+        bf16 += a.T @ b
+    rel = lambda x: ((x.double() - exact).norm() / exact.norm()).item()
+    native = _fp32_out_addmm(device.type)
+    f.figure("addmm with out_dtype=float32 on this device (`_fp32_out_addmm`)", native)
+    f.figure(f"sum of {chunks} chunks' V x D products, relative error: fp32 buffer", rel(acc))
+    f.figure(f"sum of {chunks} chunks' V x D products, relative error: bf16 running sum", rel(bf16))
+    f.check("the fp32 buffer's sum is at least 4x closer to fp64 than the bf16 sum", rel(acc) * 4 < rel(bf16))
+    if device.type == "cuda":
+        f.check("CUDA's addmm sums bf16 factors into an fp32 tensor (torch >= 2.8)", native)
+
+
+def _tied_grad(model, ids, K: int, adv, dtype, autocast: bool, chunk_rows: int | None) -> torch.Tensor:
+    """The tied embedding / output weight's gradient of -sum A logp / tokens, chunked (`chunk_rows`) or not."""
+    from common.logprobs import sequence_logprobs
+
+    m = copy.deepcopy(model).to(dtype)
+    attn = torch.ones_like(ids)
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast):
+        if chunk_rows:
+            logp = sequence_logprobs(m, ids, attn, 1.0, logits_to_keep=K, chunk_rows=chunk_rows)[0]
+        else:
+            logits = m(input_ids=ids, attention_mask=attn, logits_to_keep=K + 1).logits[:, :-1]
+            logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+            logp = logp.gather(-1, ids[:, -K:, None])[..., 0]
+    (-(adv[:, None] * logp).sum() / logp.numel()).backward()
+    return m.get_input_embeddings().weight.grad.double()
+
+
+def chunked_head_gradient(f: Findings, device, dry: bool) -> None:
+    """The tied weight's gradient of one micro-batch (2 x 248 completion tokens, 166 chunks of 3 rows) under bf16
+    autocast, against fp64: the chunked head (fp32 sum) and the unchunked pass (the yardstick)."""
+    model = small_qwen(device, vocab=4096, hidden=64, heads=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.bfloat16().float())  # bf16-representable: every dtype starts from the same weights
+    g = torch.Generator().manual_seed(1)
+    K = 248
+    ids = torch.randint(3, 4096, (2, 8 + K), generator=g).to(device)
+    adv = torch.randn(2, generator=g).to(device)
+    exact = _tied_grad(model, ids, K, adv.double(), torch.float64, False, None)
+    rel = lambda x: ((x - exact).norm() / exact.norm()).item()
+    unchunked = rel(_tied_grad(model, ids, K, adv, torch.float32, True, None))
+    chunked = rel(_tied_grad(model, ids, K, adv, torch.float32, True, 3))
+    f.figure("tied weight's gradient under bf16 autocast, relative error: unchunked (yardstick)", unchunked)
+    f.figure("tied weight's gradient under bf16 autocast, relative error: chunked head, 166 chunks", chunked)
+    f.check(
+        "the chunked head's gradient is no worse than the unchunked bf16 pass's (x 1.15)", chunked <= 1.15 * unchunked
+    )
+
+
+def _scoring_step(model, mb: dict, autocast: bool) -> None:
+    """One forward + backward of a micro-batch in its layout, as the update runs it."""
+    from common.logprobs import sequence_logprobs
+
+    C = mb["completion_mask"].shape[1]
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(mb["input_ids"].device.type, dtype=torch.bfloat16, enabled=autocast):
+        logp, ent = sequence_logprobs(
+            model, mb["input_ids"], mb["attention_mask"], 0.7, C, with_entropy=True, layout=mb["layout"]
+        )
+    (logp.sum() + ent.sum()).backward()
+
+
+def sdpa_ops(step) -> list[str]:
+    """The SDPA aten ops `step()` ran (the kernel torch picked), from the profiler's op names."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    names = {e.name.removeprefix("aten::") for e in prof.events() if "scaled_dot_product" in e.name}
+    return sorted(n for n in names if n.startswith("_"))  # the kernels, not the dispatching op
+
+
+def sdpa_kernels(f: Findings, device, dry: bool) -> None:
+    """Which SDPA kernel runs the shared-prompt layout's 4D mask (and the padded and packed layouts), each backend
+    alone, and the shared layout with the math kernel excluded."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from common.batching import SharedPrefix, select
+
+    cuda = device.type == "cuda"
+    model = small_qwen(device, hidden=256, heads=4)  # head_dim 64: within every fused kernel's limits
+    batch, rows = grouped_batch(1024, device)
+    layouts = {name: select(batch, rows, name) for name in ("shared", "padded", "packed")}
+    if not isinstance(layouts["shared"]["layout"], SharedPrefix):
+        raise AssertionError("select() kept the padded layout for the shared-prompt groups")
+    for name, mb in layouts.items():
+        f.figure(
+            f"SDPA kernel torch picks, {name} layout", ", ".join(sdpa_ops(lambda mb=mb: _scoring_step(model, mb, cuda)))
+        )
+    results = []
+    for backend in (
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.MATH,
+    ):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            try:
+                with sdpa_kernel([backend]):
+                    _scoring_step(model, layouts["shared"], cuda)
+                results.append([backend.name, "ran", ""])
+            except RuntimeError as e:
+                why = next((str(w.message) for w in seen if "attention" in str(w.message).lower()), "")
+                results.append([backend.name, str(e).splitlines()[0][:120], why[:160]])
+    f.table("The shared-prompt layout (forward + backward) under one SDPA backend at a time", ["backend", "result", "torch's reason"], results)  # fmt: skip
+    try:
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+            _scoring_step(model, layouts["shared"], cuda)
+        ok, detail = True, "ran"
+    except RuntimeError as e:
+        ok, detail = False, str(e).splitlines()[0]
+    if cuda:
+        f.check("the shared-prompt layout runs with the math kernel excluded (efficient or cuDNN)", ok, detail)
+        picked = f.figures["SDPA kernel torch picks, shared layout"]
+        f.check("torch's own pick for the shared-prompt mask is not the math kernel", "math" not in picked, picked)
+    else:
+        f.note(f"CPU: efficient and cuDNN attention are CUDA kernels; with math excluded the shared layout: {detail}")
+
+
+def _layout_pass(model, mb: dict, autocast: bool) -> tuple:
+    """logp and entropy at real positions and every parameter's gradient of their sum (tests/test_logprobs.py)."""
+    from common.logprobs import sequence_logprobs
+
+    attn, C = mb["attention_mask"], mb["completion_mask"].shape[1]
+    valid = (attn[:, 1:] * attn[:, :-1])[:, -C:].float()
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(attn.device.type, dtype=torch.bfloat16, enabled=autocast):
+        logp, ent = sequence_logprobs(model, mb["input_ids"], attn, 0.7, C, with_entropy=True, layout=mb["layout"])
+    ((logp * valid).sum() + (ent * valid).sum()).backward()
+    return logp * valid, ent * valid, {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+def layouts_equal(f: Findings, device, dry: bool) -> None:
+    """The shared-prompt and padding-free layouts against the padded one on this device: fp32 (checked to 1e-4) and
+    under bf16 autocast (reported)."""
+    from common.batching import select
+
+    model = small_qwen(device, hidden=256, heads=4)
+    batch, rows = grouped_batch(1024, device)
+    for autocast in (False, True) if device.type == "cuda" else (False,):
+        precision = "bf16 autocast" if autocast else "fp32"
+        want = _layout_pass(model, select(batch, rows), autocast)
+        for name in ("shared", "packed"):
+            got = _layout_pass(model, select(batch, rows, name), autocast)
+            values = max((got[i] - want[i]).abs().max().item() for i in (0, 1))
+            grads = max(((got[2][k] - g).norm() / g.norm().clamp(min=1e-30)).item() for k, g in want[2].items())
+            f.figure(f"{name} vs padded, {precision}: max |difference| of log-probs and entropies", values)
+            f.figure(f"{name} vs padded, {precision}: largest relative gradient difference (a parameter's)", grads)
+            if not autocast:
+                f.check(f"{name} layout equals the padded one in fp32 (values, gradients to 1e-4)",
+                        values <= 1e-4 and grads <= 1e-4, f"{values:.2e}, {grads:.2e}")  # fmt: skip
+
+
+def chunk_speed(f: Findings, device, dry: bool) -> None:
+    """The rows `head_chunk_rows` picks here, and a scoring pass's forward + backward time at Qwen2.5's vocabulary
+    (one decoder layer of Qwen2.5-1.5B's width: the output layer dominates) for several chunk sizes."""
+    from common.logprobs import _device_memory, head_chunk_rows, sequence_logprobs
+
+    cuda = device.type == "cuda"
+    V, D, heads, N = (4096, 64, 4, 256) if dry else (151_936, 1536, 12, 8192)
+    memory = _device_memory(device)
+    picked = head_chunk_rows(V, device.type, memory)
+    f.figure("`_device_memory` (bytes)", memory)
+    f.figure(f"`head_chunk_rows` at V = {V:,}", picked)
+    model = small_qwen(device, vocab=V, hidden=D, heads=heads, layers=1)
+    ids = torch.randint(3, V, (2, N // 2 + 1), device=device)
+    attn = torch.ones_like(ids)
+    rows_out = []
+    for rows in sorted({110 if not dry else 32, picked, 2 * picked}):
+        times = []
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        for _ in range(4):  # the first is a warm-up
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+                logp = sequence_logprobs(model, ids, attn, 1.0, logits_to_keep=N // 2, chunk_rows=rows)[0]
+            logp.sum().backward()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        t = sum(times[1:]) / 3
+        flops = 8 * N * D * V  # forward, recompute, and the two backward products, 2 N D V each
+        peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+        rows_out.append([rows, f"{1e3 * t:.3g}", f"{flops / t / 1e12:.3g}", "-" if peak is None else f"{peak:.2f}"])
+    f.table(
+        f"Scoring pass, forward + backward, {N:,} scored rows, V = {V:,}, D = {D:,} (output layer's FLOP/s: 8 N D V over the whole pass's time)",
+        ["chunk rows", "ms", "output layer TFLOP/s", "peak GiB"], rows_out,
+    )  # fmt: skip
+
+
+def run(dry: bool) -> Findings:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    f = Findings()
+    for name, step in [
+        ("fp32 accumulation", fp32_accumulation),
+        ("chunked head's gradient", chunked_head_gradient),
+        ("SDPA kernels", sdpa_kernels),
+        ("layouts equal", layouts_equal),
+        ("chunk speed", chunk_speed),
+    ]:
+        f.attempt(name, step, device, dry)
+    return f
