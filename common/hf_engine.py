@@ -1,0 +1,178 @@
+"""The transformers rollout engine: `generate` on the training model itself, for CPU runs or when vLLM is
+absent. It is always in sync (`load_weights` is a no-op); each row samples under its own seeded generator
+(`_RowSampler`), and is cut at the stop strings as `cut_at_stop` says.
+"""
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+
+from common.completion import Completion, cut_groups
+from common.seeds import completion_seed
+
+
+class _RowSampler:
+    """A logits processor that samples each row itself, under the row's own generator, and
+    forces generate's greedy pick onto that token.
+
+    Why: HF's sampler draws every row from one global RNG, so a row's sample depends on
+    the rows beside it, and `output_scores` keeps a [rows, V] fp32 tensor per generated
+    token (37 MiB per token at 64 rows of Qwen2.5's vocabulary). Here each row draws from
+    softmax(logits / T) (top-p applied) with its own seeded generator, and only the
+    sampled token's log-prob is kept: one number per row and step.
+    """
+
+    def __init__(self, generators: list[torch.Generator], temperature: float, top_p: float):
+        self.generators, self.temperature, self.top_p = generators, temperature, top_p
+        self.logprobs: list[torch.Tensor] = []  # [rows] per step
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        z = scores.float() / self.temperature
+        if not torch.isfinite(z).all():  # a diverged policy: sample what is finite (uniform if nothing is);
+            z = z.nan_to_num(nan=-math.inf, posinf=torch.finfo(z.dtype).max)  # the trainer's guard stops the run
+            z[(z == -math.inf).all(-1)] = 0.0
+        if self.top_p < 1.0:  # keep the smallest set of tokens whose probability reaches top_p
+            sorted_z, order = z.sort(-1, descending=True)
+            cum = sorted_z.softmax(-1).cumsum(-1)
+            drop = (cum - sorted_z.softmax(-1)) >= self.top_p  # the top token always stays
+            z = z.scatter(-1, order, sorted_z.masked_fill(drop, -math.inf))
+        logp = z.log_softmax(-1)
+        probs = logp.exp()
+        tokens = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
+        self.logprobs.append(logp.gather(-1, tokens[:, None]).squeeze(-1))
+        return scores.fill_(-math.inf).scatter_(-1, tokens[:, None], 0.0)  # greedy now picks the sample
+
+
+class HFEngine:
+    """`common.rollout.RolloutEngine` on transformers' `generate`. `stop`: stop strings, `decode`: token
+    ids -> text (both required together)."""
+
+    kv_cache_tokens = None  # generate's own cache, sized per call
+    weight_dtype = None  # load_weights takes nothing
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        stop_token_ids: list[int],
+        pad_token_id: int,
+        batch_size: int = 256,
+        synced: bool = False,
+        stop: Iterable[str] = (),
+        decode: Callable[[list[int]], str] | None = None,
+    ):
+        self.stop, self.decode = tuple(stop), decode
+        if self.stop and decode is None:
+            raise ValueError("stop strings need `decode`: the engine cuts each completion by its text")
+        self.model = model
+        self.stop_token_ids = list(stop_token_ids)
+        self.pad_token_id = pad_token_id
+        self.batch_size = batch_size  # rows per `generate` call
+        # Parameters sharded over ranks (ZeRO-3, FSDP2): every forward is a collective, so all ranks
+        # keep stepping until the last one is done (generate's synced_gpus), and make as many calls.
+        self.synced = synced
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: int | list[int] | None = None,
+    ) -> list[list[Completion]]:
+        """n completions for each prompt, all prompts in one `generate` call (`batch_size` rows at a time).
+
+        With one seed per prompt, each completion is drawn with its own generator, seeded by
+        (its prompt's seed, its index in the group): what a prompt gets does not depend on which
+        other prompts share the call or the rank, up to float rounding in batched kernels.
+        One seed for the call seeds every row from it; none draws from the global RNG.
+        """
+        return cut_groups(self.sample(prompts, n, max_tokens, temperature, top_p, seed), self.stop, self.decode)
+
+    @torch.no_grad()
+    def sample(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: int | list[int] | None = None,
+    ) -> list[list[Completion]]:
+        """`generate` before the cut at the stop strings."""
+        seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
+        if len(seeds) != len(prompts):
+            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        was_training = self.model.training
+        self.model.eval()
+        device = next(self.model.parameters()).device
+        rows = [(p, s, j) for p, s in zip(prompts, seeds) for j in range(n)]
+        calls = math.ceil(len(rows) / self.batch_size)
+        if self.synced:  # every rank makes the most calls any rank makes (an idle rank steps on a dummy row)
+            count = torch.tensor(calls, device=device)
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+            calls = int(count)
+        results: list[Completion] = []
+        for c in range(calls):
+            chunk = rows[c * self.batch_size : (c + 1) * self.batch_size]
+            results += self._sample(chunk or [([self.pad_token_id], 0, 0)], max_tokens, temperature, top_p, device)[
+                : len(chunk)
+            ]
+        self.model.train(was_training)
+        return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _sample(self, rows, max_tokens: int, temperature: float, top_p: float, device) -> list[Completion]:
+        """One `generate` call over rows of (prompt, seed, index in the group)."""
+        generators = []
+        for _, s, j in rows:
+            row_seed = int(torch.randint(0, 2**62, ())) if s is None else completion_seed(s, j)
+            generators.append(torch.Generator(device=device).manual_seed(row_seed))
+        sampler = _RowSampler(generators, temperature, top_p)
+        width = max(len(p) for p, _, _ in rows)
+        # Left padding: every prompt ends where generation starts.
+        ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p, _, _ in rows], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _, _ in rows], device=device)
+        from transformers import GenerationConfig
+
+        # Every setting explicit: `generate` fills what is left unset from the model's own
+        # generation_config.json, whose sampling settings (repetition_penalty, top_k, ...) would
+        # change what the policy samples, and the trainer's log-probs would no longer match.
+        config = GenerationConfig(
+            do_sample=False,  # the sampling is _RowSampler's
+            temperature=1.0,
+            top_p=1.0,
+            top_k=50,  # transformers' default, unused by greedy decoding: set so that the model's config cannot fill it
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            max_new_tokens=max_tokens,
+            eos_token_id=self.stop_token_ids,
+            pad_token_id=self.pad_token_id,
+        )
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            generation_config=config,
+            logits_processor=[sampler],
+            synced_gpus=self.synced,
+        )
+        new = out[:, width:].tolist()
+        logps = torch.stack(sampler.logprobs, 1).tolist() if sampler.logprobs else [[] for _ in rows]
+        results = []
+        for row, row_logp in zip(new, logps):
+            stop = next((j for j, t in enumerate(row) if t in self.stop_token_ids), None)
+            end, finished = (len(row), False) if stop is None else (stop + 1, True)  # keep the stop token
+            results.append(Completion(row[:end], row_logp[:end], finished))
+        return results
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        pass  # generates with the training model itself
+
+    def sleep(self) -> None:
+        pass  # nothing to release: it is the training model
+
+    def close(self) -> None:
+        pass
+
+    def kv_cache_note(self, *_) -> None:
+        return None  # no cache to outgrow

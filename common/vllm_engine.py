@@ -1,0 +1,255 @@
+"""The vLLM rollout engine: vLLM in the training process (colocated, `vllm.LLM`).
+
+Its weights are a copy, so `load_weights` pushes the trainer's parameters in after every optimiser step
+(`common.vllm_sync`). Under accelerate each rank has its own engine (`distributed=True`: vLLM's
+external_launcher, TRL's colocate mode). Each completion is cut at the stop strings as `cut_at_stop` says.
+"""
+
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable
+
+import torch
+
+from common.cli import require
+from common.completion import Completion, cut_groups
+from common.console import quiet_libraries
+from common.vllm_sync import push_weights
+
+CPU_KV_CACHE_GIB = 2  # vLLM's KV cache on CPU unless VLLM_CPU_KVCACHE_SPACE says otherwise (docs/EVALUATION.md)
+
+
+def cpu_kv_cache_gib(value: str, default: str = str(CPU_KV_CACHE_GIB)) -> str:
+    """VLLM_CPU_KVCACHE_SPACE checked (`default` when unset or empty). vLLM 0.32 reads it with int() deep
+    inside its config (a pydantic traceback for "0.5") and 0 leaves no room for the cache: one line instead."""
+    value = value.strip() or default
+    require(
+        value.isascii() and value.isdigit() and int(value) > 0,
+        f"VLLM_CPU_KVCACHE_SPACE={value}: vLLM's CPU KV cache is sized in whole GiB; set a whole number >= 1 "
+        f"(e.g. VLLM_CPU_KVCACHE_SPACE={default})",
+    )
+    return value
+
+
+def kv_cache_note(
+    capacity: int,
+    prompt_lens: list[int],
+    prompts: int,
+    group_size: int,
+    added_len: int,
+    max_num_seqs: int,
+    cpu_gib: float | None,
+) -> str | None:
+    """One line when a step's rollout may not fit vLLM's KV cache (`capacity` tokens) at once, else None.
+    vLLM then decodes it in waves (sequences wait for others to finish), and a step takes up to that many
+    times longer. The need is the largest any step can have: its `prompts` prompts the longest of
+    `prompt_lens` (the data as loaded), each with `group_size` sequences of up to `added_len` more tokens,
+    at most `max_num_seqs` decoded at once. `cpu_gib`: the CPU KV cache's size (VLLM_CPU_KVCACHE_SPACE,
+    the knob there); None on GPU, where the cache is a share of the GPU's memory."""
+    longest = sorted(prompt_lens, reverse=True)[:prompts]
+    lens = [n + added_len for n in longest for _ in range(group_size)][:max_num_seqs]
+    need = sum(lens)
+    if need <= capacity:
+        return None
+    line = (
+        f"note: vLLM's KV cache holds {capacity:,} tokens; a step's rollout needs up to {need:,} ({len(lens)} "
+        f"sequences of up to {lens[0]:,} tokens: the longest prompts loaded + completions), so long completions "
+        f"are sampled in up to {math.ceil(need / capacity)} waves: "
+    )
+    if cpu_gib is None:
+        return line + "raise --vllm_gpu_memory_utilization (with --vllm_sleep on one GPU) to sample a step at once"
+    gib = math.ceil(cpu_gib * need / capacity)
+    return line + f"set VLLM_CPU_KVCACHE_SPACE={gib} (GiB; now {cpu_gib:g}) to sample a step at once"
+
+
+def vllm_engine_args(
+    model_path: str, *, max_model_len: int, seed: int, dtype: str, gpu: bool, gpu_memory_utilization: float = 0.3,
+    enable_sleep_mode: bool = False, distributed: bool = False, max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+) -> dict:  # fmt: skip
+    """The arguments of `vllm.LLM` for the colocated engine, on a GPU or not (`gpu`): what each device needs
+    is decided here, so a CPU test can check the GPU's (tests/test_distributed.py) without starting vLLM."""
+    kwargs = {}
+    if distributed:  # one engine per accelerate rank, TRL's colocate mode
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    if gpu:
+        kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
+    if max_num_seqs:  # sequences decoded together; a step's whole rollout at once if the KV cache holds it
+        kwargs["max_num_seqs"] = max_num_seqs
+    if max_num_batched_tokens:  # tokens per forward (chunked prefill budget)
+        kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+    if not gpu:
+        # vLLM 0.32 CPU cannot rewind a seeded request's generator after a chunk of a split prompt, and
+        # without per-prompt seeds one noise tensor serves the whole batch: a single token rounded
+        # differently on another CPU shifts every other sequence's samples. Whole prompts only, then.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens or 0, max_model_len, 2048)
+    return dict(
+        model=model_path,
+        skip_tokenizer_init=True,  # we tokenise and detokenise ourselves
+        dtype=dtype,
+        max_model_len=max_model_len,
+        seed=seed,
+        enable_prefix_caching=True,
+        # CPU: torch.compile's warm-up costs ~a minute and buys nothing at test sizes.
+        # GPU: keep CUDA graphs (weights are reloaded in place, so they stay valid).
+        enforce_eager=not gpu,
+        logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes them
+        use_tqdm_on_load=False,  # one progress bar per run: ours
+        **kwargs,
+    )
+
+
+class VLLMEngine:
+    """`common.rollout.RolloutEngine` on vLLM. `stop`: stop strings, `decode`: token ids -> text (both
+    required together). vLLM samples on to a stop token or the length limit; the cut comes after: vLLM's
+    own `stop` needs its detokenizer, which this engine runs without."""
+
+    def __init__(
+        self,
+        model_path: str,
+        stop_token_ids: list[int],
+        max_model_len: int,
+        seed: int = 0,
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.3,
+        enable_sleep_mode: bool = False,
+        distributed: bool = False,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        per_prompt_seeds: bool = True,
+        stop: Iterable[str] = (),
+        decode: Callable[[list[int]], str] | None = None,
+    ):
+        self.stop, self.decode = tuple(stop), decode
+        if self.stop and decode is None:
+            raise ValueError("stop strings need `decode`: the engine cuts each completion by its text")
+        # In-process engine core: collective_rpc then reaches the model with no
+        # serialisation of the weights (a subprocess would be sent CUDA tensors, and
+        # the external launcher asserts it is off).
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":  # a user's setting cannot work here
+            logging.getLogger(__name__).warning(
+                "VLLM_ENABLE_V1_MULTIPROCESSING=%s ignored: the weight sync needs vLLM's engine in this process",
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
+            )
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM's CPU KV cache (GiB): its default takes far more RAM than small runs need.
+        if not torch.cuda.is_available():
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = cpu_kv_cache_gib(os.environ.get("VLLM_CPU_KVCACHE_SPACE", ""))
+        quiet_libraries()  # before vLLM is imported: its log lines go through our filter
+        from vllm import LLM
+
+        # Every reload warns that RotaryEmbedding got no weights: its cos/sin cache
+        # is computed, not a checkpoint tensor, and vLLM keeps its own. Expected.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
+            lambda record: "RotaryEmbedding" not in record.getMessage()
+        )
+
+        self.llm = LLM(**vllm_engine_args(
+            model_path, max_model_len=max_model_len, seed=seed, dtype=dtype, gpu=torch.cuda.is_available(),
+            gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode, distributed=distributed,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        ))  # fmt: skip
+        self.stop_token_ids = list(stop_token_ids)
+        self.weight_dtype = None if dtype == "auto" else getattr(torch, dtype)  # what load_weights is best given
+        self.per_prompt_seeds = per_prompt_seeds
+        self.sleep_mode = enable_sleep_mode and torch.cuda.is_available()
+        self.asleep: set[str] = set()  # the parts released by sleep() and not woken yet
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: int | list[int] | None = None,
+    ) -> list[list[Completion]]:
+        """n completions for each prompt (a list of token ids); `seed`: one for the call or one per prompt."""
+        if not prompts:
+            return []
+        from vllm import SamplingParams, TokensPrompt
+
+        self._wake("weights", "kv_cache")
+
+        seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
+        if len(seeds) != len(prompts):
+            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        if not self.per_prompt_seeds:
+            # Unseeded requests draw from the engine's generator, seeded at construction: the same
+            # layout samples the same (--per_prompt_seeds false: docs/SCALING.md).
+            seeds = [None] * len(prompts)
+        params = [
+            SamplingParams(
+                n=n,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=s,
+                logprobs=0,  # the sampled token's own log-prob
+                stop_token_ids=self.stop_token_ids,
+                detokenize=False,
+            )
+            for s in seeds
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        groups = [
+            [
+                Completion(
+                    token_ids=list(c.token_ids),
+                    logprobs=[lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
+                    finished=c.finish_reason == "stop",
+                )
+                for c in out.outputs
+            ]
+            for out in outputs
+        ]
+        return cut_groups(groups, self.stop, self.decode)
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], batch_bytes: int = 2**30) -> None:
+        """Push HF-named parameters into vLLM's copy of the model, `batch_bytes` at a time.
+
+        `named_tensors` is consumed lazily, so under ZeRO-3 / FSDP2 (where each item
+        is gathered on demand) at most one batch of full tensors exists at once. An engine
+        asleep wakes its weights only: the KV cache stays released until `generate`.
+        """
+        self._wake("weights")
+        push_weights(self.llm, named_tensors, batch_bytes)
+
+    def close(self) -> None:
+        """Shut the engine down now, while the process group it joined still exists (left to the
+        interpreter's exit, vLLM's own teardown would find it destroyed and print a traceback)."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+    def sleep(self) -> None:
+        """Free vLLM's GPU memory during the update: the weights and the KV cache are discarded (level 2;
+        level 1 would first copy the weights to host memory, every step, although the sync overwrites
+        them: vLLM keeps its few non-checkpoint buffers itself). The engine wakes by itself, in the
+        order that needs the least memory: the weights when `load_weights` pushes the new ones in,
+        the KV cache when `generate` next runs. Between `sleep` and `load_weights` it must not sample."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep = {"weights", "kv_cache"}
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """Tokens vLLM's KV cache holds at once (all sequences together)."""
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        return cache.num_gpu_blocks * cache.block_size
+
+    def kv_cache_note(self, prompt_lens: list[int], prompts: int, group_size: int, added_len: int) -> str | None:
+        """`kv_cache_note` for this engine: its capacity, its concurrent sequences, its CPU KV cache size."""
+        config = self.llm.llm_engine.vllm_config
+        cpu_bytes = None if torch.cuda.is_available() else config.cache_config.kv_cache_memory_bytes
+        return kv_cache_note(
+            self.kv_cache_tokens, prompt_lens, prompts, group_size, added_len, config.scheduler_config.max_num_seqs,
+            None if cpu_bytes is None else cpu_bytes / 2**30,
+        )  # fmt: skip
+
+    def _wake(self, *tags: str) -> None:
+        """Wake only what is asleep: vLLM warns (and reallocates nothing) on an awake engine."""
+        todo = [t for t in tags if t in self.asleep]
+        if todo:
+            self.llm.wake_up(tags=todo)
+            self.asleep -= set(todo)
