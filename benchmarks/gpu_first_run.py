@@ -1,6 +1,6 @@
 """The first GPU run: every line docs/SCALING.md lists as needing CUDA, executed in one call, one report.
 
-    python benchmarks/gpu_first_run.py --out docs/gpu_first_run.md     # on a GPU: ~3 min, at most ~6.5 (budgets)
+    python benchmarks/gpu_first_run.py --out docs/gpu_first_run.md     # on a GPU: ~3 min expected, 6.5 at most
     python benchmarks/gpu_first_run.py --dry_run --out /tmp/dry.md     # anywhere: every part at toy sizes
     python benchmarks/gpu_first_run.py --parts kernels,gpu_step ...    # some parts only
 
