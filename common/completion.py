@@ -1,8 +1,9 @@
 """What a rollout engine returns, and where a completion ends: stop tokens and stop strings.
 
 A completion ends on a stop token (EOS, <|im_end|>: `stop_token_ids`) or before the first of the
-run's stop strings (`--stop`, few-shot under `--template plain`): the engines sample on to a stop
-token or the length limit and cut each completion afterwards, as `cut_at_stop` says.
+run's stop strings (`--stop`, few-shot under `--template plain`). Both engines stop sampling a
+sequence once its text holds a stop string, then cut it as `cut_at_stop` says: the tokens kept
+are those of a run that sampled on to EOS and was cut afterwards, only sooner.
 """
 
 from collections.abc import Callable

@@ -1,6 +1,6 @@
 """The transformers rollout engine: `generate` on the training model itself, for CPU runs or when vLLM is
 absent. It is always in sync (`load_weights` is a no-op); each row samples under its own seeded generator
-(`_RowSampler`), and is cut at the stop strings as `cut_at_stop` says.
+(`_RowSampler`), and stops once its text holds a stop string (`_StopStrings`), then is cut as `cut_at_stop` says.
 """
 
 import math
@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from common.completion import Completion, cut_groups
+from common.completion import Completion, cut_groups, stop_at
 from common.seeds import completion_seed
 
 
@@ -42,6 +42,31 @@ class _RowSampler:
         tokens = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
         self.logprobs.append(logp.gather(-1, tokens[:, None]).squeeze(-1))
         return scores.fill_(-math.inf).scatter_(-1, tokens[:, None], 0.0)  # greedy now picks the sample
+
+
+class _StopStrings:
+    """A stopping criterion: a row ends once its completion's text (`decode`, as `cut_at_stop` reads it)
+    holds one of the `stop` strings. `ended[row]`: its length then (generate pads a row after it ends).
+
+    Each step looks at the text of the last few tokens first, and decodes the whole completion only when
+    that holds a stop string: a row ends at the first token whose whole text holds one, or, should the
+    short look miss one (a tail whose text differs from the whole's), later; the cut afterwards is the same.
+    """
+
+    def __init__(self, stop: tuple[str, ...], decode: Callable[[list[int]], str], prompt_width: int):
+        self.stop, self.decode, self.width = stop, decode, prompt_width
+        self.tail = max(map(len, stop)) + 8  # tokens: each gives at least a character, bar partial bytes
+        self.ended: dict[int, int] = {}
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        new = input_ids[:, self.width :]
+        for row, tail in enumerate(new[:, -self.tail :].tolist()):
+            if row not in self.ended and stop_at(self.decode(tail), self.stop) is not None:
+                if stop_at(self.decode(new[row].tolist()), self.stop) is not None:
+                    self.ended[row] = new.shape[1]
+        done = torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
+        done[list(self.ended)] = True
+        return done
 
 
 class HFEngine:
@@ -100,7 +125,7 @@ class HFEngine:
         top_p: float = 1.0,
         seed: int | list[int] | None = None,
     ) -> list[list[Completion]]:
-        """`generate` before the cut at the stop strings."""
+        """`generate` before the cut at the stop strings: each row ends on the token that completes one."""
         seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
             raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
@@ -130,10 +155,11 @@ class HFEngine:
             generators.append(torch.Generator(device=device).manual_seed(row_seed))
         sampler = _RowSampler(generators, temperature, top_p)
         width = max(len(p) for p, _, _ in rows)
+        stops = _StopStrings(self.stop, self.decode, width) if self.stop else None
         # Left padding: every prompt ends where generation starts.
         ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p, _, _ in rows], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _, _ in rows], device=device)
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, StoppingCriteriaList
 
         # Every setting explicit: `generate` fills what is left unset from the model's own
         # generation_config.json, whose sampling settings (repetition_penalty, top_k, ...) would
@@ -154,14 +180,17 @@ class HFEngine:
             attention_mask=mask,
             generation_config=config,
             logits_processor=[sampler],
+            stopping_criteria=StoppingCriteriaList([stops] if stops else []),
             synced_gpus=self.synced,
         )
         new = out[:, width:].tolist()
         logps = torch.stack(sampler.logprobs, 1).tolist() if sampler.logprobs else [[] for _ in rows]
         results = []
-        for row, row_logp in zip(new, logps):
+        for i, (row, row_logp) in enumerate(zip(new, logps)):
             stop = next((j for j, t in enumerate(row) if t in self.stop_token_ids), None)
             end, finished = (len(row), False) if stop is None else (stop + 1, True)  # keep the stop token
+            if stops and stops.ended.get(i, end) < end:  # ended on a stop string first (generate padded it after)
+                end, finished = stops.ended[i], True
             results.append(Completion(row[:end], row_logp[:end], finished))
         return results
 

@@ -9,8 +9,8 @@ Two backends behind one interface, `RolloutEngine`, built by `make_engine`:
   runs or when vLLM is absent; it is always in sync, `load_weights` is a no-op.
 
 Both return the engine's log-prob of each sampled token under logits / T, which the scripts compare
-with the trainer's (the `rollout_logp_gap` metric), and both cut each completion at the run's stop strings
-(common/completion.py). Seeds: common/seeds.py. This module's names are the ones the
+with the trainer's (the `rollout_logp_gap` metric), and both stop a sequence at the run's stop strings
+while sampling (common/completion.py). Seeds: common/seeds.py. This module's names are the ones the
 scripts, tools and tests import.
 """
 
@@ -98,7 +98,7 @@ def make_engine(
     `model_path` in `dtype` when None), `batch_size` rows per generate call; `synced`: every rank
     steps together (parameters sharded over ranks: ZeRO-3, FSDP2). `per_prompt_seeds`: False makes vLLM
     ignore the seeds `generate` is given (the engine's own `seed` alone; docs/SCALING.md). `stop`: stop
-    strings (`--stop`), cut as `cut_at_stop` says.
+    strings (`--stop`): sampling stops at them, and completions are cut as `cut_at_stop` says.
     """
     stop_ids = stop_token_ids(tokenizer, model_path)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)

@@ -2,7 +2,8 @@
 
 Its weights are a copy, so `load_weights` pushes the trainer's parameters in after every optimiser step
 (`common.vllm_sync`). Under accelerate each rank has its own engine (`distributed=True`: vLLM's
-external_launcher, TRL's colocate mode). Each completion is cut at the stop strings as `cut_at_stop` says.
+external_launcher, TRL's colocate mode). Stop strings are applied inside vLLM while it samples (its
+detokenizer, given the model's tokenizer only then), and each completion is cut as `cut_at_stop` says.
 """
 
 import logging
@@ -13,7 +14,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from common.cli import require
-from common.completion import Completion, cut_groups
+from common.completion import Completion, cut_groups, stop_at
 from common.console import quiet_libraries
 from common.vllm_sync import push_weights
 
@@ -66,10 +67,11 @@ def kv_cache_note(
 def vllm_engine_args(
     model_path: str, *, max_model_len: int, seed: int, dtype: str, gpu: bool, gpu_memory_utilization: float = 0.3,
     enable_sleep_mode: bool = False, distributed: bool = False, max_num_seqs: int | None = None,
-    max_num_batched_tokens: int | None = None,
+    max_num_batched_tokens: int | None = None, detokenize: bool = False,
 ) -> dict:  # fmt: skip
     """The arguments of `vllm.LLM` for the colocated engine, on a GPU or not (`gpu`): what each device needs
-    is decided here, so a CPU test can check the GPU's (tests/test_distributed.py) without starting vLLM."""
+    is decided here, so a CPU test can check the GPU's (tests/test_distributed.py) without starting vLLM.
+    `detokenize`: vLLM loads the model's tokenizer (stop strings need its detokenizer); else it runs without."""
     kwargs = {}
     if distributed:  # one engine per accelerate rank, TRL's colocate mode
         kwargs["distributed_executor_backend"] = "external_launcher"
@@ -87,7 +89,7 @@ def vllm_engine_args(
         kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens or 0, max_model_len, 2048)
     return dict(
         model=model_path,
-        skip_tokenizer_init=True,  # we tokenise and detokenise ourselves
+        skip_tokenizer_init=not detokenize,  # we tokenise and detokenise ourselves
         dtype=dtype,
         max_model_len=max_model_len,
         seed=seed,
@@ -103,8 +105,7 @@ def vllm_engine_args(
 
 class VLLMEngine:
     """`common.rollout.RolloutEngine` on vLLM. `stop`: stop strings, `decode`: token ids -> text (both
-    required together). vLLM samples on to a stop token or the length limit; the cut comes after: vLLM's
-    own `stop` needs its detokenizer, which this engine runs without."""
+    required together); the engine then stops each sequence inside vLLM once its text holds one."""
 
     def __init__(
         self,
@@ -149,7 +150,7 @@ class VLLMEngine:
         self.llm = LLM(**vllm_engine_args(
             model_path, max_model_len=max_model_len, seed=seed, dtype=dtype, gpu=torch.cuda.is_available(),
             gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode, distributed=distributed,
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, detokenize=bool(self.stop),
         ))  # fmt: skip
         self.stop_token_ids = list(stop_token_ids)
         self.weight_dtype = None if dtype == "auto" else getattr(torch, dtype)  # what load_weights is best given
@@ -167,19 +168,50 @@ class VLLMEngine:
         seed: int | list[int] | None = None,
     ) -> list[list[Completion]]:
         """n completions for each prompt (a list of token ids); `seed`: one for the call or one per prompt."""
+        return cut_groups(self.sample(prompts, n, max_tokens, temperature, top_p, seed), self.stop, self.decode)
+
+    def sample(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: int | list[int] | None = None,
+    ) -> list[list[Completion]]:
+        """`generate` before the cut at the stop strings: each sequence ends on the token that completes
+        one (vLLM's stop, on its own incremental decoding of the text). Where vLLM's text held a stop string
+        that `decode`'s does not (a tokenizer whose text depends on the prompt's last tokens), the prompt's
+        completions are sampled again without stop strings, so the cut is always the one `decode` gives."""
         if not prompts:
             return []
-        from vllm import SamplingParams, TokensPrompt
-
-        self._wake("weights", "kv_cache")
-
         seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
             raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         if not self.per_prompt_seeds:
             # Unseeded requests draw from the engine's generator, seeded at construction: the same
-            # layout samples the same (--per_prompt_seeds false: docs/SCALING.md).
+            # layout samples the same (--per_prompt_seeds false: docs/SCALING.md). One draw serves the
+            # batch, so a sequence stopped at a stop string shifts the others' samples: a run repeats
+            # itself, but is not the same as it was before stop strings reached vLLM.
             seeds = [None] * len(prompts)
+        args = (n, max_tokens, temperature, top_p)
+        groups = self._sample(prompts, seeds, *args, stop=self.stop)
+        redo = [i for i, g in enumerate(groups) if any(self._stopped_early(c) for c in g)]
+        if redo:
+            again = self._sample([prompts[i] for i in redo], [seeds[i] for i in redo], *args, stop=())
+            for i, group in zip(redo, again):
+                groups[i] = group
+        return groups
+
+    def _stopped_early(self, c: Completion) -> bool:
+        """Did vLLM end `c` on a stop string (finished, not on a stop token) that `decode`'s text of it lacks?"""
+        on_string = c.finished and c.token_ids and c.token_ids[-1] not in self.stop_token_ids
+        return bool(on_string) and stop_at(self.decode(c.token_ids), self.stop) is None
+
+    def _sample(self, prompts, seeds, n, max_tokens, temperature, top_p, stop) -> list[list[Completion]]:
+        from vllm import SamplingParams, TokensPrompt
+
+        self._wake("weights", "kv_cache")
         params = [
             SamplingParams(
                 n=n,
@@ -189,12 +221,13 @@ class VLLMEngine:
                 seed=s,
                 logprobs=0,  # the sampled token's own log-prob
                 stop_token_ids=self.stop_token_ids,
-                detokenize=False,
+                stop=list(stop),
+                detokenize=bool(stop),  # the text only where a stop string is looked for
             )
             for s in seeds
         ]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        groups = [
+        return [
             [
                 Completion(
                     token_ids=list(c.token_ids),
@@ -205,7 +238,6 @@ class VLLMEngine:
             ]
             for out in outputs
         ]
-        return cut_groups(groups, self.stop, self.decode)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], batch_bytes: int = 2**30) -> None:
         """Push HF-named parameters into vLLM's copy of the model, `batch_bytes` at a time.
