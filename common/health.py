@@ -190,11 +190,14 @@ class StopSignal:
 
 # train/rollout_logp_gap (mean |log p_rollout - log p_old| per token) after the first sync, against step 1's
 # (the engine's weights as loaded, before any sync). Numerics alone give 1e-7 to 2e-6 in fp32 (SmolLM2 on CPU,
-# docs/SCALING.md) and ~1e-2 in bf16, alike before and after a sync; a sync that missed or mangled layers gave 0.1 (a tiny random Qwen3-MoE
-# whose experts vLLM-CPU left unpacked, tests/test_moe_sync.py) to 5-7 nats (a larger one).
+# docs/SCALING.md) and ~1e-2 in bf16, alike before and after a sync. A sync that left a tiny random Qwen3-MoE's
+# experts unpacked on vLLM-CPU (tests/test_moe_sync.py's model) gave 9e-8 before it and 0.009 after (a run of
+# grpo_base.py whose rewards were flat: the same weights synced back) to 0.1 (weights moved); issue 40: 5-7.
 ROLLOUT_GAP = "train/rollout_logp_gap"  # every script's step_metrics logs it, reduced over ranks
 ROLLOUT_GAP_FACTOR = 10.0  # after the sync, more than this many times the gap before it ...
-ROLLOUT_GAP_FLOOR = 0.02  # ... and above this (nats/token): twice bf16's whole gap, 5x below the smallest bad sync
+# ... and above this (nats/token): 500x fp32's numerics, so they never warn; bf16's own gap is 10x it, so
+# there the factor decides (a bf16 engine's ~1e-2 would have to pass 0.1).
+ROLLOUT_GAP_FLOOR = 1e-3
 
 
 def warn_rollout_gap(step: int, metrics: dict, previous: dict, say: Callable[[str], None] = print) -> None:
