@@ -94,6 +94,7 @@ class Session:
         learning rate, unchecked answers), reduce over ranks, log (and `samples`: the step's dataset rows,
         texts, rewards, advantages), warn, agree on a stop over the ranks, save when due."""
         from common.distributed import peak_memory_gb, reduce_metrics
+        from common.health import warn_rollout_gap
 
         io, trainer, verifier = self.io, self.trainer, self.rewards.verifier
         step_s = sum(timer.seconds.values())  # the step itself; evaluation is timed on its own
@@ -115,6 +116,7 @@ class Session:
         io.logger.log(step, metrics)
         io.logger.log_samples(step, samples, self.rollout.tokenizer.decode)
         io.watch.update(step, metrics)
+        warn_rollout_gap(step, metrics, io.last_metrics, io.say)  # did the first sync reach the engine's weights?
         io.stop.agree(trainer.accelerator)  # every rank stops after the same step
         final = step == io.total_steps
         io.checkpoints.save_if_due(
