@@ -7,13 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.models import Precision
+from common.rollout import RolloutEngine
 from common.run_flags import RunFlags
 from common.sampler import PromptSampler
 
 
 @dataclass
 class Rollout:
-    engine: object  # common.rollout's VLLMEngine or HFEngine: generate, sleep, load_weights, close
+    engine: RolloutEngine  # common.rollout's VLLMEngine or HFEngine
     sampler: PromptSampler  # each step's prompts, this rank's share
     tokenizer: object  # the policy's: prompts in, completions out
     seed: int  # --seed
@@ -51,41 +52,56 @@ class Rollout:
         self.sync_weights(trainer)
 
 
+@dataclass(frozen=True)
+class EngineSize:
+    """How each rank's rollout engine is sized (vLLM's arguments): the memory preflight plans it before any weight
+    loads (`common.trainer.check_memory`), `rollout_engine` builds it."""
+
+    max_model_len: int  # prompt + completion + any extra context (EDGE-GRPO's reflections)
+    max_num_seqs: int  # sequences sampled at once: a step's rollout or an evaluation on this rank, at most 1,024
+    max_num_batched_tokens: int | None  # None: vLLM's own
+
+
+def engine_size(spec, run: RunFlags, world: int, eval_sets: dict) -> EngineSize:
+    """The engine size of `spec` (`common.train_spec.TrainSpec`) under `run`'s flags on `world` ranks, for a step's
+    rollout or an evaluation of `eval_sets`, whichever samples more sequences at once."""
+    rows_per_rank = spec.prompts_per_step // world * spec.group_size
+    eval_rows_per_rank = max((len(r) for r in eval_sets.values()), default=0) * run.eval_n // world
+    return EngineSize(
+        spec.max_prompt_len + spec.max_completion_len + spec.extra_context,
+        run.vllm_max_num_seqs or min(1024, max(rows_per_rank, eval_rows_per_rank)),
+        run.vllm_max_num_batched_tokens or None,
+    )
+
+
 def open_rollout(spec, run: RunFlags, model_path: str, tokenizer, trainer, precision: Precision, rows: list[dict],
-                 eval_sets: dict, stop: list[str], say) -> Rollout:  # fmt: skip
+                 size: EngineSize, stop: list[str], say) -> Rollout:  # fmt: skip
     """The rollout side of `spec` (`common.train_spec.TrainSpec`): the sampler over the training `rows`, and
-    the engine of --rollout (`rollout_engine`), sized for a step or an evaluation of `eval_sets`, whichever is
-    larger, cutting completions at the `stop` strings."""
+    the engine of --rollout (`rollout_engine`) of `size`, cutting completions at the `stop` strings."""
     sampler = PromptSampler(rows, spec.prompts_per_step, seed=spec.seed, rank=trainer.rank, world_size=trainer.world)
     engine = rollout_engine(
         run, model_path, tokenizer, trainer.accelerator.unwrap_model(trainer.model), trainer.mode, precision,
-        seed=spec.seed + trainer.rank, max_prompt_len=spec.max_prompt_len,
-        added_len=spec.max_completion_len + spec.extra_context, rows=rows, eval_sets=eval_sets,
+        seed=spec.seed + trainer.rank, size=size, added_len=spec.max_completion_len + spec.extra_context, rows=rows,
         prompts_per_step=spec.prompts_per_step, group_size=spec.group_size, say=say, stop=stop,
     )  # fmt: skip
     return Rollout(engine, sampler, tokenizer, spec.seed, spec.prompts_per_step, trainer.rank)
 
 
 def rollout_engine(
-    run: RunFlags, model_path: str, tokenizer, policy, mode, precision: Precision, *, seed: int, max_prompt_len: int,
-    added_len: int, rows: list[dict], eval_sets: dict, prompts_per_step: int, group_size: int, say, stop: list[str] = (),
+    run: RunFlags, model_path: str, tokenizer, policy, mode, precision: Precision, *, seed: int, size: EngineSize,
+    added_len: int, rows: list[dict], prompts_per_step: int, group_size: int, say, stop: list[str] = (),
 ):  # fmt: skip
-    """The rollout engine of --rollout (`common.rollout.make_engine`), sized for a step's rollout or an
-    evaluation on this rank, whichever is larger, for sequences of `max_prompt_len` + `added_len` tokens (the
-    completion and any extra context); `seed`: this rank's; `stop`: the stop strings. Says when its KV cache
-    cannot hold a step at once."""
+    """The rollout engine of --rollout (`common.rollout.make_engine`) of `size` (`engine_size`); `seed`: this
+    rank's; `added_len`: the tokens a sequence adds to its prompt (completion, extra context); `stop`: the stop
+    strings. Says when its KV cache cannot hold a step at once."""
     from common.rollout import make_engine
 
     world = mode.world
-    rows_per_rank = prompts_per_step // world * group_size  # sequences sampled at once: the rollout, an evaluation
-    eval_rows_per_rank = max((len(r) for r in eval_sets.values()), default=0) * run.eval_n // world
     engine = make_engine(
-        run.rollout, model_path, tokenizer, policy, seed=seed, world=world,
-        max_model_len=max_prompt_len + added_len, dtype=precision.engine,
-        gpu_memory_utilization=run.vllm_gpu_memory_utilization, sleep=run.vllm_sleep,
-        max_num_seqs=run.vllm_max_num_seqs or min(1024, max(rows_per_rank, eval_rows_per_rank)),
-        max_num_batched_tokens=run.vllm_max_num_batched_tokens, synced=mode.sharded, per_prompt_seeds=run.per_prompt_seeds,
-        stop=stop,
+        run.rollout, model_path, tokenizer, policy, seed=seed, world=world, max_model_len=size.max_model_len,
+        dtype=precision.engine, gpu_memory_utilization=run.vllm_gpu_memory_utilization, sleep=run.vllm_sleep,
+        max_num_seqs=size.max_num_seqs, max_num_batched_tokens=run.vllm_max_num_batched_tokens, synced=mode.sharded,
+        per_prompt_seeds=run.per_prompt_seeds, stop=stop,
     )  # fmt: skip
     kv_note = engine.kv_cache_note(
         [len(r["prompt_ids"]) for r in rows], prompts_per_step // world, group_size, added_len

@@ -154,7 +154,8 @@ def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict
     from common.machine import describe_machine
     from common.models import announce_loading, precision_for
     from common.prompts import pool_of
-    from common.rollout_side import open_rollout
+    from common.rollout_side import engine_size, open_rollout
+    from common.run_flags import launch_world
     from common.run_io import open_run_io
     from common.scoring import open_scorer
     from common.trainer import open_trainer
@@ -172,10 +173,9 @@ def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict
     )  # fmt: skip
     precision = precision_for(run.precision, gpu)
     announce_loading(say0, pre.model_path, spec.reference_model, run.rollout, run.precision, gpu)
-    trainer = open_trainer(spec, run, pre.model_path, precision, pre.run_dir, pre.total_steps, gpu, say0)
-    rollout = open_rollout(
-        spec, run, pre.model_path, pre.tokenizer, trainer, precision, pre.rows, pre.eval_sets, stop, say0
-    )
+    size = engine_size(spec, run, launch_world(), pre.eval_sets)  # the preflight plans it, the rollout builds it
+    trainer = open_trainer(spec, run, pre.model_path, precision, pre.run_dir, pre.total_steps, gpu, say0, size)
+    rollout = open_rollout(spec, run, pre.model_path, pre.tokenizer, trainer, precision, pre.rows, size, stop, say0)
     start_step = 0
     if run.resume and (state := trainer.resume(pre.run_dir)) is not None:
         rollout.resume(state, trainer)

@@ -114,10 +114,11 @@ class Trainer:
 
 
 def open_trainer(spec, run: RunFlags, model_path: str, precision: Precision, run_dir: Path, total_steps: int,
-                 gpu: bool, say) -> Trainer:  # fmt: skip
+                 gpu: bool, say, engine_size=None) -> Trainer:  # fmt: skip
     """The trainer of `spec` (`common.train_spec.TrainSpec`) under `run`'s flags: the accelerator and the checks
     that need it (`open_accelerator`), this rank's seed, then the models and the optimiser (`load_models`)
-    with the learning-rate schedule over `total_steps` steps. Its guard says what it skips with `print` until
+    with the learning-rate schedule over `total_steps` steps; `engine_size`: the rollout engine's
+    (`common.rollout_side.engine_size`), for the memory preflight. Its guard says what it skips with `print` until
     the session gives it the log's line (`common.health.UpdateGuard.say`)."""
     import torch
     from accelerate.utils import set_seed
@@ -126,7 +127,7 @@ def open_trainer(spec, run: RunFlags, model_path: str, precision: Precision, run
     from common.lr_schedule import lr_lambda
 
     accelerator, mode = open_accelerator(
-        run, spec.grad_clip, precision, run_dir, model_path, spec.reference_model, device_memory_gib(gpu)
+        run, spec.grad_clip, precision, run_dir, model_path, spec.reference_model, device_memory_gib(gpu), engine_size
     )
     set_seed(spec.seed + accelerator.process_index)
     policy, ref_model, opt, scheduler, layout, memory_tokens = load_models(
@@ -144,7 +145,7 @@ def open_trainer(spec, run: RunFlags, model_path: str, precision: Precision, run
 
 def open_accelerator(
     run: RunFlags, grad_clip: float, precision: Precision, run_dir: Path, model_path: str, reference_model: bool,
-    device_gib: float | None,
+    device_gib: float | None, engine_size=None,
 ):  # fmt: skip
     """The accelerator and the parallel mode, then the checks that need them, before any weight loads: every
     rank sees the run directory (multi-node), no reference model under ZeRO-3, and the memory preflight on a
@@ -160,18 +161,24 @@ def open_accelerator(
         "--beta > 0 under DeepSpeed ZeRO-3: the reference model would be partitioned and never wrapped; "
         "use configs/accelerate/fsdp2.yaml (the reference model is then loaded whole on each GPU) or --beta 0",
     )
-    check_memory(run, model_path, mode, reference_model, device_gib)
+    check_memory(run, model_path, mode, reference_model, device_gib, engine_size)
     return accelerator, mode
 
 
-def check_memory(run: RunFlags, model_path: str, mode, reference_model: bool, device_gib: float | None):
+def check_memory(
+    run: RunFlags, model_path: str, mode, reference_model: bool, device_gib: float | None, engine_size=None
+):  # fmt: skip
     """The memory preflight (`common.preflight.preflight_memory`) of this run's flags under `mode`, on a device
-    of `device_gib` GiB (None: nothing is planned). Returns the plan (GiB per item) or None."""
+    of `device_gib` GiB (None: nothing is planned), vLLM's floor from `engine_size` (`common.rollout_side.
+    engine_size`; None: vLLM's defaults, which err high). Returns the plan (GiB per item) or None."""
+    from dataclasses import asdict
+
     from common.preflight import preflight_memory
 
     return preflight_memory(  # refuse a plan whose memory cannot fit, before any weight loads
         model_path, mode=mode.kind, world=mode.world, precision=run.precision, reference_model=reference_model,
         vllm_utilization=run.vllm_gpu_memory_utilization if run.rollout == "vllm" else 0.0, total_gib=device_gib,
+        **(asdict(engine_size) if engine_size is not None else {}),
     )  # fmt: skip
 
 

@@ -109,7 +109,11 @@ def test_session_checks_memory_and_the_shared_filesystem_before_any_weight_loads
     assert calls == [
         "check_shared",
         ("preflight", str(tiny_random_dir), {"mode": "single", "world": 1, "precision": "auto", "reference_model": True,
-                                             "vllm_utilization": 0.0, "total_gib": None}),
+                                             "vllm_utilization": 0.0, "total_gib": None,
+                                             # vLLM's sizes, as the rollout engine is built (rollout_side.engine_size)
+                                             "max_model_len": args.max_prompt_len + args.max_completion_len,
+                                             "max_num_seqs": min(1024, args.prompts_per_step * args.group_size),
+                                             "max_num_batched_tokens": None}),
     ]  # fmt: skip
 
 
