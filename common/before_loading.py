@@ -1,7 +1,7 @@
-"""Everything a run checks before any model loads, each failure one line: the launch, the reward terms and
-your --reward_fn on a few completions, the run directory (locked by rank 0), the model's path and context, the
-data, the step count, the benchmarks, and the reward terms against the prompt's answer format
-(`check_launch_and_rewards`, `check_before_loading` -> `Prepared`, `check_prompt_format`)."""
+"""Everything a run checks before any model loads, each failure one line: the launch, the reward terms, the run
+directory (locked by rank 0), the model's path and context, the data, your --reward_fn (called as training calls
+it, on stand-ins for a few of the dataset's rows), the step count, the benchmarks, and the reward terms against
+the prompt's answer format (`check_launch_and_rewards`, `check_before_loading` -> `Prepared`, `check_prompt_format`)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ def check_launch_and_rewards(
     rewards: str, reward_fn: str | None, prompts_per_step: int, group_size: int
 ) -> tuple[list[str], list]:
     """The checks that need nothing but the flags and the launch: the process count (accelerate sets
-    WORLD_SIZE before any process starts), the reward terms, and each --reward_fn called on a few
-    completions now, before any model loads. Returns (the reward terms, the custom reward functions)."""
+    WORLD_SIZE before any process starts), the reward terms, and each --reward_fn loaded (it is called on a few
+    of the dataset's rows once they load: `check_before_loading`). Returns (the reward terms, the custom reward
+    functions)."""
     from common.distributed import check_launch
-    from common.rewards import REWARD_FUNCS, load_reward_fn, probe_reward_fn
+    from common.rewards import REWARD_FUNCS, load_reward_fn
 
     check_launch(dict(os.environ), sys.argv)
     world_env = launch_world()
@@ -33,12 +34,20 @@ def check_launch_and_rewards(
         f"--rewards: unknown term(s) {sorted(unknown)}; choose from {sorted(REWARD_FUNCS)}, or add your own with --reward_fn",
     )
     with clear_errors("--reward_fn"):
-        per_step = prompts_per_step // world_env * group_size
-        say0 = print if int(os.environ.get("RANK", "0")) == 0 else lambda _: None
-        custom = [
-            probe_reward_fn(load_reward_fn(spec), per_step, say0) for spec in (reward_fn or "").split(",") if spec
-        ]
+        custom = [load_reward_fn(spec) for spec in (reward_fn or "").split(",") if spec]
     return terms, custom
+
+
+def probe_reward_fns(spec, rows: list[dict], tokenizer, say) -> None:
+    """Each --reward_fn called as training calls it, on stand-ins for a few of the loaded `rows` and their columns
+    (`common.rewards.probe_reward_fn`): one that fails in training fails here, before any model loads, with its own
+    error. `load_reward_fn` gives the same function objects `check_launch_and_rewards` returned."""
+    from common.rewards import load_reward_fn, probe_reward_fn
+
+    per_step = spec.prompts_per_step // launch_world() * spec.group_size
+    with clear_errors("--reward_fn"):
+        for name in filter(None, (spec.reward_fn or "").split(",")):
+            probe_reward_fn(load_reward_fn(name), rows, tokenizer.decode, per_step, say)
 
 
 def check_prompt_format(terms: list[str], prompt_ids: list[int], tokenizer, template: str, few_shot: int,
@@ -93,6 +102,7 @@ def check_before_loading(script: str, spec, run: RunFlags, values: dict, resumab
         spec.model, spec.max_prompt_len + spec.max_completion_len + spec.extra_context, spec.extra_context_flags
     )
     rows, opens_think = load_training_prompts(spec, run, tokenizer, say=print if is_main else lambda _: None)
+    probe_reward_fns(spec, rows, tokenizer, say=print if is_main else lambda _: None)
     with clear_errors():
         total_steps, length = count_steps(spec.steps, spec.epochs, len(rows), spec.prompts_per_step)
     if is_main:

@@ -150,18 +150,17 @@ REWARD_FUNCS: dict[str, Callable[..., list]] = {
 
 def load_reward_fn(spec: str) -> RewardFn:
     """The function `spec` names: "package.module:function" (importable from the working directory)
-    or "path/to/file.py:function". ValueError with the reason if it cannot be found."""
+    or "path/to/file.py:function". ValueError with the reason if it cannot be found, or cannot take
+    (completions, answers, verifier) positionally. Keyword arguments it requires are the dataset's columns:
+    the probe (`probe_reward_fn`) checks them against the loaded rows. The same spec gives the same function
+    object for the process's life (a file is executed once, as an imported module is), so the function the
+    probe calls is the one training calls."""
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name.isidentifier():
         raise ValueError(f"{spec!r} is not module:function (e.g. my_rewards:brevity or path/to/rewards.py:brevity)")
     try:
         if where.endswith(".py") or "/" in where:
-            path = Path(where).expanduser().resolve()
-            module_spec = importlib.util.spec_from_file_location(path.stem, path)
-            if module_spec is None or not path.is_file():
-                raise FileNotFoundError(f"no file {path}")
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
+            module = _file_module(Path(where).expanduser().resolve())
         else:
             if "" not in sys.path and str(Path.cwd()) not in sys.path:
                 sys.path.insert(0, str(Path.cwd()))  # a module beside the user, as `python -c` would see it
@@ -172,7 +171,11 @@ def load_reward_fn(spec: str) -> RewardFn:
     if not callable(fn):
         raise ValueError(f"{where!r} has no function {name!r}")
     try:
-        inspect.signature(fn).bind(["completion"], ["answer"], None)
+        params = inspect.signature(fn).parameters.values()
+        inspect.signature(fn).bind_partial(["completion"], ["answer"], None)
+        positional_only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+        if len(positional_only) > 3:
+            raise TypeError(f"missing positional-only argument(s) {positional_only[3:]}")
     except TypeError as e:
         raise ValueError(
             f"{name}{_signature(fn)} cannot be called as {name}(completions, answers, verifier): {e}"
@@ -182,37 +185,83 @@ def load_reward_fn(spec: str) -> RewardFn:
     return fn
 
 
+_FILE_MODULES: dict[Path, tuple[tuple[int, int], object]] = {}  # path -> ((mtime_ns, size), module)
+
+
+def _file_module(path: Path):
+    """The module a .py file defines, executed once per version of the file (as `import` caches a module)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no file {path}")
+    version = (path.stat().st_mtime_ns, path.stat().st_size)
+    if (cached := _FILE_MODULES.get(path)) and cached[0] == version:
+        return cached[1]
+    module_spec = importlib.util.spec_from_file_location(path.stem, path)
+    if module_spec is None:
+        raise FileNotFoundError(f"no file {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    _FILE_MODULES[path] = (version, module)
+    return module
+
+
 class RewardFnError(ValueError):
     """A --reward_fn function raised, or returned something that is not one finite number per completion."""
 
 
-# What the probe gives a --reward_fn function before any model loads: right, right but unreadable, wrong, empty.
-PROBE = (
-    ["3 + 4 = 7. The answer is \\boxed{7}.", "3 + 4 = 7. The answer is 7.", "3 + 4 = 8. The answer is \\boxed{8}.", ""],
-    ["7", "7", "7", "7"],
-)
 SLOW_STEP_S = 10.0  # a custom term slower than this a step gets a note
+PROBE_ROWS = 4  # dataset rows the probe takes at the least, spread over the data (`probe_indices`)
 
 
-def probe_reward_fn(fn: RewardFn, per_step: int, say=print) -> RewardFn:
-    """Call `fn` once on PROBE's completions, with a real verifier, before any model loads: a bad value or an
-    error stops the run now (`RewardFnError`), not after the first rollout. A function that would take more
-    than SLOW_STEP_S for a step's `per_step` completions (timed on a second call when the first was slow,
-    which may have started the verifier) gets a note."""
-    completions, answers = PROBE
-    columns = {"prompts": ["What is 3 + 4?"] * len(completions), "problems": ["What is 3 + 4?"] * len(completions)}
-    with MathVerifier(workers=1) as verifier:
-        for _ in range(2):
-            start = time.perf_counter()
-            custom_scores(fn, completions, answers, verifier, columns)
-            per_completion = (time.perf_counter() - start) / len(completions)
-            if per_completion * per_step <= SLOW_STEP_S:
-                return fn
+def stand_ins(answer: str) -> list[str]:
+    """What the probe gives a --reward_fn function for a row of gold `answer`, as a group of completions would
+    be: right, right but unreadable (no box), wrong, empty."""
+    return [
+        f"The answer is \\boxed{{{answer}}}.",
+        f"The answer is {answer}.",
+        f"The answer is \\boxed{{{answer}1}}.",
+        "",
+    ]
+
+
+def probe_reward_fn(fn: RewardFn, rows: list[dict], decode, per_step: int, say=print) -> RewardFn:
+    """Call `fn` before any model loads exactly as training calls it (`common.scoring.Scorer.score`): stand-in
+    completions (`stand_ins`) for a few of the loaded dataset `rows` (`decode`: token ids -> text, the prompts as
+    the policy sees them), their gold answers, a real verifier, and the keyword arguments it takes from the rows'
+    columns (`reward_columns`). A bad value or an error stops the run now (`RewardFnError`, naming the rows), not
+    after the first rollout. A function that would take more than SLOW_STEP_S for a step's `per_step` completions
+    (timed on a second call when the first was slow, which may have started the verifier) gets a note."""
+    indices = probe_indices(rows)
+    picked = [rows[i] for i in indices]
+    group = [r for r in picked for _ in stand_ins("")]  # each completion's row, as the sampler gives them
+    completions = [c for r in picked for c in stand_ins(r["answer"])]
+    answers = [r["answer"] for r in group]
+    columns = reward_columns(group, decode)
+    where = f"called at start-up as training calls it, on stand-in completions for rows {', '.join(map(str, indices))}"
+    try:
+        with MathVerifier(workers=1) as verifier:
+            for _ in range(2):
+                start = time.perf_counter()
+                custom_scores(fn, completions, answers, verifier, columns)
+                per_completion = (time.perf_counter() - start) / len(completions)
+                if per_completion * per_step <= SLOW_STEP_S:
+                    return fn
+    except RewardFnError as e:
+        where += f" of the {len(rows)} loaded from --dataset; the keyword arguments it may take: {', '.join(columns)}"
+        raise RewardFnError(f"{e} ({where})") from None
     say(
         f"note: --reward_fn {_name(fn)} took {per_completion:.2f} s a completion on a probe: about "
         f"{per_completion * per_step:.0f} s for a step's {per_step} completions"
     )
     return fn
+
+
+def probe_indices(rows: list[dict]) -> list[int]:
+    """The rows the probe takes: PROBE_ROWS spread over the data, and for each column some rows lack (or hold None
+    in), the first such row: a function that reads a column fails on it in training as it does here."""
+    spread = {round(k * (len(rows) - 1) / (PROBE_ROWS - 1)) for k in range(PROBE_ROWS)}
+    names = dict.fromkeys(k for r in rows for k in r.get("columns", {}))
+    lacking = (next((i for i, r in enumerate(rows) if r.get("columns", {}).get(k) is None), None) for k in names)
+    return sorted(spread | {i for i in lacking if i is not None})
 
 
 def keyword_columns(fn, columns: dict[str, list]) -> dict[str, list]:

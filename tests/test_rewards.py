@@ -331,17 +331,17 @@ def test_a_reward_fn_with_the_wrong_signature_is_refused_at_load():
 
 
 def test_the_probe_runs_the_function_before_any_model_loads():
-    """The probe's completions include an empty one: a function that breaks on it stops the run at once."""
-    said = []
-    assert probe_reward_fn(brevity, per_step=512, say=said.append) is brevity and said == []
+    """The probe's stand-ins include an empty completion: a function that breaks on it stops the run at once."""
+    said, rows = [], [{"problem": "What is 3 + 4?", "answer": "7"}]
+    assert probe_reward_fn(brevity, rows, None, per_step=512, say=said.append) is brevity and said == []
     with pytest.raises(RewardFnError, match="none_on_empty returned NoneType None for completion 3"):
-        probe_reward_fn(none_on_empty, per_step=512, say=said.append)
+        probe_reward_fn(none_on_empty, rows, None, per_step=512, say=said.append)
 
     def slow(completions, answers, verifier):
         time.sleep(0.01 * len(completions))
         return [0.0] * len(completions)
 
-    probe_reward_fn(slow, per_step=5000, say=said.append)
+    probe_reward_fn(slow, rows, None, per_step=5000, say=said.append)
     assert len(said) == 1 and re.match(
         r"note: --reward_fn .*slow took 0.0\d s a completion on a probe: about \d+ s", said[0]
     )
