@@ -26,6 +26,7 @@ import signal
 import sys
 import typing
 from contextlib import contextmanager
+from pathlib import Path
 
 # Flags of TRL's GRPOConfig (and open-r1's recipes) that users type by habit -> ours.
 TRL_NAMES = {
@@ -240,13 +241,58 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
         parser.set_defaults(**recipe)
     values = vars(parser.parse_args(argv))
     values.pop("config")
+    explicit = _given(parser, names, argv) | set(recipe)  # set here, by the command line or the recipe
     if given is not None:
-        given |= _given(parser, names, argv) | set(recipe)
+        given |= explicit
+    values = _resumed(classes, values, explicit, Path(sys.argv[0]).stem if argv is None else None)
     for _, f in fields:
         if problem := check_range(f, values[f.name]):
             require(False, problem)
     out = tuple(cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)}) for cls in classes)
     return out[0] if len(out) == 1 else out
+
+
+def _resumed(classes, values: dict, explicit: set[str], script: str | None) -> dict:
+    """`--resume`: each flag not set here (`explicit`) takes the value the run recorded, so a resume needs no flag
+    but --output_dir. The class with `recorded_flags(values, script)` (RunFlags) reads the record, run_config.json
+    (`script`: the program's name, None when argv was given); its START_FLAGS are never taken from it. A recorded
+    flag whose ALTERNATIVES partner is set here goes back to its default. A flag set here that `--resume` may not
+    change (`is_resumable`) and differs from the record is refused in one line naming it (the class's
+    `refused_changes`); the changes taken are said, and the flags set here that the record lacks (it cannot say
+    what the run used: a flag added since, a record of a start that failed)."""
+    owner = next((c for c in classes if hasattr(c, "recorded_flags")), None)
+    found = owner.recorded_flags(values, script) if owner is not None and values.get("resume") else None
+    if found is None:
+        return values
+    recorded, source = found
+    start_only = set(getattr(owner, "START_FLAGS", ()))  # where the run is, how this start treats it
+    fields = {f.name: (c, f) for c in classes for f in dataclasses.fields(c) if f.name not in start_only}
+    dropped = {ALTERNATIVES[n] for n in explicit if n in ALTERNATIVES} - explicit
+    out = dict(values)
+    for name, (_, f) in fields.items():
+        if name in recorded and name not in explicit:
+            out[name] = f.default if name in dropped else recorded[name]
+            if (choices := f.metadata.get("choices")) and out[name] not in choices:
+                require(
+                    False,
+                    f"--resume: {source} records --{name} {out[name]!r}, which this version does not take (choose "
+                    f"from {', '.join(map(str, choices))}); give --{name}",
+                )
+    changed = {n: (recorded[n], out[n]) for n in fields if n in recorded and out[n] != recorded[n]}
+    refused = {n: v for n, v in changed.items() if not is_resumable(*fields[n])}
+    if refused:
+        raise SystemExit(owner.refused_changes(source.parent, refused) if _rank0() else 1)
+    if _rank0():
+        taken = ", ".join(f"--{k} {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
+        unknown = sorted(set(recorded) - set(fields) - start_only)
+        unrecorded = sorted(n for n in explicit if n in fields and n not in recorded)
+        print(
+            f"--resume: the run's flags from {source}"
+            + (f"; changed here: {taken}" if taken else "")
+            + (f"; not in the record, taken as given: --{', --'.join(unrecorded)}" if unrecorded else "")
+            + (f"; recorded but not flags of this script, left out: {', '.join(unknown)}" if unknown else "")
+        )
+    return out
 
 
 def _interrupted_while_starting(signum, frame) -> None:
@@ -272,8 +318,6 @@ def _given(parser: argparse.ArgumentParser, names: list[str], argv: list[str]) -
 def not_utf8(path) -> str:
     """Where a text file that should be UTF-8 (a dataset, a recipe, a log, a template) stops being it, and the fix:
     the file, the line, the byte, and the command that converts it."""
-    from pathlib import Path
-
     path = Path(path)
     with open(path, "rb") as f:
         if f.read(2) in (b"\xff\xfe", b"\xfe\xff"):
@@ -328,12 +372,17 @@ def flag_record(*configs) -> tuple[dict, set[str]]:
     `RESUMABLE` attribute (True for flags that only say how a run goes) says so."""
     values, resumable = {}, set()
     for config in configs:
-        default = getattr(config, "RESUMABLE", False)
         for f in dataclasses.fields(config):
             values[f.name] = getattr(config, f.name)
-            if f.metadata.get("resumable", default):
+            if is_resumable(type(config), f):
                 resumable.add(f.name)
     return values, resumable
+
+
+def is_resumable(cls, f: dataclasses.Field) -> bool:
+    """May `--resume` change field `f` of config class `cls`? Its `arg(resumable=...)`, else the class's
+    `RESUMABLE` attribute, else no."""
+    return bool(f.metadata.get("resumable", getattr(cls, "RESUMABLE", False)))
 
 
 def _rank0() -> bool:

@@ -15,9 +15,11 @@ directory that holds a run with a checkpoint (it would interleave two runs' metr
 `--keep_last` would count the old run's checkpoints): `--resume` continues that run,
 `--overwrite` deletes it first. A directory whose run saved no usable checkpoint (it failed at
 the start, or was killed before its first save) starts over without either flag, saying so.
-A resume refuses flags that change what is trained (data, model, method) and names them; the
-others (the learning rate and its schedule, clipping, lengths of the run, logging, saving,
-evaluation, systems) may differ and are recorded in the history.
+A resume reads the run's flags from run_config.json (`recorded_flags`, at parse time: `python
+grpo_base.py --output_dir runs/x --resume` goes on as the run was); a flag given again may change
+how the run goes (the learning rate and its schedule, clipping, lengths of the run, logging, saving,
+evaluation, systems: recorded in the history), not what is trained (data, model, method): such a
+change is refused, naming the flag.
 """
 
 import atexit
@@ -156,31 +158,56 @@ def check_run_dir(
     check_writable(output_dir)
     path = Path(output_dir)
     if resume and (path / CONFIG).is_file():
-        try:
-            config = json.loads((path / CONFIG).read_text())
-            saved = config["flags"]
-        except (OSError, ValueError, KeyError) as e:
-            raise SystemExit(
-                f"error: --resume: {path / CONFIG} is unreadable ({e}); start over with --overwrite"
-            ) from None
-        started = [h["script"] for h in config.get("history", []) if isinstance(h, dict) and h.get("script")]
-        if script and started and started[0] != script:
-            raise SystemExit(
-                f"error: --resume: {path} is a run of {started[0]}.py, not {script}.py; resume it with "
-                f"python {started[0]}.py --resume --output_dir {path}, or start {script}.py in another --output_dir"
-            )
-        changed = {k: (saved.get(k), v) for k, v in flags.items() if k not in resumable and saved.get(k) != v}
+        saved = _read_config(path, script)["flags"]
+        # A flag the record lacks (added to the project after the run started) ran as its default: parse time
+        # (`common.cli.parse_args`) judges it against that.
+        changed = {k: (saved[k], v) for k, v in flags.items() if k not in resumable and k in saved and saved[k] != v}
         if changed:
-            diff = "; ".join(f"--{k} {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
-            raise SystemExit(
-                f"error: --resume: {path} was trained with other settings ({diff}); resume with the run's own "
-                "values of these flags, or start a new run in another --output_dir"
-            )
+            raise SystemExit(refused_changes(path, changed))
     elif not resume and not overwrite and path.is_dir() and _holds_a_run(path) and _has_checkpoint(path):
         raise SystemExit(
             f"error: --output_dir: {path} already holds a run ({', '.join(_holds_a_run(path)[:4])}); pass --resume to "
             "continue it, --overwrite to delete it and start over, or pick another directory"
         )
+
+
+def recorded_flags(output_dir: str | Path, script: str | None) -> tuple[dict, Path] | None:
+    """What `--resume` goes on with: the flags run_config.json records for the run in `output_dir` (the values in
+    force at its last start) and the file's path; None when there is none (a run that never started: it starts
+    from step 0). `script`: the script resuming, checked against the one that started the
+    run (None: not checked). Reads only; every rank may call it."""
+    path = Path(output_dir)
+    if not (path / CONFIG).is_file():
+        return None
+    return _read_config(path, script)["flags"], path / CONFIG
+
+
+def refused_changes(path: Path, changed: dict) -> str:
+    """The one-line refusal of a resume that changes what is trained: `changed` is {flag: (recorded, given)}."""
+    diff = "; ".join(f"--{k} {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
+    return (
+        f"error: --resume: {path} was trained with other settings ({diff}); --resume reads the run's flags from "
+        f"its {CONFIG}: leave these out (or give the recorded values), or start a new run in another --output_dir"
+    )
+
+
+def _read_config(path: Path, script: str | None) -> dict:
+    """`path`/run_config.json, refused in one line when unreadable or when the run is another script's."""
+    try:
+        config = json.loads((path / CONFIG).read_text())
+        if not isinstance(config.get("flags"), dict):
+            raise KeyError("flags")
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        raise SystemExit(
+            f"error: --resume: {path / CONFIG} is unreadable ({type(e).__name__}: {e}); start over with --overwrite"
+        ) from None
+    started = [h["script"] for h in config.get("history", []) if isinstance(h, dict) and h.get("script")]
+    if script and started and started[0] != script:
+        raise SystemExit(
+            f"error: --resume: {path} is a run of {started[0]}.py, not {script}.py; resume it with "
+            f"python {started[0]}.py --resume --output_dir {path}, or start {script}.py in another --output_dir"
+        )
+    return config
 
 
 def start_run_dir(

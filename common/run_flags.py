@@ -34,6 +34,7 @@ def vllm_available() -> bool:
 @dataclass
 class RunFlags:
     RESUMABLE = True  # by default `--resume` may change these flags: they say how a run goes, not what it trains
+    START_FLAGS = ("resume", "overwrite", "output_dir")  # of one start: `--resume` never takes them from the record
 
     # Data: which columns of --dataset hold what.
     problem_field: str | None = arg(
@@ -173,6 +174,22 @@ class RunFlags:
     )
     eval_n: int = arg(4, "samples per eval problem: pass@1 is their mean, pass@k for k = 1, 2, 4 .. <= n", at_least=1)
     eval_temperature: float = arg(0.6, "eval sampling temperature", above=0)
+
+    @staticmethod
+    def recorded_flags(values: dict, script: str | None) -> tuple[dict, Path] | None:
+        """`--resume` at parse time (`common.cli.parse_args`): the flags the run in --output_dir (default
+        runs/<script>) recorded, and their file (`common.run_dir.recorded_flags`); None: nothing recorded."""
+        from common.run_dir import recorded_flags
+
+        output_dir = values.get("output_dir") or (f"runs/{script}" if script else None)
+        return recorded_flags(output_dir, script) if output_dir else None
+
+    @staticmethod
+    def refused_changes(path: Path, changed: dict) -> str:
+        """The line refusing a resume that changes what is trained (`common.run_dir.refused_changes`)."""
+        from common.run_dir import refused_changes
+
+        return refused_changes(path, changed)
 
     def validate(self) -> None:
         """Cross-flag checks, before anything loads: one line each."""

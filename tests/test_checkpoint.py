@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 from accelerate import Accelerator
-from scaling_utils import ROOT, baseline_run, checkpoint_weights, coin_flags, launch
+from scaling_utils import ROOT, baseline_run, checkpoint_weights, launch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.checkpoint import checkpoint_problem, list_checkpoints, load_checkpoint, save_checkpoint
@@ -19,7 +19,8 @@ def test_resume_after_a_kill_reaches_the_same_weights(tmp_path_factory, tiny_ran
     """A run killed while saving step 2 (its checkpoint-2 has no COMPLETE marker, a
     checkpoint-3.tmp is half written, metrics.jsonl has a row for step 2 and half a line)
     resumes from checkpoint-1 and reaches step 3 exactly as the uninterrupted run did:
-    same data order, optimiser, scheduler and RNG state."""
+    same data order, optimiser, scheduler and RNG state. The resume gives no flag but --output_dir: it reads
+    the run's flags from its run_config.json (before, it had to repeat every one)."""
     base = baseline_run(tmp_path_factory, tiny_random_dir)
     run = tmp_path / "run"
     run.mkdir()
@@ -31,9 +32,8 @@ def test_resume_after_a_kill_reaches_the_same_weights(tmp_path_factory, tiny_ran
     logged = (base / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text(logged[0] + "\n" + logged[1] + "\n" + logged[2][:20])
 
-    rows, out = launch(
-        ROOT / "grpo_base.py", run, *coin_flags(base.parent), "--steps", "3", "--save_steps", "1", "--resume"
-    )
+    rows, out = launch(ROOT / "grpo_base.py", run, "--resume")
+    assert f"--resume: the run's flags from {run / 'run_config.json'}\n" in out
     assert f"skipping {run / 'checkpoint-2'}: no COMPLETE marker" in out
     assert f"resumed from {run / 'checkpoint-1'} (step 1)" in out
     assert [r["step"] for r in rows] == [1, 2, 3]  # the killed run's step-2 row and half line are gone

@@ -195,12 +195,14 @@ def test_a_run_s_model_is_hashed_once(finished_run, monkeypatch):
 
 
 def test_a_half_deleted_checkpoint_is_removed_on_resume(finished_run, tmp_path):
-    out, flags = copy_of(finished_run, tmp_path)
-    flags = flags[:-2]  # without --steps 2
+    """The resume names only the run and its new length: the model, the rollout engine, the batch and the saving
+    flags come from its run_config.json."""
+    out, _ = copy_of(finished_run, tmp_path)
     next((out / "checkpoint-1" / "accelerate").glob("optimizer*")).unlink()  # killed mid-delete: COMPLETE stays
     (out / "checkpoint-9.deleting").mkdir()  # a delete under the new scheme, killed
-    proc = run_cli("grpo_base.py", "--output_dir", str(out), *flags, "--steps", "3", "--resume")
+    proc = run_cli("grpo_base.py", "--output_dir", str(out), "--steps", "3", "--resume")
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"the run's flags from {out / 'run_config.json'}; changed here: --steps 2 -> 3\n" in proc.stdout
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
 
 
