@@ -1,7 +1,9 @@
 """The papers' math benchmarks: where each lives on the hub, which fields hold the problem and the
-gold answer, and loading them by name or from a local copy (`--benchmarks math500=FILE`, or a
-directory holding `<name>.jsonl`; `python -m tools.evaluate --export_data DIR` writes such copies
-on a machine with a network)."""
+gold answer, and loading them by name or from a local copy (`math500=FILE`, `math500=DIR` holding
+`math500.jsonl`, or a data directory searched by name; `python -m tools.evaluate --export_data DIR`
+writes such copies on a machine with a network), a file's own fields mapped as
+`name=FILE:problem=FIELD:answer=FIELD`. tools.evaluate takes them as --benchmarks, the training scripts as
+--eval_benchmarks: the messages here name neither, the caller does."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from common.answers import extract_boxed
-from common.math_data import DATA_FILE_EXTS, load_math_dataset
+from common.math_data import DATA_FILE_EXTS, iter_math_dataset
 from common.synthetic import SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SIZE
 
 AGGREGATES = ("overall", "mean")  # reserved names in the summary keys
@@ -73,6 +75,32 @@ def _clean_answer(answer: str) -> str:
     return m.group(1) if m else answer.strip()
 
 
+# "PATH:problem=FIELD:answer=FIELD": a local file (or hub name) whose problem / gold answer are in other fields.
+_MAPPED = re.compile(r"(?P<path>.+?)(?P<fields>(?::(?:problem|answer)=[^:=,]+)+)")
+MAP_HINT = "map them: {name}=PATH:problem=FIELD:answer=FIELD"
+
+
+def split_fields(source: str) -> tuple[str, dict[str, str]]:
+    """ "data/x.jsonl:problem=question:answer=gold" -> ("data/x.jsonl", {"problem": "question", "answer": "gold"});
+    a source without such a tail -> (source, {})."""
+    m = _MAPPED.fullmatch(source)
+    if not m:
+        if other := re.search(r":(\w*)=", source):
+            raise ValueError(
+                f"{source!r}: ':{other.group(1)}=' maps no field; name the fields as PATH:problem=FIELD:answer=FIELD"
+            )
+        return source, {}
+    pairs = [item.split("=") for item in m.group("fields").split(":")[1:]]
+    if len({k for k, _ in pairs}) < len(pairs):
+        raise ValueError(f"{source!r} maps a field twice; name each of problem and answer once")
+    return m.group("path"), dict(pairs)
+
+
+def _local_copy(name: str, where: str) -> str | None:
+    """`where`/<name>.jsonl (or .json, .parquet) if `where` is a directory holding one, else None."""
+    return next((str(p) for ext in DATA_FILE_EXTS if (p := Path(where) / f"{name}{ext}").is_file()), None)
+
+
 def load_benchmark(
     name: str,
     source: str | None = None,
@@ -80,39 +108,50 @@ def load_benchmark(
     limit: int | None = None,
     problem_field: str | None = None,
     answer_field: str | None = None,
+    data_dir_flag: str | None = None,
 ) -> list[dict]:
     """Rows `{"problem", "answer"}` of one benchmark.
 
     source: a local file/directory or hub name to read instead of the registry's
-        hub dataset (required for names not in `BENCHMARKS`).
+        hub dataset (required for names not in `BENCHMARKS`); a directory holding `<name>.jsonl`
+        is that file. A ":problem=FIELD:answer=FIELD" tail names the fields that hold them (`split_fields`).
     data_dir: a directory searched for `<name>.jsonl` (or .json / .parquet) first.
     A local file may be a dump of the hub dataset (its own field names) or rows
     already in our `{"problem", "answer"}` form; both are accepted.
-    problem_field / answer_field: where the problem and the gold answer are, instead (dotted for nested).
+    problem_field / answer_field: where the problem and the gold answer are, instead (dotted for nested); a
+        source's own mapping wins.
+    data_dir_flag: the flag that sets `data_dir` in the program that loads it, named in its advice (None: it
+        has none). Every message names no other flag: the caller says which flag the benchmarks came from.
     """
     if not _NAME_RE.fullmatch(name) or name in AGGREGATES:
         raise ValueError(
             f"invalid benchmark name {name!r}: use letters, digits, '_', '-', '.', and not {' or '.join(AGGREGATES)}"
         )
     spec = BENCHMARKS.get(name)
+    mapped = {}
+    if source is not None:
+        source, mapped = split_fields(source)
+        if Path(source).is_dir():
+            source = _local_copy(name, source) or source  # else the directory is the data (a hub snapshot's shards)
     if source is None and data_dir is not None:
-        source = next((str(p) for ext in DATA_FILE_EXTS if (p := Path(data_dir) / f"{name}{ext}").exists()), None)
+        source = _local_copy(name, data_dir)
     if source is None and spec is not None:
         source = spec.local
     if spec is None:
         if source is None:
             raise ValueError(
-                f"unknown benchmark {name!r} and no file for it; known: {', '.join(BENCHMARKS)}. "
-                f"Pass a file as --benchmarks {name}=path/to/{name}.jsonl (fields problem, answer)."
+                f"unknown benchmark {name!r} and no file for it; known: {', '.join(BENCHMARKS)}. Give it a file: "
+                f"{name}=path/to/{name}.jsonl (fields problem and answer, or {MAP_HINT.format(name=name)})"
             )
         spec = Benchmark(None, None, "test", "problem", "answer")
+    problem_field, answer_field = mapped.get("problem", problem_field), mapped.get("answer", answer_field)
     named = bool(problem_field or answer_field)
     if named:
         spec = spec._replace(
             problem_field=problem_field or spec.problem_field, answer_field=answer_field or spec.answer_field
         )
 
-    rows = _read_rows(name, spec, source, named, limit)
+    rows = _read_rows(name, spec, source, named, limit, data_dir_flag)
     out = []
     for r in rows:
         answer = spec.answer_transform(r["answer"]) if spec.answer_transform else r["answer"]
@@ -122,48 +161,72 @@ def load_benchmark(
     return out
 
 
-def _read_rows(name: str, spec: Benchmark, source: str | None, named: bool, limit: int | None) -> list[dict]:
+def _read_rows(name: str, spec: Benchmark, source: str | None, named: bool, limit: int | None,
+               data_dir_flag: str | None) -> list[dict]:  # fmt: skip
     """`load_benchmark`'s rows before their answers are cleaned: from the hub (`source` None), from `source` in the
-    fields the user `named`, or from `source` in our own fields, else in the hub dataset's."""
+    fields the user `named`, or from `source` in our own fields, else in the hub dataset's. Every row is checked:
+    one that lacks a field, or has no problem or no usable answer, is refused (`_checked`)."""
+    hint = f"Or {MAP_HINT.format(name=name)}."
+
+    def read(where: str, fields: tuple[str, str]) -> list[dict]:
+        config = spec.config if source is None else None
+        rows = iter_math_dataset(where, spec.split, *fields, None, limit, config=config, strict=True, hint=hint)
+        return _checked(name, where, list(rows))
+
     if source is None:  # the hub
         try:
-            rows = load_math_dataset(
-                spec.hub,
-                spec.split,
-                spec.problem_field,
-                spec.answer_field,
-                solution_field=None,
-                limit=limit,
-                config=spec.config,
-            )
+            return read(spec.hub, (spec.problem_field, spec.answer_field))
         except RuntimeError:
+            copy = f", or {data_dir_flag} DIR holding it" if data_dir_flag else ""
             raise RuntimeError(
-                f"benchmark {name!r}: could not load {spec.hub} from the Hugging Face hub; "
-                f"without a network, pass a local copy: --benchmarks {name}=path/to/{name}.jsonl, or "
-                f"--data_dir DIR holding {name}.jsonl (`python -m tools.evaluate --export_data DIR "
-                f"--benchmarks {name}` writes one on a machine that reaches the hub)."
+                f"benchmark {name!r}: could not load {spec.hub} from the Hugging Face hub; without a network, give a "
+                f"local copy: {name}=path/to/{name}.jsonl, or {name}=DIR holding {name}.jsonl{copy} (`python -m "
+                f"tools.evaluate --export_data DIR --benchmarks {name}` writes one on a machine that reaches the hub)"
             ) from None
-    elif named:  # the fields the user named, and no others
-        rows = load_math_dataset(
-            source, spec.split, spec.problem_field, spec.answer_field, solution_field=None, limit=limit
-        )
+    if named:  # the fields the user named, and no others
+        try:
+            return read(source, (spec.problem_field, spec.answer_field))
+        except BadRows:
+            raise
+        except ValueError as e:
+            raise ValueError(f"benchmark {name!r}: {e}") from None
+    try:  # our own format first: every shipped or exported copy is in it
+        return read(source, ("problem", "answer"))
+    except BadRows:
+        raise
+    except ValueError as ours:  # a raw dump of the hub dataset, in its own fields
+        if "field" not in str(ours) or (spec.problem_field, spec.answer_field) == ("problem", "answer"):
+            raise ValueError(f"benchmark {name!r}: {ours}") from None
+        try:
+            return read(source, (spec.problem_field, spec.answer_field))
+        except ValueError:
+            fields = " or ".join(sorted({"problem, answer", f"{spec.problem_field}, {spec.answer_field}"}))
+            detail = str(ours).removesuffix(f" {hint}").removesuffix(".")
+            raise ValueError(
+                f"benchmark {name!r}: {source} needs the fields {fields} ({detail}); {MAP_HINT.format(name=name)}"
+            ) from None
+
+
+class BadRows(ValueError):
+    """Some rows of a benchmark's file lack a field, a problem or a usable answer (the fields themselves exist)."""
+
+
+def _checked(name: str, source: str, rows: list[dict]) -> list[dict]:
+    """`rows` (`iter_math_dataset`'s, strict), or BadRows naming how many lack a field or a usable problem or
+    answer, and the first: an evaluation scores every problem, so none is dropped unsaid."""
+    bad = [i for i, r in enumerate(rows) if r.get("lacks") or not r["problem"].strip() or r["answer"] is None]
+    if not bad:
+        return rows
+    first = rows[bad[0]]
+    if lacks := first.get("lacks"):
+        key, (path, have) = next(iter(lacks.items()))
+        why = f"lacks the {key} field {path!r} (its fields: {', '.join(have) or 'none'})"
     else:
-        try:  # our own format first: every shipped or exported copy is in it
-            rows = load_math_dataset(source, spec.split, "problem", "answer", limit=limit)
-        except ValueError as ours:  # a raw dump of the hub dataset, in its own fields
-            try:
-                rows = load_math_dataset(
-                    source, spec.split, spec.problem_field, spec.answer_field, solution_field=None, limit=limit
-                )
-            except ValueError:
-                if "field" not in str(ours):  # unreadable (bad JSON, ...), not a field mismatch
-                    raise ValueError(f"benchmark {name!r}: {ours}") from None
-                fields = {"problem, answer", f"{spec.problem_field}, {spec.answer_field}"}
-                detail = str(ours).split(". Pass")[0]  # load_math_dataset's hint names training flags
-                raise ValueError(
-                    f"benchmark {name!r}: {source} needs the fields {' or '.join(sorted(fields))} ({detail})"
-                ) from None
-    return rows
+        why = f"has answer {first['answer']!r} and problem {first['problem'][:60]!r}"
+    raise BadRows(
+        f"benchmark {name!r}: {len(bad)} of {len(rows)} rows of {source} lack a problem or a usable gold answer (row "
+        f"{bad[0]} {why}); fix the file, or {MAP_HINT.format(name=name)}"
+    )
 
 
 def parse_benchmarks(text: str) -> list[tuple[str, str | None]]:
@@ -183,10 +246,15 @@ def load_benchmarks(
     limit: int | None = None,
     problem_field: str | None = None,
     answer_field: str | None = None,
+    data_dir_flag: str | None = None,
 ) -> dict[str, list[dict]]:
-    """All benchmarks of a `--benchmarks` string, in order: {name: rows} (`*_field`: `load_benchmark`'s)."""
+    """All benchmarks of a `--benchmarks` (or `--eval_benchmarks`) string, in order: {name: rows}
+    (`*_field`, `data_dir_flag`: `load_benchmark`'s)."""
     items = parse_benchmarks(text)
     names = [name for name, _ in items]
     if len(set(names)) < len(names):
         raise ValueError(f"a benchmark is named twice in {text!r}")
-    return {name: load_benchmark(name, source, data_dir, limit, problem_field, answer_field) for name, source in items}
+    return {
+        name: load_benchmark(name, source, data_dir, limit, problem_field, answer_field, data_dir_flag)
+        for name, source in items
+    }

@@ -219,6 +219,50 @@ def _raw_rows(source: str, split: str, config: str | None) -> Iterator[dict]:
     yield from ds
 
 
+FIELD_HINT = (
+    "Pass --{key}_field with the field that holds the {key} (dotted paths such as reward_model.ground_truth reach "
+    "nested fields)."
+)  # how a training run or a data command maps a field; a benchmark says it its own way (`common.benchmarks`)
+
+
+class _Lacking:
+    """The rows that lack a field (its path does not resolve): how many, the first one and its fields."""
+
+    def __init__(self, source: str, fields: dict[str, str | None], required: set[str], hint: str):
+        self.source, self.fields, self.required, self.hint = source, fields, required, hint
+        self.rows = 0
+        self.count = dict.fromkeys(fields, 0)
+        self.first: dict[str, tuple[int, list[str]]] = {}
+
+    def read(self, i: int, raw: dict) -> tuple[dict, dict[str, tuple[str, list[str]]]]:
+        """Row `i`'s values by field (None where it lacks one), and the required fields it lacks: {key: (the
+        field's path, the fields the row has where the path stops)}."""
+        self.rows += 1
+        row, lacks = {}, {}
+        for key, path in self.fields.items():
+            try:
+                row[key] = None if path is None else _get_path(raw, path)
+            except (KeyError, IndexError, TypeError):
+                row[key] = None
+                self.count[key] += 1
+                have = _available_fields(raw, path)
+                self.first.setdefault(key, (i, have))
+                if key in self.required:
+                    lacks[key] = (path, have)
+        return row, lacks
+
+    def check(self) -> None:
+        """ValueError when no row read has a required field: its name is wrong, not its rows."""
+        for key in sorted(self.required, key=list(self.fields).index):
+            if self.rows and self.count[key] == self.rows:
+                have = ", ".join(self.first[key][1]) or "none"
+                rows = "1 row" if self.rows == 1 else f"{self.rows} rows"
+                raise ValueError(
+                    f"{key} field {self.fields[key]!r} not found in any row of {self.source} ({rows}; row 0's "
+                    f"fields: {have}). {self.hint.format(key=key)}"
+                )
+
+
 def iter_math_dataset(
     source: str,
     split: str = "train",
@@ -231,24 +275,19 @@ def iter_math_dataset(
     strict: bool = False,
     keep: tuple[str, ...] = (),
     columns: bool = False,
+    hint: str = FIELD_HINT,
 ) -> Iterator[dict]:
-    """Stream `{"problem", "answer", "solution"}` rows; see `load_math_dataset`. `strict`: an answer
-    that is not a string or a number (missing, empty, a bool, a dict, a list of several) becomes
-    None instead of its text, for the caller to count and refuse or drop. `keep`: source columns
-    passed through as they are (None where a row lacks one). `columns`: the source row itself too, as "columns"
-    (what a reward function of your own may take: `common.rewards.reward_columns`)."""
+    """Stream `{"problem", "answer", "solution"}` rows; see `load_math_dataset`. Every row is read for every
+    field: a field no row has raises ValueError (naming the fields there are, and `hint`, the fix, after
+    `.format(key=...)`), once the rows are read. `strict`: an answer that is not a string or a number (missing,
+    empty, a bool, a dict, a list of several) becomes None instead of its text, and a row that lacks a required
+    field says which in "lacks" ({key: (path, the row's fields there)}), for the caller to count and refuse or
+    drop (`load_prompts`).
+    `keep`: source columns passed through as they are (None where a row lacks one). `columns`: the source row
+    itself too, as "columns" (what a reward function of your own may take: `common.rewards.reward_columns`)."""
     if source == SYNTHETIC_NAME:
-        if split == "train":
-            rows = synthetic_arithmetic(
-                SYNTHETIC_TRAIN_SIZE, seed=SYNTHETIC_TRAIN_SEED, max_operand=SYNTHETIC_MAX_OPERAND
-            )
-        elif split in ("test", "eval", "validation"):
-            rows = synthetic_eval_set()
-        else:
-            raise ValueError(f"{SYNTHETIC_NAME} has splits 'train' and 'test', not {split!r}")
-        yield from rows[:limit]
+        yield from _synthetic_rows(split, limit)
         return
-
     preset = preset or source
     fmap = DATASET_PRESETS.get(preset)
     if fmap is None and preset != source:
@@ -260,39 +299,30 @@ def iter_math_dataset(
         "solution": solution_field or fmap.solution,
     }
     # Only an explicitly requested solution field must exist; by default it is optional.
-    required = {"problem", "answer"} | ({"solution"} if solution_field else set())
-
-    count = 0
+    lacking = _Lacking(source, fields, {"problem", "answer"} | ({"solution"} if solution_field else set()), hint)
     for i, raw in enumerate(_raw_rows(source, split, config or fmap.config)):
-        if limit is not None and count >= limit:
-            return
-        row = {}
-        for key, path in fields.items():
-            if path is None:
-                row[key] = None
-                continue
-            try:
-                value = _get_path(raw, path)
-            except (KeyError, IndexError, TypeError):
-                if i == 0 and key in required:
-                    have = _available_fields(raw, path)
-                    raise ValueError(
-                        f"{key} field {path!r} not found in {source} (its fields: {', '.join(have) or 'none'}). "
-                        f"Pass --{key}_field with the field that holds the {key} "
-                        f"(dotted paths such as reward_model.ground_truth reach nested fields)."
-                    ) from None
-                if i == 0 and key == "solution":
-                    fields["solution"] = None  # the dataset has no solutions: stop looking
-                value = None
-            row[key] = value
+        if limit is not None and lacking.rows >= limit:
+            break
+        row, lacks = lacking.read(i, raw)
         problem = _as_text(row["problem"])
         if fmap.problem_transform is not None and not problem_field:
             problem = fmap.problem_transform(problem)
         solution = _as_text(row["solution"]) or None
         answer = _as_text(row["answer"]) if not strict or _is_answer(row["answer"]) else None
         kept = {k: raw.get(k) for k in keep} | ({"columns": dict(raw)} if columns else {})
-        yield {"problem": problem, "answer": answer or (None if strict else ""), "solution": solution, **kept}
-        count += 1
+        marked = {"lacks": lacks} if strict and lacks else {}
+        yield {"problem": problem, "answer": answer or (None if strict else ""), "solution": solution, **kept, **marked}
+    lacking.check()
+
+
+def _synthetic_rows(split: str, limit: int | None) -> list[dict]:
+    if split == "train":
+        rows = synthetic_arithmetic(SYNTHETIC_TRAIN_SIZE, seed=SYNTHETIC_TRAIN_SEED, max_operand=SYNTHETIC_MAX_OPERAND)
+    elif split in ("test", "eval", "validation"):
+        rows = synthetic_eval_set()
+    else:
+        raise ValueError(f"{SYNTHETIC_NAME} has splits 'train' and 'test', not {split!r}")
+    return rows[:limit]
 
 
 def load_math_dataset(
@@ -325,6 +355,38 @@ def load_math_dataset(
     return list(iter_math_dataset(source, split, problem_field, answer_field, solution_field, limit, preset, config))
 
 
+def _usable_rows(rows: list[dict], dataset: str, bad_rows: str, say) -> list[dict]:
+    """`rows` without those that lack a field ("lacks": `iter_math_dataset`'s) or hold no problem or no usable
+    answer: refused (`bad_rows="error"`: how many of each, and the first) or dropped with a count."""
+    lacking = {i for i, r in enumerate(rows) if r.get("lacks")}
+    bad = [i for i, r in enumerate(rows) if i not in lacking and (not r["problem"].strip() or r["answer"] is None)]
+    what, flags = [], []
+    for key in ("problem", "answer", "solution"):
+        some = [i for i in sorted(lacking) if key in rows[i]["lacks"]]
+        if some:
+            path, have = rows[some[0]]["lacks"][key]
+            what.append(
+                f"{len(some)} of {len(rows)} rows lacking the {key} field {path!r} (the first: row {some[0]}, "
+                f"with fields {', '.join(have) or 'none'})"
+            )
+            flags.append(f"--{key}_field")
+    if bad:
+        first = rows[bad[0]]
+        what.append(
+            f"{len(bad)} of {len(rows)} rows have no problem or no usable gold answer "
+            f"(row {bad[0]}: answer {first['answer']!r}, problem {first['problem'][:60]!r})"
+        )
+    if not what:
+        return rows
+    fix = f"fix the data, name the fields ({', '.join(flags or ['--answer_field'])}), or --bad_rows drop"
+    require(bad_rows == "drop", f"--dataset: {'; '.join(what)}; {fix}")
+    say(f"dropped {'; '.join(what)}")
+    dropped = lacking | set(bad)
+    rows = [r for i, r in enumerate(rows) if i not in dropped]
+    require(rows, f"--dataset: no usable row left in {dataset}")
+    return rows
+
+
 def load_prompts(
     dataset: str,
     tokenizer,
@@ -343,9 +405,9 @@ def load_prompts(
     those longer than `max_prompt_len` tokens dropped and counted; and whether the prompt opens the
     <think> block (then completions start inside it).
 
-    A row without a problem or a usable answer (missing, empty, not a string or a number) would
-    train at reward 0: `bad_rows="error"` refuses the data, naming how many and the first;
-    "drop" drops them with a count. Repeated problems are counted, and kept. Any problem stops
+    A row that lacks a field, or has no problem or no usable answer (empty, not a string or a number), would
+    train at reward 0: `bad_rows="error"` refuses the data, naming how many and the first (every row is
+    checked); "drop" drops them with a count. Repeated problems are counted, and kept. Any problem stops
     the run with one line naming the flag (--dataset, --template, --max_prompt_len).
     few_shot: K > 0 puts K worked examples from the dataset's solutions before each problem
     (`common.prompts.few_shot_pool`, drawn with `seed`); each row keeps them as "shots"."""
@@ -353,20 +415,7 @@ def load_prompts(
         rows = list(iter_math_dataset(dataset, problem_field=problem_field, answer_field=answer_field,
                                       solution_field=solution_field, strict=True, columns=True))  # fmt: skip
     require(rows, f"--dataset: {dataset} has no rows")
-    bad = [i for i, r in enumerate(rows) if not r["problem"].strip() or r["answer"] is None]
-    if bad:
-        first = rows[bad[0]]
-        what = (
-            f"{len(bad)} of {len(rows)} rows have no problem or no usable gold answer "
-            f"(row {bad[0]}: answer {first['answer']!r}, problem {first['problem'][:60]!r})"
-        )
-        require(
-            bad_rows == "drop", f"--dataset: {what}; fix the data, name the fields (--answer_field), or --bad_rows drop"
-        )
-        say(f"dropped {what}")
-        dropped = set(bad)
-        rows = [r for i, r in enumerate(rows) if i not in dropped]
-        require(rows, f"--dataset: no usable row left in {dataset}")
+    rows = _usable_rows(rows, dataset, bad_rows, say)
     repeated = len(rows) - len({r["problem"] for r in rows})
     if repeated:
         say(f"note: {repeated} of {len(rows)} problems in --dataset repeat an earlier one (kept)")

@@ -3,6 +3,8 @@ assumed, not checked). Each cell: the file is read (the same rows), or refused i
 the file, the line where there is one, and the fix."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +138,102 @@ def test_every_reader_of_a_users_text_file_names_a_bad_encoding(tmp_path, reader
     message = str(error.value)
     assert str(path) in message and "line 2: byte 0xe9" in message and "iconv -f LATIN1 -t UTF-8" in message
     assert "\n" not in message
+
+
+# Every reader of a data file checks every row for its fields (issue 40, item 8: the check read row 0 only, so a
+# file whose first row lacked the answer was refused as if no row had one). A file of 9 rows in its own fields
+# (q, a, s), one of them (first, middle, last) or all lacking one field: each reader's verdict.
+FIELDS = {"problem": "q", "answer": "a", "solution": "s"}
+LACKING = {"first": [0], "middle": [4], "last": [8], "all": list(range(9))}
+
+
+def fields_file(tmp_path, key: str, where: str) -> str:
+    rows = [
+        {"id": i, "q": f"What is {i} + 1?", "a": str(i + 1), "s": f"{i} + 1 = \\boxed{{{i + 1}}}"} for i in range(9)
+    ]
+    for i in LACKING[where]:
+        del rows[i][FIELDS[key]]
+    path = tmp_path / "d.jsonl"
+    path.write_text(json_lines(rows))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from common.tiny_model import SHIPPED_DIR
+
+    return AutoTokenizer.from_pretrained(SHIPPED_DIR)
+
+
+@pytest.mark.parametrize("bad_rows", ["error", "drop"])
+@pytest.mark.parametrize("where", LACKING)
+@pytest.mark.parametrize("key", FIELDS)
+def test_training_data_is_checked_in_every_row(tmp_path, tokenizer, key, where, bad_rows):
+    from common.math_data import load_prompts
+
+    path, said = fields_file(tmp_path, key, where), []
+    columns = {f"{k}_field": v for k, v in FIELDS.items()}
+    load = lambda: load_prompts(path, tokenizer, "qwen_math", 256, bad_rows=bad_rows, say=said.append, **columns)  # noqa: E731
+    first, field = LACKING[where][0], FIELDS[key]
+    if where == "all":  # the field's name is wrong, whatever --bad_rows says
+        with pytest.raises(SystemExit, match=rf"--dataset: {key} field '{field}' not found in any row of .*d.jsonl "
+                           rf"\(9 rows; row 0's fields: .*\)\. Pass --{key}_field"):  # fmt: skip
+            load()
+        return
+    lacking = rf"1 of 9 rows lacking the {key} field '{field}' \(the first: row {first}, with fields [a-z, ]+\)"
+    if bad_rows == "error":
+        with pytest.raises(
+            SystemExit, match=rf"^error: --dataset: {lacking}; .*\(--{key}_field\), or --bad_rows drop$"
+        ):
+            load()
+        return
+    rows, _ = load()
+    assert len(rows) == 8 and f"What is {first} + 1?" not in {r["problem"] for r in rows}
+    assert len(said) == 1 and re.fullmatch(f"dropped {lacking}", said[0]), said
+    assert all(r["solution"] and r["answer"] for r in rows)
+
+
+@pytest.mark.parametrize("where", LACKING)
+@pytest.mark.parametrize("key", ["problem", "answer"])
+def test_a_benchmark_file_is_checked_in_every_row(tmp_path, key, where):
+    from common.benchmarks import load_benchmark
+
+    source = f"{fields_file(tmp_path, key, where)}:problem=q:answer=a"
+    if where == "all":
+        with pytest.raises(ValueError, match=rf"benchmark 'mine': {key} field '{FIELDS[key]}' not found in any row .*"
+                           r"Or map them: mine=PATH:problem=FIELD:answer=FIELD"):  # fmt: skip
+            load_benchmark("mine", source)
+        return
+    first = LACKING[where][0]
+    with pytest.raises(ValueError, match=rf"benchmark 'mine': 1 of 9 rows of .*d.jsonl lack a problem or a usable gold "
+                       rf"answer \(row {first} lacks the {key} field '{FIELDS[key]}' \(its fields: "):  # fmt: skip
+        load_benchmark("mine", source)
+
+
+@pytest.mark.parametrize("where", LACKING)
+@pytest.mark.parametrize("key", FIELDS)
+def test_the_data_commands_read_every_row_too(tmp_path, key, where):
+    """load_math_dataset (data.prepare, data.hard_subset): a field no row has is refused; rows lacking one are kept
+    with an empty value, for the command to drop as it drops empty answers; a solution field not asked for is
+    optional, and the rows that have one keep it wherever the first row lacking one is."""
+    path = fields_file(tmp_path, key, where)
+    columns = {f"{k}_field": v for k, v in FIELDS.items()}
+    if where == "all":
+        with pytest.raises(ValueError, match=rf"{key} field '{FIELDS[key]}' not found in any row"):
+            load_math_dataset(path, **columns)
+    else:
+        rows = load_math_dataset(path, **columns)
+        assert len(rows) == 9 and [i for i, r in enumerate(rows) if not r[key]] == LACKING[where]
+    if key == "solution":  # not asked for (the default field, "solution"): optional, wherever rows lack it
+        rows = load_math_dataset(_renamed(path, "s", "solution"), "train", "q", "a")
+        assert [i for i, r in enumerate(rows) if r["solution"] is None] == LACKING[where]
+
+
+def _renamed(path: str, old: str, new: str) -> str:
+    """A copy of the JSON Lines file `path` with its field `old` named `new`."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    out = Path(path).with_name(f"renamed-{Path(path).name}")
+    out.write_text(json_lines([{(new if k == old else k): v for k, v in r.items()} for r in rows]))
+    return str(out)

@@ -189,7 +189,7 @@ def test_local_file_in_our_format_and_explicit_source(tmp_path):
 
 
 def test_unknown_benchmark_and_bad_names(tmp_path):
-    with pytest.raises(ValueError, match="unknown benchmark 'nope'.*--benchmarks nope="):
+    with pytest.raises(ValueError, match="unknown benchmark 'nope'.*Give it a file: nope=path/to/nope.jsonl"):
         benchmarks.load_benchmark("nope")
     with pytest.raises(ValueError, match="invalid benchmark name"):
         benchmarks.load_benchmark("overall", source=str(SYNTHETIC_EVAL_PATH))
@@ -198,7 +198,7 @@ def test_unknown_benchmark_and_bad_names(tmp_path):
     with pytest.raises(
         ValueError,
         match=r"benchmark 'olympiadbench': .*bad.jsonl needs the fields problem, answer "
-        r"or question, answer \(.*its fields: text\)",
+        r"or question, answer \(.*fields: text\)\); map them: olympiadbench=PATH:problem=FIELD:answer=FIELD",
     ):
         benchmarks.load_benchmark("olympiadbench", source=str(bad))
     with pytest.raises(ValueError, match="named twice"):
@@ -212,8 +212,13 @@ def test_hub_unreachable_says_to_pass_a_local_file(monkeypatch):
         raise ConnectionError("Couldn't reach 'HuggingFaceH4/MATH-500' on the Hub")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(RuntimeError, match=r"(?s)HuggingFaceH4/MATH-500.*--benchmarks math500=path/to/math500.jsonl"):
+    with pytest.raises(
+        RuntimeError, match=r"(?s)HuggingFaceH4/MATH-500.*local copy: math500=path/to/math500.jsonl"
+    ) as e:
         benchmarks.load_benchmark("math500")
+    assert "--data_dir" not in str(e.value)  # a training run has no such flag
+    with pytest.raises(RuntimeError, match=r"math500=DIR holding math500.jsonl, or --data_dir DIR holding it"):
+        benchmarks.load_benchmark("math500", data_dir_flag="--data_dir")  # tools.evaluate has
 
 
 # ---------------------------------------------------------------------------

@@ -207,14 +207,15 @@ def few_shot_pool_for(args: Args, run: Path | None) -> list[dict] | None:
     flags = run_flags(run) if not args.few_shot_dataset else {}
     source = args.few_shot_dataset or flags.get("dataset", "synthetic-arith")
     columns = {k: flags.get(k) for k in ("problem_field", "answer_field", "solution_field")}  # the run's, as trained
+    hint = (
+        "Its fields are the training run's (problem_field, answer_field, solution_field in its run_config.json), "
+        "else problem, answer and solution: pass a --few_shot_dataset in them."
+    )
     with clear_errors("--few_shot_dataset"):
-        rows = list(
-            iter_math_dataset(source, **columns, strict=True)
-        )  # unusable answers: None, left out as training did
-    with clear_errors("--few_shot"):
-        return few_shot_pool(
-            [r for r in rows if r["problem"].strip() and r["answer"] is not None], args.few_shot, flags.get("seed", 0)
-        )
+        rows = list(iter_math_dataset(source, **columns, strict=True, hint=hint))
+    usable = [r for r in rows if r["problem"].strip() and r["answer"] is not None and not r.get("lacks")]
+    with clear_errors("--few_shot"):  # rows training refuses or drops are left out, as training did
+        return few_shot_pool(usable, args.few_shot, flags.get("seed", 0))
 
 
 def rescore_main(args: Args, ks: list[int] | None) -> None:
@@ -299,7 +300,14 @@ def main(args: Args, ks: list[int] | None, given: set[str] | None = None) -> Non
 
     offline_unless_hub_reachable()  # no minute of retries before a one-line error
     with clear_errors("--benchmarks"):
-        benchmarks = load_benchmarks(args.benchmarks, args.data_dir, args.limit, args.problem_field, args.answer_field)
+        benchmarks = load_benchmarks(
+            args.benchmarks,
+            args.data_dir,
+            args.limit,
+            args.problem_field,
+            args.answer_field,
+            data_dir_flag="--data_dir",
+        )
     if args.export_data:
         for name, rows in benchmarks.items():
             print(f"{name}: {write_jsonl(rows, Path(args.export_data) / f'{name}.jsonl')} problems")
