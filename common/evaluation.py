@@ -35,6 +35,39 @@ RESULTS_FILE = "eval_results.json"
 RECORDS_FILE = "eval_records.jsonl"
 
 
+# vLLM 0.32's SamplingParams (vllm/sampling_params.py: __post_init__, _verify_args): a temperature between 0 and
+# 0.01 is raised to 0.01 (a warning in its log), one above 2 is refused, and 0 is greedy decoding, whose n must be 1.
+VLLM_LOWEST, VLLM_HIGHEST = 0.01, 2.0
+
+
+def sampling_problem(rollout: str, temperature: float, n: int, flags: dict[str, str]) -> str | None:
+    """Why the `rollout` engine ("vllm" or "hf") would refuse, or silently change, sampling `n` completions a prompt
+    at `temperature`, as one line naming the flags of the program that set them (`flags`: "temperature", "n" and
+    "rollout" -> its flag names); None when it samples them as asked. Greedy decoding (temperature 0) is vLLM's,
+    with one completion a prompt: asked for more, the fix is named, not taken (n samples that are one sample
+    repeated would give a pass@k that is pass@1). The other sampling flags' ranges are their own (`arg` bounds)."""
+    t, samples, engine = flags["temperature"], flags["n"], flags["rollout"]
+    if not math.isfinite(temperature):
+        return f"{t} {temperature:g}: a temperature is a finite number (0 for greedy decoding)"
+    if rollout == "hf" and temperature <= 0:
+        return f"{t} {temperature:g} (greedy decoding) needs {engine} vllm: the HF engine samples, dividing by it"
+    if rollout != "vllm":
+        return None
+    if temperature == 0 and n > 1:
+        return (
+            f"{t} 0 is greedy decoding, one completion a prompt: use {samples} 1 (not {n}), or a temperature of at "
+            f"least {VLLM_LOWEST:g} to sample {n}"
+        )
+    if 0 < temperature < VLLM_LOWEST:
+        return (
+            f"{t} {temperature:g}: vLLM samples at {VLLM_LOWEST:g} at the lowest (it would raise it, saying so only in "
+            f"its log); use {VLLM_LOWEST:g} or more, or 0 for greedy decoding"
+        )
+    if temperature > VLLM_HIGHEST:
+        return f"{t} {temperature:g}: vLLM samples at temperatures up to {VLLM_HIGHEST:g}; use {engine} hf above it"
+    return None
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k).
 

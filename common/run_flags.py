@@ -170,10 +170,15 @@ class RunFlags:
     eval_steps: int = arg(0, "evaluate every N steps, before the first and after the last (0: never)", at_least=0)
     eval_before: bool = arg(True, "with --eval_steps: evaluate the policy before the first step too")
     eval_benchmarks: str = arg(
-        "synthetic", "comma-separated benchmark names (python -m tools.evaluate --help) or name=FILE"
+        "synthetic",
+        "comma-separated benchmark names (docs/EVALUATION.md), each optionally name=FILE or name=DIR holding "
+        "name.jsonl (offline: local copies), FILE:problem=FIELD:answer=FIELD for a file in other fields",
     )
     eval_n: int = arg(4, "samples per eval problem: pass@1 is their mean, pass@k for k = 1, 2, 4 .. <= n", at_least=1)
-    eval_temperature: float = arg(0.6, "eval sampling temperature", above=0)
+    eval_temperature: float = arg(
+        0.6, "eval sampling temperature; 0: greedy decoding (with --eval_n 1, --rollout vllm); vLLM takes 0.01 to 2",
+        at_least=0,
+    )  # fmt: skip
 
     @staticmethod
     def recorded_flags(values: dict, script: str | None) -> tuple[dict, Path] | None:
@@ -225,6 +230,12 @@ class RunFlags:
             "--report_to wandb: not logged in to Weights & Biases; run `wandb login`, set WANDB_API_KEY, "
             "or log offline with WANDB_MODE=offline",
         )
+        if self.eval_steps:  # sampling the rollout engine would refuse at the first evaluation, or change
+            from common.evaluation import sampling_problem
+
+            names = {"temperature": "--eval_temperature", "n": "--eval_n", "rollout": "--rollout"}
+            problem = sampling_problem(self.rollout, self.eval_temperature, self.eval_n, names)
+            require(problem is None, str(problem))
 
 
 def launch_world(env: dict | None = None) -> int:

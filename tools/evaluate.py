@@ -58,10 +58,12 @@ class Args:
     # Sampling.
     n: int = arg(8, "samples per problem", at_least=1)
     k: str | None = arg(None, "comma-separated k for pass@k (default: 1, 2, 4, ... up to n)")
-    temperature: float = arg(0.6, "sampling temperature (0: greedy, vLLM only)", at_least=0)
+    temperature: float = arg(
+        0.6, "sampling temperature; 0: greedy decoding (with --n 1, vLLM only); vLLM takes 0.01 to 2", at_least=0
+    )
     top_p: float = arg(1.0, "nucleus sampling", above=0, at_most=1)
     max_tokens: int = arg(4096, "max new tokens per completion", at_least=1)
-    seed: int = arg(0, "sampling seed")
+    seed: int = arg(0, "sampling seed (each problem's own comes from it and the problem's place)", at_least=0)
     # Output and other modes.
     output_dir: str | None = arg(
         None,
@@ -79,12 +81,19 @@ class Args:
 
 
 def validate(args: Args) -> list[int] | None:
-    """The parsed --k (None: the default 1, 2, 4, ...), or one line naming the bad flag."""
+    """The parsed --k (None: the default 1, 2, 4, ...), or one line naming the bad flag: among them, sampling
+    the engine would refuse or change (`common.evaluation.sampling_problem`), before anything loads."""
+    from common.evaluation import sampling_problem
+
     for flag, check in (("--template", check_template), ("--stop", parse_stop)):
         try:
             check(getattr(args, flag[2:]))
         except ValueError as e:
             raise SystemExit(f"error: {flag}: {e}") from None
+    if not (args.rescore or args.export_data):  # they sample nothing
+        names = {"temperature": "--temperature", "n": "--n", "rollout": "--rollout"}
+        problem = sampling_problem(args.rollout, args.temperature, args.n, names)
+        require(problem is None, str(problem))
     if not args.k:
         return None
     try:
