@@ -16,6 +16,7 @@ and decoding: docs/EVALUATION.md.
 """
 
 import dataclasses
+import hashlib
 import re
 from dataclasses import asdict, dataclass
 
@@ -132,6 +133,9 @@ EVALUATION_OWN = {
 }
 # Settings that make an evaluation a partial or differently sampled one: a quick check, never the run's own.
 CHECK_SETTINGS = ("limit", "n", "max_tokens", "temperature", "top_p", "seed", "k")
+# Every setting that sets an evaluation apart (what it evaluates on, how it samples and prompts): two evaluations
+# that differ in one never share a folder (`check_tag`, `check_folder`). The engine and its dtype are not among them.
+SETTINGS = (*CHECK_SETTINGS, "benchmarks", "data_dir", "problem_field", "answer_field", "few_shot_dataset", *FROM_RUN)
 
 
 def run_flags(run: Path | None) -> dict:
@@ -170,13 +174,79 @@ def follow_run(args: Args, flags: dict, given: set[str]) -> tuple[Args, dict, li
     return dataclasses.replace(args, **followed), overridden, lines
 
 
-def check_tag(args: Args, overridden: dict) -> str:
-    """ "" for an evaluation with the default sampling settings and the run's own prompts; else a folder name
-    for the quick check ("limit10-n2"), so that it never replaces the run's own evaluation."""
-    defaults = {f.name: f.default for f in dataclasses.fields(Args)}
-    parts = [f"{k}{getattr(args, k)}" for k in CHECK_SETTINGS if getattr(args, k) != defaults[k]]
-    parts += [f"{k}-{v}" for k, (_, v) in overridden.items()]
-    return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", "-".join(parts))[:80].strip("_")
+def check_tag(args: Args, overridden: dict, base: dict | None = None) -> str:
+    """ "" for an evaluation with every setting (SETTINGS) at its default: `base`, Args' defaults with a training
+    run's own template, few-shot and stop (None: those three count only where `overridden`, the run's values given
+    otherwise here). Else a folder name for it, of the settings that differ, so that it never replaces the run's
+    own evaluation: readable where each value is a number or a plain name ("limit10-n2", "template-r1",
+    "benchmarks-math500+aime24"), with a hash of them all where one is not (a file, a stop string, a long name).
+    Two evaluations that differ in a setting get different names (tests/test_eval_folders.py)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(Args)} | (base or {})
+    differ = {k: getattr(args, k) for k in SETTINGS if getattr(args, k) != defaults[k]}
+    if base is None:  # the run's own values count only where given here over them
+        differ = {k: v for k, v in differ.items() if k not in FROM_RUN} | {k: v for k, (_, v) in overridden.items()}
+    parts, exact = [], True
+    for key, value in differ.items():
+        text, whole = _named(key, value)
+        exact &= whole
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and key in CHECK_SETTINGS
+        parts.append(key if text is None else f"{key}{text}" if number or key == "k" else f"{key}-{text}")
+    tag = "-".join(parts)
+    if not exact or len(tag) > 60:
+        digest = hashlib.sha256(json.dumps(differ, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        tag = f"{tag[:60].rstrip('-_')}-{digest}"
+    return tag
+
+
+def _named(key: str, value) -> tuple[str | None, bool]:
+    """(`value` as a folder name may say it, whether that says all of it): "1_4" for --k 1,4, "math500+aime24" for
+    benchmark names, "mine" (not all) for a benchmark read from a file; (None, False) for a path or a stop string."""
+    plain = re.compile(r"[A-Za-z0-9_.+]+")
+    if key == "benchmarks":
+        items = _items(value)
+        names = "+".join(name for name, _ in items)
+        return (names, all(src is None for _, src in items)) if plain.fullmatch(names) else (None, False)
+    if key == "k":
+        return (value.replace(",", "_"), True) if re.fullmatch(r"[0-9,]+", value) else (None, False)
+    text = str(value)
+    return (text, True) if plain.fullmatch(text) else (None, False)
+
+
+def _items(benchmarks: str) -> list[tuple[str, str | None]]:
+    from common.benchmarks import parse_benchmarks
+
+    try:
+        return parse_benchmarks(benchmarks)
+    except ValueError:
+        return [(benchmarks, benchmarks)]
+
+
+def settings_of(args: Args) -> dict:
+    """The settings that set this evaluation apart (SETTINGS), as its eval_results.json records them."""
+    return json.loads(json.dumps({k: getattr(args, k) for k in SETTINGS}))
+
+
+def check_folder(out: Path, settings: dict) -> None:
+    """Refuse, before anything loads, to write over an evaluation in `out` made with other settings (an --output_dir
+    used twice, a name shared by chance): say which differ, and the flag that sets the folder. The same settings
+    evaluate again in place; a training run's own evaluation (no settings recorded) is the run directory's to
+    replace, as `output_dir` says."""
+    from common.evaluation import RESULTS_FILE
+
+    path = out / RESULTS_FILE
+    try:
+        config = json.loads(path.read_text()).get("config", {}) if path.is_file() else {}
+    except (OSError, ValueError, AttributeError):
+        config = {}
+    theirs = config.get("settings") or ({k: config.get(k) for k in SETTINGS} if "n" in config else None)
+    if not theirs:
+        return
+    differ = [f"--{k} {theirs.get(k)!r} there, {settings[k]!r} here" for k in SETTINGS if theirs.get(k) != settings[k]]
+    require(
+        not differ,
+        f"--output_dir: {out} holds an evaluation made with other settings ({'; '.join(differ)}); --output_dir sets "
+        f"the folder: name another, or delete {path} to replace it",
+    )
 
 
 def checkpoint_of(model_path: str, run: Path | None) -> str | None:
@@ -234,10 +304,16 @@ def rescore_main(args: Args, ks: list[int] | None) -> None:
         summary, records = rescore(args.rescore, ks=ks)
     except (ValueError, FileNotFoundError) as e:  # a bad file: a message, not a traceback
         raise SystemExit(f"error: --rescore: {e}") from None
-    out = Path(args.output_dir) if args.output_dir else Path(args.rescore).parent
-    previous = out / RESULTS_FILE
-    config = json.loads(previous.read_text()).get("config", {}) if previous.is_file() else {}
-    path = write_results(out, summary, records, config | {"rescored_from": str(args.rescore)})
+    here = Path(args.rescore).parent
+    out = Path(args.output_dir) if args.output_dir else here
+    made = here / RESULTS_FILE  # the settings that made the records, whichever folder the new summary goes to
+    config = json.loads(made.read_text()).get("config", {}) if made.is_file() else {}
+    config |= {"rescored_from": str(args.rescore), "k": args.k}
+    if isinstance(config.get("settings"), dict):
+        config["settings"] = config["settings"] | {"k": args.k}
+        if out.resolve() != here.resolve():  # the same records re-scored in place keep their folder
+            check_folder(out, config["settings"])
+    path = write_results(out, summary, records, config)
     print(format_table(summary))
     print(f"wrote {path}")
 
@@ -277,16 +353,25 @@ def check_prompts(args: Args, benchmarks: dict, tokenizer, pool: list[dict] | No
     return max_model_len
 
 
-def write_evaluation(args: Args, overridden: dict, model_path: str, run: Path | None, summary: dict,
+def folder_for(args: Args, overridden: dict, model_path: str, run: Path | None) -> tuple[Path, str]:
+    """Where this evaluation's results go, and its tag ("" for the run's own or a full evaluation): named from
+    its settings against the defaults a run gives them (`check_tag`), checked not to hold another evaluation
+    (`check_folder`), before anything loads."""
+    recorded = run_flags(run)
+    base = {ours: recorded[theirs] for ours, theirs in FROM_RUN.items() if theirs in recorded}
+    tag = check_tag(args, overridden, {f.name: f.default for f in dataclasses.fields(Args)} | base)
+    out = output_dir(args, model_path, run, tag)
+    check_folder(out, settings_of(args))
+    return out, tag
+
+
+def write_evaluation(args: Args, out: Path, tag: str, model_path: str, run: Path | None, summary: dict,
                      records: list[dict], stops: list[str], seconds: float) -> None:  # fmt: skip
-    """The results where `output_dir` says (a quick check's in a folder of its own), with the settings that made
-    them; the table, and where they went."""
+    """The results in `out` (`folder_for`), with the settings that made them; the table, and where they went."""
     from common.evaluation import format_table, write_results
 
-    tag = check_tag(args, overridden)
-    out = output_dir(args, model_path, run, tag)
     config = asdict(args) | {"model_path": model_path, "eval_s": round(seconds, 1)}
-    config |= {"stop_strings": stops, "quick_check": tag or None}
+    config |= {"stop_strings": stops, "quick_check": tag or None, "settings": settings_of(args)}
     config |= {"checkpoint": checkpoint} if (checkpoint := checkpoint_of(model_path, run)) else {}
     path = write_results(out, summary, records, config)
     print(format_table(summary))
@@ -334,6 +419,7 @@ def main(args: Args, ks: list[int] | None, given: set[str] | None = None) -> Non
     args, overridden, lines = follow_run(args, run_flags(run), given)
     for line in lines:
         print(line)
+    out, tag = folder_for(args, overridden, model_path, run)
     with clear_errors("--template"):  # a run's own template file may have moved since
         check_template(args.template)
     with clear_errors("--stop"):
@@ -358,7 +444,7 @@ def main(args: Args, ks: list[int] | None, given: set[str] | None = None) -> Non
         engine, tokenizer, benchmarks, args.template, args.n, args.temperature, args.max_tokens, args.top_p,
         args.seed, ks=ks, say=print, few_shot=args.few_shot, few_shot_pool=pool,
     )  # fmt: skip
-    write_evaluation(args, overridden, model_path, run, summary, records, stops, time.perf_counter() - start)
+    write_evaluation(args, out, tag, model_path, run, summary, records, stops, time.perf_counter() - start)
 
 
 if __name__ == "__main__":
