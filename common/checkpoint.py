@@ -399,8 +399,8 @@ def load_checkpoint(accelerator: Accelerator, output_dir: str | Path) -> dict | 
     after its last save) are dropped, so the resumed run's rows follow on.
     """
     main = accelerator.is_main_process
-    if main:
-        remove_leftovers(Path(output_dir))
+    if main and (removed := remove_leftovers(Path(output_dir))):
+        print(f"--resume: removed what killed saves and deletions left in {output_dir}: {', '.join(removed)}")
     accelerator.wait_for_everyone()
     errors = []
     state = None

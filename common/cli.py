@@ -249,7 +249,14 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
         if problem := check_range(f, values[f.name]):
             require(False, problem)
     out = tuple(cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)}) for cls in classes)
+    for config in out:  # not a flag (run_config.json does not record it): what start-up notes read (`recipe_of`)
+        config._recipe = path
     return out[0] if len(out) == 1 else out
+
+
+def recipe_of(config) -> str | None:
+    """The --config file (a recipe) a config returned by `parse_args` was read with; None: none, or not parsed."""
+    return getattr(config, "_recipe", None)
 
 
 def _resumed(classes, values: dict, explicit: set[str], script: str | None) -> dict:

@@ -23,6 +23,7 @@ class Checkpoints:
     save_steps: int  # 0: off
     save_minutes: float  # 0: off
     saved_step: int | None  # the newest checkpoint of this run (or the one it resumed from); None: none yet
+    stop: StopSignal | None = None  # told which checkpoint is being written, for a second signal's line
     last_save: float = field(default_factory=time.monotonic)
 
     def save_if_due(self, step: int, trainer, rollout, *, final: bool, stopping: bool, skipped: bool) -> None:
@@ -39,10 +40,16 @@ class Checkpoints:
         )
         if not due or (skipped and not (final or stopping)):
             return
-        saved = save_checkpoint(
-            trainer.accelerator, trainer.model, rollout.tokenizer, self.run_dir, step,
-            {"sampler": rollout.sampler.state_dict()}, self.keep_last, export=final, mode=trainer.mode,
-        )  # fmt: skip
+        if self.stop is not None:
+            self.stop.saving, self.stop.saved = f"checkpoint-{step}", self.saved_step
+        try:
+            saved = save_checkpoint(
+                trainer.accelerator, trainer.model, rollout.tokenizer, self.run_dir, step,
+                {"sampler": rollout.sampler.state_dict()}, self.keep_last, export=final, mode=trainer.mode,
+            )  # fmt: skip
+        finally:
+            if self.stop is not None:
+                self.stop.saving = None
         if saved is not None:
             self.saved_step, self.last_save = step, time.monotonic()
 
@@ -94,9 +101,11 @@ def open_run_io(script: str, run: RunFlags, pre, values: dict, accelerator, mode
         accelerator if run.report_to != "none" else None, values, project=run.project, run_name=run.run_name,
         log_every=run.log_every, log_samples=run.log_samples,
     )  # fmt: skip
-    checkpoints = Checkpoints(pre.run_dir, run.keep_last, run.save_steps, run.save_minutes, start_step or None)
+    stop = StopSignal()
+    checkpoints = Checkpoints(
+        pre.run_dir, run.keep_last, run.save_steps, run.save_minutes, start_step or None, stop
+    )  # fmt: skip
     return RunIO(
         pre.run_dir, pre.lock, logger, checkpoints, evaluation, SignalWatch(run.warn_flat_steps, say=logger.write),
-        ScoreWatch(group_size, say=logger.write), StopSignal(), start_step, pre.total_steps,
-        accelerator.is_main_process,
+        ScoreWatch(group_size, say=logger.write), stop, start_step, pre.total_steps, accelerator.is_main_process,
     )  # fmt: skip
