@@ -8,6 +8,7 @@ evaluated accuracy (4 samples of each of the task's 100 problems).
 
 import importlib.util
 import json
+import math
 import re
 
 import pytest
@@ -24,9 +25,14 @@ MARGIN = 0.1
 # The README gives each figure as its range over the kept runs (seeds 0-3 at 1 and 2 threads; scripts/readme_demo_table.py
 # says why). A fresh run, on any machine, lies within that range widened on each side by half its width (the spread
 # between runs) and at least by Z standard errors of the cell's sampling (p(1 - p) / n at the range's midpoint, n the
-# samples behind it): another machine's kernels change sampled tokens as another seed would.
+# samples behind it): another machine's kernels change sampled tokens as another seed would. That band, rounded outward
+# to two decimals, is what the test holds a fresh run to and what the README prints (`held_bands`, between HELD_BEGIN
+# and HELD_END: `PYTHONPATH=. python tests/test_learning.py` writes it), one computation for both.
 Z = 3
 SAMPLES = {"train": 128, "eval": 400}  # 16 prompts x 8 completions a step; 100 sums x 4 samples
+STEPS_SHOWN = (0, 10, 20, 30)
+HELD_BEGIN = "<!-- held bands: written by `PYTHONPATH=. python tests/test_learning.py`, what tests/test_learning.py holds a fresh run to -->"
+HELD_END = "<!-- end of held bands -->"
 
 
 @pytest.fixture(scope="session")
@@ -80,17 +86,85 @@ def test_the_readme_demo_table_is_the_kept_runs():
 
 
 def pad(lo: float, hi: float, n: int) -> float:
-    """How far outside its README range (lo, hi) a fresh run's figure may lie (the comment at the top)."""
+    """How far outside its kept range (lo, hi) a fresh run's figure may lie (the comment at the top)."""
     p = (lo + hi) / 2
     return max((hi - lo) / 2, Z * (p * (1 - p) / n) ** 0.5)
 
 
-def outside_spread(fresh: list[float], table: list[tuple[float, float]], n: int) -> list[str]:
-    """The fresh values outside their README range widened by `pad` each side (`n`: samples behind a figure)."""
+def kept_ranges() -> dict[str, list[tuple[float, float]]]:
+    """Each figure's (lo, hi) over the kept runs, unrounded: "train" and "eval" at STEPS_SHOWN."""
+    runs = json.loads(demo_table_script().RUNS.read_text())
+    return {
+        kind: [(min(r[kind][i] for r in runs), max(r[kind][i] for r in runs)) for i in range(len(STEPS_SHOWN))]
+        for kind in SAMPLES
+    }
+
+
+def held_bands() -> dict[str, list[tuple[float, float]]]:
+    """The band each figure of a fresh run is held to: its kept range widened by `pad`, rounded outward to two
+    decimals (an accuracy stays within 0-1). The README prints these (`held_table`)."""
+    out = {}
+    for kind, ranges in kept_ranges().items():
+        widened = [(lo - pad(lo, hi, SAMPLES[kind]), hi + pad(lo, hi, SAMPLES[kind])) for lo, hi in ranges]
+        out[kind] = [
+            (max(0, math.floor(a * 100 + 1e-9) / 100), min(1, math.ceil(b * 100 - 1e-9) / 100)) for a, b in widened
+        ]
+    return out
+
+
+def held_table() -> str:
+    """The README's table of the bands a fresh run is held to (`held_bands`)."""
+    bands = held_bands()
+    cells = lambda kind: " | ".join(f"{lo:.2f}–{hi:.2f}" for lo, hi in bands[kind])  # noqa: E731
+    return "\n".join(
+        [
+            "| a fresh run is held to, at step | " + " | ".join(map(str, STEPS_SHOWN)) + " |",
+            "|---|" + "---|" * len(STEPS_SHOWN),
+            f"| training accuracy | {cells('train')} |",
+            f"| eval pass@1 | {cells('eval')} |",
+        ]
+    )
+
+
+def test_the_readme_prints_the_bands_its_test_holds():
+    """Before: the README printed the kept range (eval step 0: 0.55–0.60) and the test held a fresh run to a band it
+    computed and never printed; a user's fresh 0.545 was inside the one, outside the other. The README's bands are
+    now `held_bands`, the test's own, rendered."""
+    readme = (ROOT / "README.md").read_text()
+    block = f"{HELD_BEGIN}\n{held_table()}\n{HELD_END}"
+    assert block in readme, f"README's held bands are stale: run `PYTHONPATH=. python tests/test_learning.py`:\n{block}"
+
+
+def test_the_kept_runs_agree_across_thread_counts():
+    """The README's measured spread across threads: none. Each seed's figures at 1 and 2 threads are equal."""
+    runs = json.loads(demo_table_script().RUNS.read_text())
+    by_seed = {}
+    for r in runs:
+        by_seed.setdefault(r["seed"], []).append((r["train"], r["eval"]))
+    assert all(len(v) == 2 and v[0] == v[1] for v in by_seed.values()), by_seed
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="scripts/readme_demo_table.py cell() rounds lo and hi to nearest: seed 0's step-0 pass@1, 0.545, prints "
+    "as 0.55; the fix rounds lo down and hi up (the report of issue 40 item 8 gives the lines)",
+)
+def test_every_kept_run_lies_in_its_printed_cell():
+    """A printed range holds the runs it is made from (the table's cells, `lo–hi`, as the README shows them)."""
+    outside = []
+    for (label, cells), kind in zip(readme_demo_table().items(), SAMPLES):
+        for step, cell, (lo, hi) in zip(STEPS_SHOWN, cells, kept_ranges()[kind]):
+            if not (cell[0] <= lo and hi <= cell[1]):
+                outside.append(f"{label}, step {step}: kept {lo:g}-{hi:g}, printed {cell[0]:.2f}-{cell[1]:.2f}")
+    assert not outside, outside
+
+
+def outside_spread(fresh: list[float], bands: list[tuple[float, float]]) -> list[str]:
+    """The fresh values outside their held band (`held_bands`, as the README prints it)."""
     out = []
-    for step, value, (lo, hi) in zip((0, 10, 20, 30), fresh, table):
-        if not lo - pad(lo, hi, n) <= value <= hi + pad(lo, hi, n):
-            out.append(f"step {step}: {value:.3f} outside {lo:.2f}-{hi:.2f} +- {pad(lo, hi, n):.3f}")
+    for step, value, (lo, hi) in zip(STEPS_SHOWN, fresh, bands):
+        if not lo <= value <= hi:
+            out.append(f"step {step}: {value:.3f} outside {lo:.2f}-{hi:.2f}")
     return out
 
 
@@ -100,12 +174,17 @@ def test_the_readme_demo_is_a_fresh_run_of_its_command(tmp_path):
     """`python grpo_base.py --eval_steps 10`, exactly as the README says: its training and evaluation accuracy at
     steps 0, 10, 20, 30 lie within the spread the README's table gives (and it learns)."""
     rows = {r["step"]: r for r in run_script("grpo_base.py", tmp_path, "--eval_steps", "10", timeout=900)}
-    train, evaluation = readme_demo_table().values()
-    fresh_train = [rows[max(s, 1)]["train/accuracy"] for s in (0, 10, 20, 30)]
-    fresh_eval = [rows[s]["eval/synthetic/pass@1"] for s in (0, 10, 20, 30)]
-    misses = outside_spread(fresh_train, train, SAMPLES["train"]) + outside_spread(
-        fresh_eval, evaluation, SAMPLES["eval"]
-    )
+    bands = held_bands()  # what the README prints (test_the_readme_prints_the_bands_its_test_holds)
+    fresh_train = [rows[max(s, 1)]["train/accuracy"] for s in STEPS_SHOWN]
+    fresh_eval = [rows[s]["eval/synthetic/pass@1"] for s in STEPS_SHOWN]
+    misses = outside_spread(fresh_train, bands["train"]) + outside_spread(fresh_eval, bands["eval"])
     assert not misses, misses
     assert fresh_eval[1] > fresh_eval[0] + MARGIN
     assert re.search(r"## Setup and run", (ROOT / "README.md").read_text())
+
+
+if __name__ == "__main__":  # PYTHONPATH=. python tests/test_learning.py: the README's held bands, rewritten
+    from common.marked_text import write_between
+
+    write_between(ROOT / "README.md", HELD_BEGIN, HELD_END, held_table(), "held-bands")
+    print(f"wrote the held bands of {ROOT / 'README.md'}")
