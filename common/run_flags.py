@@ -208,6 +208,11 @@ class RunFlags:
             not (self.resume and self.overwrite),
             "--resume and --overwrite contradict each other: continue the run, or start it over",
         )
+        require(
+            self.rollout != "vllm" or vllm_available(),
+            "--rollout vllm: vLLM is not installed here (CPU: bash scripts/setup_cpu.sh; GPU: pip install -r "
+            "requirements.txt); or sample with --rollout hf (a resume may change it)",
+        )
         for name in filter(None, self.report_to.split(",")) if self.report_to != "none" else []:
             require(
                 name in TRACKERS, f"--report_to: unknown tracker {name!r}; choose from {', '.join(TRACKERS)} (or none)"

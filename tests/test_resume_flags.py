@@ -145,3 +145,14 @@ def test_a_resume_by_another_script_is_refused_before_anything_loads(tmp_path):
         f"error: --resume: {tmp_path} is a run of grpo_base.py, not egpo.py; resume it with python grpo_base.py "
         f"--resume --output_dir {tmp_path}, or start egpo.py in another --output_dir"
     )
+
+
+def test_a_recorded_vllm_rollout_where_vllm_is_missing_is_one_line(monkeypatch):
+    """A run recorded on a machine with vLLM, resumed on one without: --rollout vllm comes from the record, and
+    used to end in a ModuleNotFoundError traceback from inside the engine. Now validate names the fix."""
+    import common.run_flags
+
+    monkeypatch.setattr(common.run_flags, "vllm_available", lambda: False)
+    with pytest.raises(SystemExit, match=r"^error: --rollout vllm: vLLM is not installed here .* --rollout hf"):
+        RunFlags(rollout="vllm").validate()
+    RunFlags(rollout="hf").validate()
