@@ -137,7 +137,7 @@ def _data_files(directory: Path, split: str) -> list[Path]:
     files = matching or files
     exts = {p.suffix for p in files}
     if len(exts) > 1:
-        raise ValueError(f"directory {directory} mixes file types {sorted(exts)}; pass one file as --source")
+        raise ValueError(f"directory {directory} mixes file types {sorted(exts)}; name one of its files instead")
     return files
 
 

@@ -466,3 +466,32 @@ def test_problem_and_answer_fields_name_a_benchmarks_columns_as_in_training(tmp_
     assert got == {"mine": [{"problem": "1 + 1?", "answer": "2"}, {"problem": "2 + 3?", "answer": "5"}]}
     with pytest.raises(SystemExit, match="--benchmarks: .*gold"):
         run_tool(benchmarks=f"mine={tmp_path / 'mine.jsonl'}", answer_field="nope", export_data=str(tmp_path / "x"))
+
+
+@pytest.mark.slow
+def test_training_evaluates_local_copies_offline(tmp_path):
+    """Issue 40, item 8: a training run's --eval_benchmarks reaches local files as tools.evaluate's --benchmarks
+    does (name=FILE, name=DIR holding name.jsonl, a file's own fields mapped), and offline, a benchmark it cannot
+    load says so in one line that names only what the training scripts take."""
+    from train_utils import run_cli, user_env
+
+    copies = tmp_path / "benchmarks"
+    write_jsonl([{"problem": f"What is {a} + 2?", "answer": str(a + 2)} for a in range(3)], copies / "math500.jsonl")
+    write_jsonl([{"question": f"What is {a} + 3?", "gold": a + 3} for a in range(2)], tmp_path / "mine.jsonl")
+    env = user_env() | {"HF_HUB_OFFLINE": "1"}
+    flags = ["--rollout", "hf", "--prompts_per_step", "2", "--group_size", "2", "--max_completion_len", "4"]
+    flags += ["--steps", "1", "--eval_steps", "1", "--eval_n", "1", "--eval_before", "false"]
+    refused = run_cli(
+        "grpo_base.py", "--output_dir", str(tmp_path / "a"), *flags, "--eval_benchmarks", "math500", env=env
+    )
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 1 and len(lines) == 1, refused.stderr[-2000:]
+    assert lines[0].startswith("error: --eval_benchmarks: benchmark 'math500': could not load HuggingFaceH4/MATH-500")
+    assert "math500=path/to/math500.jsonl, or math500=DIR holding math500.jsonl" in lines[0]
+    unquoted = re.sub(r"`[^`]*`", "", lines[0])  # a quoted `python -m tools.evaluate ...` has that tool's flags
+    assert "--data_dir" not in unquoted and "--benchmarks" not in unquoted
+    local = f"math500={copies},mine={tmp_path / 'mine.jsonl'}:problem=question:answer=gold"
+    ran = run_cli("grpo_base.py", "--output_dir", str(tmp_path / "b"), *flags, "--eval_benchmarks", local, env=env)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    last = json.loads((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["eval/math500/num_problems"] == 3 and last["eval/mine/num_problems"] == 2
