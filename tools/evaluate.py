@@ -7,7 +7,8 @@
 --model takes a training run (its exported model/, else its newest good checkpoint), a
 checkpoint-N, a model directory or a hub name; results of a training run's model go next to
 its metrics.jsonl, where tools/plot.py finds them, a checkpoint's in the run's eval-checkpoint-N/,
-a quick check's (--limit, other sampling settings) in a folder of its own, eval-limit10-n2/.
+an evaluation with other settings (--benchmarks, --limit, --n, --temperature, ...) in a folder named by
+them, eval-limit10-n2/; a folder holding an evaluation made with other settings is refused.
 A run's (or checkpoint's) evaluation follows the run: its --template, --few_shot and --stop come
 from its run_config.json unless given here, and the tool says which it used.
 Benchmarks load by name from the hub or from local copies (--data_dir, or name=FILE);
@@ -34,7 +35,11 @@ class Args:
         "tiny",
         "a training run, a checkpoint-N, a model directory or a hub name; 'tiny': the CPU demo model, 'smollm2': SmolLM2-135M-Instruct",
     )
-    benchmarks: str = arg("synthetic", f"comma-separated names ({BENCHMARK_NAMES}), each optionally =FILE")
+    benchmarks: str = arg(
+        "synthetic",
+        f"comma-separated names ({BENCHMARK_NAMES}), each optionally =FILE or =DIR holding NAME.jsonl, "
+        "FILE:problem=FIELD:answer=FIELD for a file in other fields",
+    )
     data_dir: str | None = arg(None, "directory holding <benchmark>.jsonl local copies (looked up before the hub)")
     limit: int | None = arg(None, "evaluate only the first N problems of each benchmark (smoke tests)", at_least=1)
     problem_field: str | None = arg(None, "column holding the problem (default: known per benchmark, else 'problem')")
@@ -68,7 +73,8 @@ class Args:
     # Output and other modes.
     output_dir: str | None = arg(
         None,
-        "where eval_results.json / eval_records.jsonl go (default: the run directory for a training run's model, else runs/eval/<model>)",
+        "where eval_results.json / eval_records.jsonl go (default: the run directory for a training run's model, else "
+        "runs/eval/<model>; other settings than the defaults: a folder there named by them)",
     )
     rescore: str | None = arg(None, "re-score this eval_records.jsonl instead of generating")
     export_data: str | None = arg(None, "write each benchmark as DIR/<name>.jsonl and exit (for offline use)")
