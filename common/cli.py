@@ -250,7 +250,7 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
             require(False, problem)
     out = tuple(cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)}) for cls in classes)
     for config in out:  # not a flag (run_config.json does not record it): what start-up notes read (`recipe_of`)
-        config._recipe = path
+        object.__setattr__(config, "_recipe", path)  # a frozen config class takes it too
     return out[0] if len(out) == 1 else out
 
 
