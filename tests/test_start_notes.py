@@ -87,13 +87,14 @@ def test_a_real_start_says_it_before_anything_loads(tmp_path):
     recipe = "recipes/grpo_base_qwen2.5-math-1.5b.yaml"
     env = user_env(HF_ENDPOINT="http://127.0.0.1:9")
     proc = run_cli("grpo_base.py", "--config", recipe, "--output_dir", str(tmp_path / "run"), "--vllm_sleep",
-                   "--rollout", "vllm", env=env, timeout=120)  # fmt: skip
+                   "--rollout", "hf", env=env, timeout=120)  # fmt: skip
     assert proc.returncode != 0 and "cannot be reached" in proc.stderr, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
-    assert (
+    assert (  # named under the first reason that holds (any machine with vLLM or not: --rollout hf)
         "note: on CPU (no GPU here), these flags do nothing: --vllm_sleep true (vLLM's sleep mode frees GPU memory); "
         "--vllm_gpu_memory_utilization 0.45 (vLLM on CPU takes VLLM_CPU_KVCACHE_SPACE GiB for its KV cache instead)"
     ) in lines, lines
+    assert not [x for x in lines if x.startswith("note: with --rollout hf")], lines  # each flag once
     [line] = [x for x in lines if x.startswith(f"note: {recipe} is sized for")]
     assert "sized for 1 GPU of 80 GB (accelerate launch --config_file configs/accelerate/single_gpu.yaml" in line
     assert "Qwen/Qwen2.5-Math-1.5B in this machine's memory" in line
