@@ -1,6 +1,7 @@
 """How exact is a bf16 GRPO step's gradient, engine by engine? Measured against fp64, on CPU.
 
-    python benchmarks/bf16_grads.py [--engines ddp,fsdp2,zero2,zero3] [--seeds 0,1,2] [--json FILE]
+    python benchmarks/bf16_grads.py [--engines ddp,fsdp2,zero2,zero3] [--seeds 0,1,2]   # stored, SCALING.md written
+    python benchmarks/bf16_grads.py --render_only     # docs/SCALING.md's block again from the stored run
 
 One GRPO update step (the clipped surrogate at ratio 1, token-mean over the global batch, as the
 first mini-batch of a step computes it) on a small Qwen2 with a tied embedding / output layer
@@ -22,6 +23,10 @@ body (every other parameter). Configurations:
   `deepspeed.utils.safe_get_full_grad` (what its optimiser would apply); ZeRO also once with
   DeepSpeed's bf16 defaults (before). An engine that cannot run bf16 here is reported as such.
 Seeds vary the data; the table gives the mean and [min, max] over them (engines: the first seed).
+
+Not a timing: the errors depend on the CPU's kernels and the thread count, not on what else runs. The run is stored
+in docs/bench/bf16_grads.json (the machine, the load, the commit, every seed's errors; benchmarks/stored_run.py) and
+docs/SCALING.md's table is written from it (tests/test_generated_docs.py renders it again).
 """
 
 import argparse
@@ -39,12 +44,16 @@ from transformers.utils import logging as hf_logging
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import stored_run  # noqa: E402
 from common.logprobs import _chunked, _logp_and_entropy, sequence_logprobs  # noqa: E402
 
 VOCAB, CHUNK, PROMPT, COMPLETION, ROWS, MICRO, WORLD = 4096, 3, 8, 248, 2, 8, 2
 TIED = "model.embed_tokens.weight"
 ENGINES = {"ddp": "ddp_8gpu.yaml", "fsdp2": "fsdp2.yaml", "zero2": "zero2.yaml", "zero3": "zero3.yaml"}
 RESULT = "BF16_GRADS "
+STORED = stored_run.BENCH / "bf16_grads.json"
+DOC = ROOT / "docs" / "SCALING.md"
+BEGIN, END, FIND = stored_run.markers("bf16 grads", "benchmarks/bf16_grads.py", "docs/bench/bf16_grads.json")
 hf_logging.disable_progress_bar()
 
 
@@ -240,6 +249,7 @@ def measure(engines: list[str], seeds: list[int], model_dir: Path, before: bool 
             values = [e[part] for e in errs]
             row[part] = statistics.mean(values)
             row[part + "_range"] = [min(values), max(values)]
+            row[part + "_seeds"] = values  # in the order of `seeds`
         rows.append(row)
         print(f"  {name}: head {row['head']:.3%}  body {row['body']:.3%}", file=sys.stderr, flush=True)
 
@@ -296,22 +306,49 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render(record: dict) -> str:
+    """docs/SCALING.md's block: where the run was made, the yardsticks at the engines' seed, and the table."""
+    rows = {r["config"]: r for r in record["rows"]}
+    seeds = record["seeds"]
+
+    def at_first_seed(config: str) -> str:
+        r = rows[config]
+        return f"{r['head_seeds'][0]:.3%} / {r['body_seeds'][0]:.3%}"
+
+    return "\n".join(
+        [
+            f"Stored in `docs/bench/bf16_grads.json`: {stored_run.conditions(record)}. One process: mean [min, max] "
+            f"over data seeds {', '.join(map(str, seeds))}; engines: seed {seeds[0]} (the yardsticks at seed "
+            f"{seeds[0]}: {at_first_seed('bf16 autocast, unchunked (yardstick)')} with autocast, "
+            f"{at_first_seed('bf16 weights, unchunked (yardstick)')} with bf16 weights):",
+            "",
+            table(record["rows"]),
+        ]
+    )
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, of " + ", ".join(ENGINES))
     ap.add_argument("--seeds", default="0,1,2", help="data seeds (engines run the first)")
     ap.add_argument("--json", default="", help="also write the rows here")
+    ap.add_argument("--out", default=str(STORED), help="where the run is stored ('' for nowhere)")
+    ap.add_argument("--doc", default=str(DOC), help="the page whose block is written ('' for none)")
+    ap.add_argument("--render_only", action="store_true", help="write the page's block from the stored run")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)  # a rank under accelerate launch
     ap.add_argument("--zero_defaults", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
     if a.worker:
         return worker(Path(a.worker), seeds[0], a.zero_defaults)
+    if a.render_only:
+        return write_doc(stored_run.load(Path(a.out)), a.doc)
     engines = [e for e in a.engines.split(",") if e]
     unknown = set(engines) - set(ENGINES)
     if unknown:
         raise SystemExit(f"error: --engines: unknown {sorted(unknown)}; choose from {', '.join(ENGINES)}")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    record = stored_run.start(" ".join(["python benchmarks/bf16_grads.py", *sys.argv[1:]]), torch.get_num_threads())
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         build_model(model_dir)
@@ -319,6 +356,15 @@ def main():
     print(table(rows))
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
+    if a.out:
+        record |= {"seeds": seeds, "engines": engines, "rows": rows}
+        write_doc(stored_run.finish(record, Path(a.out)), a.doc)
+
+
+def write_doc(record: dict, doc: str) -> None:
+    if doc:
+        stored_run.write_block(Path(doc), BEGIN, END, FIND, render(record), "bf16-gradient")
+        print(f"wrote {doc}'s bf16 gradient table")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,79 @@
+"""A benchmark's run kept in docs/bench/ (what it measured, on which machine, how busy the machine was, at which
+commit), and a docs page's block written from it between two marker lines. A page gives a benchmark's figures
+only from such a record: tests/test_generated_docs.py renders every block again and fails on a difference.
+
+A block's markers: `<!-- NAME: written by SCRIPT from STORED -->` ... `<!-- end of NAME -->`. Before its first
+stored run a block says so on its first line, `<!-- NAME: awaiting a stored run ... -->`, and its text is not a
+rendering; the first `--render_only` (or the run itself) rewrites that line with the block.
+"""
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "docs" / "bench"
+
+
+def markers(name: str, script: str, stored: str) -> tuple[str, str, str]:
+    """(begin, end, find) of a block: `find` locates the begin line whatever it says (awaiting, or an older one)."""
+    return f"<!-- {name}: written by {script} from {stored} -->", f"<!-- end of {name} -->", f"<!-- {name}:"
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def start(command: str, threads: int | None = None) -> dict:
+    """The record's head, taken as the run starts: the command, the date, the commit and the tracked files that
+    differ from it, and the machine (`common.machine.describe_machine`: CPU, bf16 units, cores, compute threads,
+    the 1-minute load average now)."""
+    from common.machine import describe_machine
+
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    modified = [line[3:] for line in _git("status", "--porcelain", "--untracked-files=no").splitlines()]
+    return {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        "modified": modified,
+        "machine": describe_machine(threads),
+    }
+
+
+def finish(record: dict, path: Path) -> dict:
+    """The load average as the run ends, and the record written to `path` (docs/bench/...)."""
+    record["load_1min_after"] = os.getloadavg()[0]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def conditions(record: dict) -> str:
+    """Where, when and beside what the run was made, read from its record."""
+    m = record["machine"]
+    commit = record["commit"] + (f" with {len(record['modified'])} files modified" if record["modified"] else "")
+    return (
+        f"`{record['command']}`, {record['date']}, commit {commit}, on {m['cpu']}, {m['cores']} cores, "
+        f"{m['threads']} compute threads; 1-minute load average {m['load_1min']:.1f} at the start and "
+        f"{record['load_1min_after']:.1f} at the end"
+    )
+
+
+def write_block(page: Path, begin: str, end: str, find: str, body: str, what: str) -> None:
+    """Rewrite `page`'s block (between `find`'s line and `end`) with `begin` and `body`."""
+    from common.marked_text import write_between
+
+    write_between(page, begin, end, body, what, find=find)
