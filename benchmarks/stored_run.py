@@ -24,7 +24,7 @@ def markers(name: str, script: str, stored: str) -> tuple[str, str, str]:
 
 def _git(*args: str) -> str:
     try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -39,14 +39,24 @@ def start(command: str, threads: int | None = None) -> dict:
         import torch
 
         threads = torch.get_num_threads()
-    modified = [line[3:] for line in _git("status", "--porcelain", "--untracked-files=no").splitlines()]
     return {
         "command": command,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": _git("rev-parse", "--short", "HEAD"),
-        "modified": modified,
+        "commit": _git("rev-parse", "--short", "HEAD").strip(),
+        "modified": modified_files(),
         "machine": describe_machine(threads),
     }
+
+
+def modified_files() -> list[str]:
+    """The tracked files that differ from the commit (`git status --porcelain -z`; a rename's old name skipped)."""
+    entries, out = iter(_git("status", "--porcelain", "-z", "--untracked-files=no").split("\0")), []
+    for entry in entries:
+        if len(entry) > 3:
+            out.append(entry[3:])
+            if entry[0] in "RC":
+                next(entries, None)
+    return out
 
 
 def finish(record: dict, path: Path) -> dict:
