@@ -13,8 +13,13 @@ grpo_base.old_logprobs() (the no-grad scoring pass) and grpo_base.update() (one 
 demo model, one optimiser step) over the same rows cut into 2, 4 and 8 micro-batches, padded and
 packed (--padding_free), and splits the count into a fixed part and a part per micro-batch (its
 scoring and its training forward together), by where each call is made.
+
+Not a timing: calls counted, whatever else the machine runs. The run is stored in docs/bench/host_syncs.json
+(benchmarks/stored_run.py) and docs/SCALING.md's tables are written from it (`--render_only`: the block again;
+tests/test_generated_docs.py renders it again).
 """
 
+import argparse
 import collections
 import functools
 import sys
@@ -25,6 +30,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks import stored_run  # noqa: E402
+
+STORED = stored_run.BENCH / "host_syncs.json"
+DOC = ROOT / "docs" / "SCALING.md"
+BEGIN, END, FIND = stored_run.markers("host syncs", "benchmarks/host_syncs.py", "docs/bench/host_syncs.json")
+MICRO_BATCHES = (2, 4, 8)
 
 READS = ["item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy"]
 COUNTS: collections.Counter = collections.Counter()
@@ -92,6 +103,23 @@ def patch(on_sync=count) -> None:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(STORED), help="where the run is stored ('' for nowhere)")
+    p.add_argument("--doc", default=str(DOC), help="the page whose block is written ('' for none)")
+    p.add_argument("--render_only", action="store_true", help="write the page's block from the stored run")
+    a = p.parse_args()
+    if a.render_only:
+        return write_doc(stored_run.load(Path(a.out)), a.doc)
+    record = stored_run.start(" ".join(["python benchmarks/host_syncs.py", *sys.argv[1:]]))
+    record["rows"], record["layouts"] = count_layouts()
+    for layout, totals in record["layouts"].items():
+        print(f"{layout} layout:\n" + "\n".join(table(totals)) + "\n")
+    if a.out:
+        write_doc(stored_run.finish(record, Path(a.out)), a.doc)
+
+
+def count_layouts() -> tuple[int, dict]:
+    """(rows, {layout: {micro-batches: {where: host syncs}}}) of old_logprobs() + update() over the same rows."""
     import random
 
     from step_time import update_session
@@ -115,30 +143,49 @@ def main() -> None:
     rewards[::G], rewards[1::G] = 0.0, 1.0  # every group mixed: every row is trained
     adv = grpo_base.group_advantages(rewards, G)
     patch()
+    layouts = {}
     for layout in ("padded", "packed"):  # packed: --padding_free
         totals = {}
-        for micro_batches in (2, 4, 8):
+        for micro_batches in MICRO_BATCHES:
             s, args = update_session(model, micro_batch_size=n // micro_batches), grpo_base.Args(group_size=G)
             s.ref_model, s.layout = None, layout
             grpo_base.update(s, batch, old, adv, args, step=0)  # warm-up
             COUNTS.clear()
             grpo_base.old_logprobs(s, batch, args)
             grpo_base.update(s, batch, old, adv, args, step=0)
-            totals[micro_batches] = dict(COUNTS)
-        print(f"host syncs in grpo_base.old_logprobs() + update() of {n} rows, one optimiser step, {layout} layout")
-        print("(demo model, CPU-counted)\n")
-        table(totals)
+            totals[str(micro_batches)] = dict(COUNTS)
+        layouts[layout] = totals
+    return n, layouts
 
 
-def table(totals: dict) -> None:
-    print("| called from | 2 micro-batches | 4 | 8 | per micro-batch | fixed |")
-    print("|---|---|---|---|---|---|")
+def table(totals: dict) -> list[str]:
+    """One layout's counts by where the call was made: at 2, 4 and 8 micro-batches, per micro-batch, fixed."""
+    L = ["| called from | 2 micro-batches | 4 | 8 | per micro-batch | fixed |", "|---|---|---|---|---|---|"]
     where = sorted(set().union(*totals.values()))
     for w in where + ["total"]:
-        c = [sum(totals[m].values()) if w == "total" else totals[m].get(w, 0) for m in (2, 4, 8)]
+        c = [sum(totals[str(m)].values()) if w == "total" else totals[str(m)].get(w, 0) for m in MICRO_BATCHES]
         per_mb = (c[2] - c[0]) / 6
-        print(f"| {w} | {c[0]} | {c[1]} | {c[2]} | {per_mb:g} | {c[0] - 2 * per_mb:g} |")
-    print()
+        L.append(f"| {w} | {c[0]} | {c[1]} | {c[2]} | {per_mb:g} | {c[0] - 2 * per_mb:g} |")
+    return L
+
+
+def render(record: dict) -> str:
+    """docs/SCALING.md's block: each layout's counts, from the stored run."""
+    L = [
+        f"Stored in `docs/bench/host_syncs.json`: {stored_run.conditions(record)}. Host syncs in "
+        f"`grpo_base.old_logprobs()` + `update()` of {record['rows']} rows of the demo model, one optimiser step, "
+        "counted on CPU by patching the calls (an upper bound: host tensors count too):"
+    ]
+    for layout, totals in record["layouts"].items():
+        L += ["", f"{layout} layout" + (" (`--padding_free`)" if layout == "packed" else "") + ":", ""]
+        L += table(totals)
+    return "\n".join(L)
+
+
+def write_doc(record: dict, doc: str) -> None:
+    if doc:
+        stored_run.write_block(Path(doc), BEGIN, END, FIND, render(record), "host-syncs")
+        print(f"wrote {doc}'s host-sync tables")
 
 
 if __name__ == "__main__":
