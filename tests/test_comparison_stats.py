@@ -11,7 +11,7 @@ SPEC = importlib.util.spec_from_file_location("compare_real", ROOT / "scripts" /
 compare = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(compare)  # puts the repository root on sys.path: scripts.comparison imports below
 
-from scripts.comparison import stats, verdicts  # noqa: E402
+from scripts.comparison import page, stats, verdicts  # noqa: E402
 from scripts.comparison.grid import BASE, P1  # noqa: E402
 
 
@@ -131,3 +131,11 @@ def test_only_runs_that_end_strictly_below_their_start_have_fallen():
     """A run whose held-out pass@1 stays where it started has not gained, and has not fallen either."""
     figs = {BASE: {0: {P1: 0.0, "pass1_before": 0.0}}, "egpo": {0: {P1: 0.0}}, "cw_grpo": {0: {P1: -0.1}}}
     assert verdicts.fell(verdicts.Reader(figs), [BASE, "egpo", "cw_grpo"]) == [("cw_grpo", 0, 0.0, -0.1)]
+
+
+def test_a_comparison_short_of_seeds_is_listed_and_says_why():
+    """The table of comparisons keeps a row whose runs have too few seeds, so what is missing shows."""
+    figs = figures_of({BASE: [0.5] * 3, "cw_grpo": [0.3] * 3, "clip_cov": [0.4]})
+    rows = page.comparison_table(verdicts.Reader(figs))
+    row = next(r for r in rows if r.startswith("| CW-GRPO | Clip-Cov | its paper's baseline |"))
+    assert f"not compared (fewer than {verdicts.MIN_SEEDS} seeds in both)" in row

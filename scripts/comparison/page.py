@@ -45,7 +45,7 @@ def pct(e: Estimate | None) -> str:
 
 
 def diff_cell(e: Estimate | None) -> str:
-    return "not compared" if e is None else e.text()
+    return f"not compared (fewer than {MIN_SEEDS} seeds in both)" if e is None else e.text()
 
 
 def improve_cell(e: Estimate | None) -> str:
@@ -161,11 +161,10 @@ def comparison_table(reader: Reader) -> list[str]:
             else "the part turned off"
         )
         for key, where in evaluations(a if a not in ABLATIONS else ABLATIONS[a][0]):
-            e = reader.diff(a, b, key)
-            if e is not None:
-                L.append(
-                    f"| {NAMES[a]} | {NAMES[b]} | {reads} | {where} | {e.text()} | {improve_cell(e)} | {word(e)} |"
-                )
+            e = reader.diff(a, b, key)  # None: fewer than MIN_SEEDS seeds in both, listed so the gap shows
+            L.append(
+                f"| {NAMES[a]} | {NAMES[b]} | {reads} | {where} | {diff_cell(e)} | {improve_cell(e)} | {word(e)} |"
+            )
     return L
 
 
