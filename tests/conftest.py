@@ -25,3 +25,14 @@ def tiny_random_model(tiny_random_dir):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_random_dir).eval()
     return model, AutoTokenizer.from_pretrained(tiny_random_dir)
+
+
+@pytest.fixture
+def closing():
+    """`engine = closing(VLLMEngine(...))`: closed when the test ends, pass or fail. An engine left open keeps vLLM's
+    parallel groups in the pytest worker, and the next engine there inherits them (a MoE engine then finds no
+    expert-parallel group: tests/test_moe_sync.py)."""
+    opened = []
+    yield lambda engine: opened.append(engine) or engine
+    for engine in opened:
+        engine.close()

@@ -182,11 +182,11 @@ def test_peak_memory_is_reported():
 
 @needs_vllm
 @pytest.mark.vllm
-def test_vllm_reload_in_small_batches_matches_hf(tiny_random_dir, tiny_random_model):
+def test_vllm_reload_in_small_batches_matches_hf(tiny_random_dir, tiny_random_model, closing):
     """Batches far smaller than a layer (q/k/v of one attention split over calls) still
     reload exactly: vLLM's log-probs match the updated HF model, none is NaN."""
     _, tok = tiny_random_model
-    engine = VLLMEngine(str(tiny_random_dir), [tok.eos_token_id], max_model_len=512, seed=0, dtype="float32")
+    engine = closing(VLLMEngine(str(tiny_random_dir), [tok.eos_token_id], max_model_len=512, seed=0, dtype="float32"))
     model = AutoModelForCausalLM.from_pretrained(tiny_random_dir).eval()
     prompts = [
         tok("What is 12 + 34? Please reason step by step. " * 4, add_special_tokens=False).input_ids,

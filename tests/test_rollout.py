@@ -54,7 +54,9 @@ def test_hf_engine_logprobs_and_stop(tiny_random_model, prompts):
 @pytest.fixture(scope="module")
 def vllm_engine(tiny_random_dir, tiny_random_model):
     _, tok = tiny_random_model
-    return VLLMEngine(str(tiny_random_dir), [tok.eos_token_id], max_model_len=1024, seed=0, dtype="float32")
+    engine = VLLMEngine(str(tiny_random_dir), [tok.eos_token_id], max_model_len=1024, seed=0, dtype="float32")
+    yield engine
+    engine.close()  # an engine left open leaves vLLM's parallel groups to the next test's (tests/conftest.py)
 
 
 @needs_vllm
@@ -166,11 +168,11 @@ def test_sleep_mode_wakes_weights_for_the_sync_and_the_kv_cache_for_sampling():
 
 @needs_vllm
 @pytest.mark.vllm
-def test_vllm_engine_runs_in_process_whatever_the_environment_says(tiny_random_dir, monkeypatch):
+def test_vllm_engine_runs_in_process_whatever_the_environment_says(tiny_random_dir, monkeypatch, closing):
     """VLLM_ENABLE_V1_MULTIPROCESSING=1 would put the engine in a subprocess (CUDA tensors sent to it on
     one GPU, vLLM's own assertion under the external launcher): the engine overrides it, saying so."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-    engine = VLLMEngine(str(tiny_random_dir), [0], max_model_len=64, seed=0, dtype="float32")
+    engine = closing(VLLMEngine(str(tiny_random_dir), [0], max_model_len=64, seed=0, dtype="float32"))
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     [[c]] = engine.generate([[5, 6, 7]], 1, 4, 1.0)
     assert 0 < len(c.token_ids) <= 4
