@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from common.cli import arg, flag_record, parse_args
 from common.prompts import TEMPLATE_CHOICES
-from common.run_flags import RunFlags, check_batch_split, check_tis_support, launch_world
+from common.rollout_correction import CORRECTIONS
+from common.run_flags import RunFlags, check_batch_split, check_correction, check_rollout_sampling, launch_world
 
 
 @dataclass
@@ -53,7 +54,7 @@ class Args:
     prompts_per_step: int = arg(16, "prompts per step over all ranks; each gets --group_size completions", at_least=1)
     max_prompt_len: int = arg(512, "prompts longer than this (tokens) are dropped at load time", at_least=1)
     max_completion_len: int = arg(48, "max new tokens per completion", at_least=1)
-    seed: int = arg(0, "random seed (data order, sampling, init)")
+    seed: int = arg(0, "random seed (data order, sampling, init)", at_least=0)
     # Optimiser.
     lr: float = arg(2e-4, "AdamW learning rate (the papers use 1e-6 on 1.5B-7B models)", above=0, resumable=True)
     lr_schedule: str = arg("constant", "after the warm-up", ["constant", "cosine", "linear"], resumable=True)
@@ -74,18 +75,22 @@ class Args:
     )
     mu: int = arg(1, "optimisation passes over each rollout batch", at_least=1)
     num_minibatches: int = arg(1, "optimiser steps per pass (the rollout batch split in this many)", at_least=1)
-    tis_cap: float = arg(
-        0.0,
-        "if > 0: weight each token's loss by min(pi_old / pi_rollout, tis_cap) (vLLM-vs-trainer mismatch)",
-        at_least=0,
+    rollout_correction: str = arg(
+        "auto",
+        "pi_old / pi_rollout weights on the loss (docs/algorithms/grpo_base.md#rollout-correction); auto: "
+        "token_truncate where the trainer or vLLM computes in bf16, else none",
+        CORRECTIONS,
     )
+    rollout_correction_min: float | None = arg(None, "the correction's lower bound (None: its mode's)", at_least=0)
+    rollout_correction_max: float | None = arg(None, "the correction's upper bound (None: its mode's)", above=0)
     cw: bool = arg(True, "Gaussian-kernel covariance reweighting of token advantages (false: vanilla GRPO)")
 
 
 def validate(args: Args, run: RunFlags) -> None:
     """Cross-flag checks (each flag's own range is checked as it is parsed), before anything loads."""
     check_batch_split(args.prompts_per_step, args.group_size, args.num_minibatches, launch_world())
-    check_tis_support(args.tis_cap, args.top_p)
+    check_correction(args.rollout_correction, args.rollout_correction_min, args.rollout_correction_max, args.top_p)
+    check_rollout_sampling(run.rollout, args.temperature, args.group_size)
     run.validate()
 
 
@@ -168,14 +173,14 @@ def cw_advantages(rewards: torch.Tensor, old: dict, batch: dict, G: int, args: A
     return token_adv, {f"cw/{k}": v for k, v in covariance_stats(d, rewards, batch["completion_mask"], G).items()}
 
 
-def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=None, rollout_logp=None):
+def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=None, is_weight=None):
     """Clipped surrogate (PPO/GRPO) per token, aggregated as --loss_agg says.
 
-    logp, mask: [n, C] of one micro-batch; old_logp, ref_logp, rollout_logp and a token-level adv
+    logp, mask: [n, C] of one micro-batch; old_logp, ref_logp, is_weight and a token-level adv
     may be wider (the whole batch's C) and are cut to C; adv: [n] or [n, C]. num_seqs / num_tokens:
     this rank's share of the mini-batch's sequences / tokens (the global count / the ranks), so
     that the micro-batches' losses, summed and averaged over ranks, are exactly the mini-batch's.
-    --tis_cap > 0: each token's surrogate is weighted by min(pi_old / pi_rollout, tis_cap).
+    is_weight: --rollout_correction's weight of each token (common/rollout_correction.py), or None.
     Returns the loss and token sums for the step's metrics (0-dim tensors, left on the device).
     """
     C = logp.shape[1]
@@ -184,9 +189,8 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
     ratio = torch.exp(logp - old_logp)
     clipped = torch.clamp(ratio, 1 - args.eps_low, 1 + args.eps_high)
     per_token = -torch.min(ratio * adv, clipped * adv)
-    if args.tis_cap > 0:  # engine-inserted tokens (NaN log-prob) keep weight 1
-        tis = torch.exp(old_logp - rollout_logp[:, :C]).nan_to_num(nan=1.0).clamp(max=args.tis_cap).detach()
-        per_token = per_token * tis
+    if is_weight is not None:  # pi_old / pi_rollout, truncated or masked (--rollout_correction); no gradient
+        per_token = per_token * is_weight[:, :C]
     if args.beta > 0:
         d = ref_logp[:, :C] - logp
         per_token = per_token + args.beta * (torch.exp(d) - d - 1)  # k3 estimator
@@ -230,7 +234,7 @@ def old_logprobs(trainer, batch: dict, args: Args) -> dict:
     return out
 
 
-def update(trainer, batch: dict, old: dict, advantages: torch.Tensor, args: Args, step: int) -> Counter:
+def update(trainer, batch: dict, old: dict, advantages: torch.Tensor, is_weight, args: Args, step: int) -> Counter:
     """Clipped-surrogate updates: --mu passes over the rollout batch, each in --num_minibatches optimiser
     steps, each over micro-batches whose gradients accumulate. Returns sums for the step's metrics, over
     all ranks. A row whose loss is identically 0 (advantage 0 everywhere, no KL term) is left out of the
@@ -259,7 +263,7 @@ def update(trainer, batch: dict, old: dict, advantages: torch.Tensor, args: Args
                     )  # fmt: skip
                     loss, stats = policy_loss(
                         logp, old["logp"][at], advantages[at], mb["completion_mask"], args, len(minibatch), num_tokens,
-                        old["ref_logp"][at], batch["rollout_logp"][at],
+                        old["ref_logp"][at], None if is_weight is None else is_weight[at],
                     )  # fmt: skip
                     trainer.accelerator.backward(loss)
                 local.update(stats | {"loss": loss.detach()})
@@ -271,16 +275,14 @@ def update(trainer, batch: dict, old: dict, advantages: torch.Tensor, args: Args
 
 
 def step_metrics(
-    trainer, scores, batch: dict, old: dict, advantages: torch.Tensor, sums: Counter, G: int, timer, tis_cap: float = 0.0
+    trainer, scores, batch: dict, old: dict, advantages: torch.Tensor, sums: Counter, G: int, timer
 ) -> dict:  # fmt: skip
     """The step's figures (docs/algorithms/grpo_base.md#metrics): token-level ones weighted by tokens over all ranks;
-    clip and TIS shares of every completion token of the batch, approx_kl of the tokens trained on."""
-    mask, rollout_logp = batch["completion_mask"], batch["rollout_logp"]
+    clip shares of every completion token of the batch, approx_kl of the tokens trained on."""
+    mask = batch["completion_mask"]
     r = scores.reward.view(-1, G)
     per_seq_adv = advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)
-    # --tis_cap: tokens whose weight min(pi_old / pi_rollout, cap) is capped, from the rollout (as policy_loss)
-    capped = (old["logp"] - rollout_logp).exp().nan_to_num(nan=1.0) >= tis_cap if tis_cap > 0 else 0 * mask
-    tok = {"entropy": (old["entropy"] * mask).sum(), "mask": mask.sum(), "tis_capped": (capped * mask).sum()}
+    tok = {"entropy": (old["entropy"] * mask).sum(), "mask": mask.sum()}
     tok = global_sum(trainer.accelerator, tok)
     token_mean = lambda k, n="tokens": sums[k] / max(sums[n], 1)  # a sum over tokens, per token
     return {
@@ -291,15 +293,11 @@ def step_metrics(
         "train/entropy": tok["entropy"] / max(tok["mask"], 1),
         "train/zero_adv_group_frac": (r.max(1).values == r.min(1).values).float().mean(),
         "train/adv_var_within_group": per_seq_adv.view(-1, G).var(1).mean(),
-        "train/rollout_logp_gap": masked_mean(
-            (rollout_logp.nan_to_num() - old["logp"]).abs(), mask * rollout_logp.isfinite()
-        ),
         "train/grad_norm": sums["grad_norm"],
         "train/clip_frac_low": token_mean("clip_low", "batch_tokens"),  # a flat row's tokens are never clipped
         "train/clip_frac_high": token_mean("clip_high", "batch_tokens"),
         "train/approx_kl": token_mean("approx_kl"),
         "train/kl_ref": token_mean("kl_ref") if "kl_ref" in sums else float("nan"),  # --beta 0: no reference (null)
-        "train/tis_capped_frac": tok["tis_capped"] / max(tok["mask"], 1),
         "train/loss": sums["loss"] / sums["optimizer_steps"],
         "train/skipped_steps": sums["skipped"],
         "train/skipped_rows": sums["skipped_rows"],
@@ -355,6 +353,7 @@ def main(args: Args, run: RunFlags) -> None:
                 prompt_ids = [row["prompt_ids"] for row in rollout_rows]
                 batch = pack(prompt_ids, completions, s.rollout.tokenizer.pad_token_id, s.trainer.device)
                 old = old_logprobs(s.trainer, batch, args)
+                is_weight, corrected = s.rollout.correction.weights(old["logp"], batch)
 
             # 5. Advantages: GRPO's, then per token the covariance-kernel weight;
             # a group holding an answer the verifier had no time to check gets none.
@@ -363,14 +362,15 @@ def main(args: Args, run: RunFlags) -> None:
 
             # 6. Clipped-surrogate updates.
             with timer("update"):
-                sums = update(s.trainer, batch, old, advantages, args, step)
+                sums = update(s.trainer, batch, old, advantages, is_weight, args, step)
 
             # 7. Sync: the rollout engine wakes with the new weights; it samples from the new policy next step.
             with timer("sync"):
                 s.rollout.sync_weights(s.trainer)
 
             # 8. Log (a few completions too), evaluate, save.
-            metrics = step_metrics(s.trainer, scores, batch, old, advantages, sums, G, timer, args.tis_cap) | info
+            metrics = step_metrics(s.trainer, scores, batch, old, advantages, sums, G, timer) | info
+            metrics |= s.rollout.correction.figures(s.trainer.accelerator, corrected)
             s.end_step(step + 1, metrics, timer, samples=(rollout_rows, texts, scores.reward, advantages))
 
 

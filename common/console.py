@@ -27,6 +27,8 @@ BENIGN = (
     "Removed shared tensor",  # accelerate: tied embeddings are saved once, as intended
     "Setting accelerator to CPU",  # DeepSpeed, imported by a library on a machine without a GPU: expected
     "does not officially support disabling chunked prefill",  # vLLM on CPU: whole prompts, for per-prompt seeds
+    # vLLM in bf16 reading an fp32 checkpoint (the demo models, SmolLM2): the narrowing --precision asked for
+    "with dtype torch.float32 into parameter with dtype torch.bfloat16",
 )
 
 

@@ -41,7 +41,7 @@ ZERO_BF16_GRADIENTS = {"data_types": {"grad_accum_dtype": "fp32"}, "communicatio
 # How reduce_metrics combines a metric over ranks (anything else: the mean).
 # The run's throughput and counts, all ranks together.
 SUM_METRICS = {"time/tokens_per_s", "reward/timeouts", "train/skipped_rows"}
-MAX_METRICS = {"time/peak_mem_gb"}  # the rank closest to running out
+MAX_METRICS = {"time/peak_mem_gb", "train/rollout_logp_gap_p99", "train/rollout_is_ratio_max"}  # the worst rank
 
 
 def check_launch(env: dict, argv: list[str]) -> None:

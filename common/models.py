@@ -117,7 +117,7 @@ def model_to_load(model: str) -> tuple[str, Path | None]:
                 instead = f"pass its newest good checkpoint {path / good[0]}, or " if good else ""
                 raise SystemExit(
                     f"error: --model: {path / 'model'} is damaged: {problem}; {instead}delete that model/ and "
-                    "run the same command with --resume to export it again"
+                    f"resume its training run to export it again (`python SCRIPT.py --resume --output_dir {path}`)"
                 )
             path = hashed = path / "model"
         else:
@@ -195,39 +195,59 @@ class Precision:
     engine: str  # the rollout engine's dtype name
     activation_bytes: int  # bytes per activation value, for the micro-batch budget
 
+    @property
+    def exact(self) -> bool:
+        """fp32 throughout: the trainer and the rollout engine agree to ~1e-6 per token (no correction needed)."""
+        import torch
+
+        return self.mixed == "no" and self.policy == torch.float32 and self.engine == "float32"
+
     def record(self) -> dict:
         """The run's precision in words, for its run_config.json."""
         return {"weights": str(self.policy).removeprefix("torch."), "autocast": self.mixed, "engine": self.engine}
 
 
 def precision_for(precision: str, gpu: bool) -> Precision:
-    """--precision where the run trains: auto is fp32 weights with bf16 autocast on a GPU and plain fp32 on
-    CPU; bf16 is bf16 weights anywhere (autocast too on a GPU); fp32 is fp32 throughout. The rollout engine
-    samples in bf16 where the trainer autocasts, else fp32; the reference model only scores: bf16 on a GPU."""
+    """--precision where the run trains. bf16-mixed: fp32 weights (the master copy) with bf16 autocast, the rollout
+    engine and the reference model (which only scores) in bf16: what auto is on a GPU, on CPU too. auto on CPU is
+    fp32: a CPU's bf16 rounding and speed depend on its bf16 units, and the CPU demo's figures must hold on any
+    machine (docs/SCALING.md#bf16-on-cpu). bf16: bf16 weights anywhere (autocast and a bf16 engine on a GPU). fp32:
+    fp32 throughout (the reference model still bf16 on a GPU)."""
     import torch
 
-    autocast = gpu and precision != "fp32"
+    mode = ("bf16-mixed" if gpu else "fp32") if precision == "auto" else precision
+    autocast = mode == "bf16-mixed" or (mode == "bf16" and gpu)
     return Precision(
         mixed="bf16" if autocast else "no",
-        policy=torch.bfloat16 if precision == "bf16" else torch.float32,
-        reference=torch.bfloat16 if gpu else torch.float32,
+        policy=torch.bfloat16 if mode == "bf16" else torch.float32,
+        reference=torch.bfloat16 if gpu or autocast else torch.float32,
         engine="bfloat16" if autocast else "float32",
-        activation_bytes=2 if precision == "bf16" or autocast else 4,
+        activation_bytes=2 if mode == "bf16" or autocast else 4,
     )
 
 
-def announce_loading(say, model_path: str, reference_model: bool, rollout: str, precision: str, gpu: bool) -> None:
-    """The slow part of start-up, before the progress bar: say what it is (and what --precision bf16 means on CPU)."""
+def announce_loading(
+    say, model_path: str, reference_model: bool, rollout: str, precision: str, gpu: bool, bf16_units: list[str]
+) -> None:
+    """The slow part of start-up, before the progress bar: say what it is (and what a bf16 mode means on CPU)."""
     say(f"loading {model_path}: the policy{', the reference model' * reference_model} and the {rollout} rollout engine")
-    if note := precision_note(precision, gpu):
+    if note := precision_note(precision, gpu, bf16_units):
         say(note)
 
 
-def precision_note(precision: str, gpu: bool) -> str | None:
-    """The start-up line of `--precision bf16` on CPU, where it trains without a net: the weights are bf16
-    with no fp32 copy and no autocast, and vLLM keeps sampling in fp32 (on GPU it follows the trainer)."""
-    if precision != "bf16" or gpu:
+def precision_note(precision: str, gpu: bool, bf16_units: list[str] | None = None) -> str | None:
+    """The start-up line of a bf16 mode on CPU. bf16: the weights are bf16 with no fp32 copy and no autocast, and
+    vLLM keeps sampling in fp32 (on GPU it follows the trainer). bf16-mixed: the GPU's mode, whose rounding and
+    speed follow the CPU's bf16 units (`bf16_units`, `common.machine.cpu_info`'s)."""
+    if gpu or precision not in ("bf16", "bf16-mixed"):
         return None
+    if precision == "bf16-mixed":
+        units = ", ".join(bf16_units or []) or "none: bf16 is emulated"
+        return (
+            "note: --precision bf16-mixed on CPU: the GPU's mode (fp32 weights, bf16 autocast, vLLM and the reference "
+            f"model in bf16); its rounding and speed follow this CPU's bf16 units ({units}), so its figures differ "
+            "from machine to machine; --precision auto trains in fp32 on CPU"
+        )
     return (
         "note: --precision bf16 on CPU: the policy's weights are bf16 with no fp32 copy, so an update smaller "
         "than ~1/256 of a weight rounds away (most of them at a small --lr), and vLLM still samples in fp32; "

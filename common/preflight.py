@@ -40,7 +40,7 @@ def bytes_per_parameter(mode: str, world: int, precision: str) -> float:
     """Training-state bytes per policy parameter on one GPU.
 
     `mode`: single, ddp, fsdp2, zero2, zero3 (`common.distributed.parallel_mode`); `precision`: the
-    run's --precision on a GPU (auto: fp32 weights + bf16 autocast; bf16: bf16 weights; fp32).
+    run's --precision on a GPU (auto or bf16-mixed: fp32 weights + bf16 autocast; bf16: bf16 weights; fp32).
     torch AdamW (single, DDP, FSDP2): weights, gradients and both moments in the weights' dtype,
     4 x (4 or 2) bytes, whole (DDP's gradients are its buckets: no second copy) or over `world`
     (FSDP2). DeepSpeed in bf16 (auto, bf16) holds bf16 weights, whole (ZeRO-2) or sharded (ZeRO-3),

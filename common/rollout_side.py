@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from common.models import Precision
 from common.rollout import RolloutEngine
+from common.rollout_correction import RolloutCorrection, rollout_correction
 from common.run_flags import RunFlags
 from common.sampler import PromptSampler
 
@@ -20,6 +21,7 @@ class Rollout:
     seed: int  # --seed
     prompts_per_step: int  # over all ranks
     rank: int
+    correction: RolloutCorrection  # pi_old / pi_rollout weights on the loss (--rollout_correction, auto resolved)
 
     def seeds(self, step: int, n: int) -> list[int]:
         """One seed per prompt of this rank's `n` at `step`, from its place in the global batch
@@ -76,15 +78,21 @@ def engine_size(spec, run: RunFlags, world: int, eval_sets: dict) -> EngineSize:
 
 def open_rollout(spec, run: RunFlags, model_path: str, tokenizer, trainer, precision: Precision, rows: list[dict],
                  size: EngineSize, stop: list[str], say) -> Rollout:  # fmt: skip
-    """The rollout side of `spec` (`common.train_spec.TrainSpec`): the sampler over the training `rows`, and
-    the engine of --rollout (`rollout_engine`) of `size`, cutting completions at the `stop` strings."""
+    """The rollout side of `spec` (`common.train_spec.TrainSpec`): the sampler over the training `rows`, the
+    engine of --rollout (`rollout_engine`) of `size`, cutting completions at the `stop` strings, and the
+    correction of its log-probs' difference from the trainer's in `precision` (said when one is in force)."""
     sampler = PromptSampler(rows, spec.prompts_per_step, seed=spec.seed, rank=trainer.rank, world_size=trainer.world)
     engine = rollout_engine(
         run, model_path, tokenizer, trainer.accelerator.unwrap_model(trainer.model), trainer.mode, precision,
         seed=spec.seed + trainer.rank, size=size, added_len=spec.max_completion_len + spec.extra_context, rows=rows,
         prompts_per_step=spec.prompts_per_step, group_size=spec.group_size, say=say, stop=stop,
     )  # fmt: skip
-    return Rollout(engine, sampler, tokenizer, spec.seed, spec.prompts_per_step, trainer.rank)
+    correction = rollout_correction(
+        spec.rollout_correction, spec.rollout_correction_min, spec.rollout_correction_max, precision, spec.top_p
+    )
+    if correction.mode != "none":
+        say(f"rollout correction: {correction.describe()} (--rollout_correction {spec.rollout_correction})")
+    return Rollout(engine, sampler, tokenizer, spec.seed, spec.prompts_per_step, trainer.rank, correction)
 
 
 def rollout_engine(

@@ -99,8 +99,9 @@ class RunFlags:
     rollout: str = arg("vllm" if vllm_available() else "hf", "rollout engine", ["vllm", "hf"])
     precision: str = arg(
         "auto",
-        "auto: fp32 weights + bf16 autocast on GPU, fp32 on CPU; bf16: bf16 weights too (half the memory, but lr-1e-6 updates round away)",
-        ["auto", "bf16", "fp32"],
+        "auto: bf16-mixed on GPU, fp32 on CPU; bf16-mixed: fp32 weights + bf16 autocast, vLLM and the reference model in bf16 "
+        "(the GPU's mode, on CPU too); bf16: bf16 weights too (half the memory, but lr-1e-6 updates round away); fp32",
+        ["auto", "bf16-mixed", "bf16", "fp32"],
         resumable=False,
     )
     micro_batch_size: int = arg(
@@ -267,16 +268,38 @@ def check_batch_split(prompts_per_step: int, group_size: int, num_minibatches: i
     )
 
 
-def check_tis_support(tis_cap: float, top_p: float) -> None:
-    """--tis_cap with --top_p < 1 is refused: the engines' log-probs are renormalised over the nucleus
-    (vLLM's processed log-probs; the HF engine the same), the trainer's are over the whole vocabulary, so
-    pi_old / pi_rollout sits below 1 on every token by the dropped mass. Scoring the trainer on the
-    engine's nucleus is not exact either: the nucleus comes from the engine's own (bf16) logits, and
-    rebuilding it costs a vocabulary sort per token."""
+def check_rollout_sampling(rollout: str, temperature: float, group_size: int) -> None:
+    """The rollout's sampling as its engine takes it (`common.evaluation.sampling_problem`): vLLM would raise a
+    temperature under 0.01 to 0.01 while the trainer scores the samples at the asked one (every ratio would be off),
+    and refuses one above 2."""
+    from common.evaluation import sampling_problem
+
+    names = {"temperature": "--temperature", "n": "--group_size", "rollout": "--rollout"}
+    problem = sampling_problem(rollout, temperature, group_size, names)
+    require(problem is None, problem or "")
+
+
+def check_correction(mode: str, low: float | None, high: float | None, top_p: float) -> None:
+    """--rollout_correction's flags together. A correction with --top_p < 1 is refused: the engines' log-probs are
+    renormalised over the nucleus (vLLM's processed log-probs; the HF engine the same), the trainer's are over the
+    whole vocabulary, so pi_old / pi_rollout sits below 1 on every token by the dropped mass (auto is then none).
+    Scoring the trainer on the engine's nucleus is not exact either: the nucleus comes from the engine's own (bf16)
+    logits, and rebuilding it costs a vocabulary sort per token. Bounds need a mode, and the lower below the upper."""
     require(
-        not (tis_cap > 0 and top_p < 1),
-        f"--tis_cap {tis_cap:g} with --top_p {top_p:g}: the rollout's log-probs are renormalised over the top-p "
-        "nucleus and the trainer's are not, so the TIS weights would sit below 1; use --top_p 1 or --tis_cap 0",
+        mode in ("auto", "none") or top_p == 1,
+        f"--rollout_correction {mode} with --top_p {top_p:g}: the rollout's log-probs are renormalised over the "
+        "top-p nucleus and the trainer's are not, so the weights would sit below 1; use --top_p 1 or "
+        "--rollout_correction none",
+    )
+    require(
+        mode != "none" or (low is None and high is None),
+        "--rollout_correction_min / _max with --rollout_correction none: nothing to bound; name a mode",
+    )
+    require(
+        low is None or high is None or low < high,
+        f"--rollout_correction_min {low:g} is not below --rollout_correction_max {high:g}: nothing would be kept"
+        if low is not None and high is not None
+        else "",
     )
 
 

@@ -172,7 +172,7 @@ def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict
         bool(run.eval_steps),
     )  # fmt: skip
     precision = precision_for(run.precision, gpu)
-    announce_loading(say0, pre.model_path, spec.reference_model, run.rollout, run.precision, gpu)
+    announce_loading(say0, pre.model_path, spec.reference_model, run.rollout, run.precision, gpu, machine["bf16_units"])
     size = engine_size(spec, run, launch_world(), pre.eval_sets)  # the preflight plans it, the rollout builds it
     trainer = open_trainer(spec, run, pre.model_path, precision, pre.run_dir, pre.total_steps, gpu, say0, size)
     rollout = open_rollout(spec, run, pre.model_path, pre.tokenizer, trainer, precision, pre.rows, size, stop, say0)

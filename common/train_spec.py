@@ -9,11 +9,12 @@ the spec and the run's flags (`common.run_flags.RunFlags`); past `spec_from`, no
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# The spec's fields a script's Args holds under the same names: what to train, how the schedule runs, and
-# the two sampling flags of the method that the session's rollout engine and evaluation need.
+# The spec's fields a script's Args holds under the same names: what to train, how the schedule runs, the two
+# sampling flags of the method that the session's rollout engine and evaluation need, and the rollout correction.
 FROM_ARGS = (
     "model", "dataset", "template", "few_shot", "rewards", "reward_fn", "steps", "epochs", "prompts_per_step",
     "max_prompt_len", "max_completion_len", "seed", "lr_schedule", "warmup_steps", "grad_clip", "group_size", "top_p",
+    "rollout_correction", "rollout_correction_min", "rollout_correction_max",
 )  # fmt: skip
 
 
@@ -36,6 +37,9 @@ class TrainSpec:
     grad_clip: float
     group_size: int  # G: completions per prompt
     top_p: float
+    rollout_correction: str  # pi_old / pi_rollout weights: a mode of common.rollout_correction.MODES, or auto
+    rollout_correction_min: float | None  # its bounds (None: the mode's)
+    rollout_correction_max: float | None
     # What the script decides itself (spec_from's keyword arguments).
     optimizer: Callable  # params -> torch optimizer
     optimizer_steps_per_step: int  # the update's; the learning-rate schedule is counted in them

@@ -39,6 +39,7 @@ class Trainer:
     ref_model: object = None  # the initial model, frozen (--beta > 0)
     device_sync: Callable[[], None] | None = None  # torch.cuda.synchronize on a GPU: phase times wait for it
     skipped_this_step: bool = False  # an update was skipped since `take_skipped` last asked
+    precision: Precision | None = None  # the run's dtypes (common.models.precision_for)
 
     @property
     def device(self):
@@ -139,7 +140,7 @@ def open_trainer(spec, run: RunFlags, model_path: str, precision: Precision, run
         accelerator, mode, policy, opt, scheduler, UpdateGuard(run.max_nonfinite_steps, run.grad_spike_factor),
         spec.grad_clip, run.micro_batch_size, max_tokens_per_micro_batch=run.max_tokens_per_micro_batch,
         memory_tokens=memory_tokens, layout=layout, ref_model=ref_model,
-        device_sync=torch.cuda.synchronize if gpu else None,
+        device_sync=torch.cuda.synchronize if gpu else None, precision=precision,
     )  # fmt: skip
 
 

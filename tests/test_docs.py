@@ -23,6 +23,7 @@ import importlib
 import importlib.util
 import inspect
 import io
+import math
 import re
 import shlex
 import typing
@@ -34,6 +35,7 @@ import pytest
 from train_utils import ROOT
 
 from common.cli import _converter, parse_args
+from common.rollout_correction import RolloutCorrection
 from common.run_flags import RunFlags
 
 SPEC_FILES = "|".join((r"ALGORITHMS" + r"\.md", r"\bpapers" + "/"))  # spelled in parts: this file cites neither
@@ -461,7 +463,7 @@ def logged_metrics() -> dict[str, frozenset[str]]:
     base = importlib.import_module("grpo_base")
     s = SimpleNamespace(accelerator=SimpleNamespace(device="cpu", num_processes=1))
     scores = SimpleNamespace(reward=rewards, accuracy=rewards)
-    sums = Counter(clip_low=0, clip_high=0, approx_kl=0, tis_capped=0, tokens=N * C, loss=1.0, optimizer_steps=1)
+    sums = Counter(clip_low=0, clip_high=0, approx_kl=0, tokens=N * C, loss=1.0, optimizer_steps=1)
     timer = SimpleNamespace(seconds={"rollout": 1.0})
     shared = set(base.step_metrics(s, scores, batch, old, rewards, sums, G, timer))
     kl_cov = importlib.import_module("baselines.kl_cov")  # its step_metrics adds what the loss selected
@@ -469,6 +471,9 @@ def logged_metrics() -> dict[str, frozenset[str]]:
     dapo = importlib.import_module("baselines.dapo")  # dynamic sampling's figures, beside the advantage's
     out["dapo"] |= set(dapo.sampling_metrics(s, Filled([], 0, 1, 0, 0, False), Counter(), 4))
     shared |= set(re.findall(r'"((?:train|time|reward)/\w+)"', inspect.getsource(Session.end_step)))
+    correction = RolloutCorrection("none", 0.0, math.inf)  # every script logs the rollout correction's figures
+    _, stats = correction.weights(old["logp"], batch | {"rollout_logp": old["logp"]})
+    shared |= set(correction.figures(s.accelerator, stats))
     return {k: frozenset(v) for k, v in out.items()} | {"shared": frozenset(shared)}
 
 

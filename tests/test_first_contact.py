@@ -194,6 +194,10 @@ def test_bf16_on_cpu_says_at_start_that_updates_round_away():
     assert "rounds away" in line and "vLLM still samples in fp32" in line and "--precision auto" in line
     assert precision_note("bf16", gpu=True) is None  # vLLM follows the trainer; the flag's help says the rest
     assert precision_note("auto", gpu=False) is None and precision_note("fp32", gpu=False) is None
+    mixed = precision_note("bf16-mixed", gpu=False, bf16_units=["avx512_bf16"])
+    assert mixed.startswith("note: --precision bf16-mixed on CPU: the GPU's mode") and "(avx512_bf16)" in mixed
+    assert "(none: bf16 is emulated)" in precision_note("bf16-mixed", gpu=False, bf16_units=[])
+    assert precision_note("bf16-mixed", gpu=True) is None
 
 
 def test_ctrl_c_while_starting_is_one_line(tiny_random_dir, tmp_path):

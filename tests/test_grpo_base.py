@@ -110,38 +110,6 @@ def test_k3_kl_term():
     assert loss.item() == pytest.approx(0.1 * (math.exp(d) - d - 1))
 
 
-def test_truncated_importance_sampling_hand_computed():
-    """--tis_cap 2: token weights min(pi_old / pi_rollout, 2) = 0.5, 1.5, 2 (capped from 3), and 1 for a
-    token the engine never sampled (NaN log-prob); each multiplies that token's surrogate."""
-    old = torch.zeros(1, 4)
-    rollout = torch.tensor([[math.log(2), math.log(2 / 3), math.log(1 / 3), math.nan]])
-    mask = torch.ones(1, 4)
-    args = Args(loss_agg="token-mean", tis_cap=2.0)
-    loss, sums = policy_loss(torch.zeros(1, 4), old, torch.tensor([1.0]), mask, args, 1, 4, rollout_logp=rollout)
-    assert loss.item() == pytest.approx(-(0.5 + 1.5 + 2.0 + 1.0) / 4)  # ratio 1, A = 1: -weight per token
-    off, sums = policy_loss(torch.zeros(1, 4), old, torch.tensor([1.0]), mask, Args(loss_agg="token-mean"), 1, 4)
-    assert off.item() == pytest.approx(-1.0)  # default off: the papers' objective
-
-
-@pytest.mark.parametrize("script", ["grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo"])
-def test_tis_with_top_p_is_refused_in_every_script(script):
-    """The engine's log-prob of a sampled token under --top_p < 1 is renormalised over the nucleus: here
-    log(0.6 / 0.9) against the trainer's log(0.6), so pi_old / pi_rollout = 0.9 on every such token.
-    Every script refuses the combination at flag-parse time; either flag alone is accepted."""
-    from common.rollout import _RowSampler
-
-    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1]]))  # top_p 0.8: the nucleus is {0, 1}, mass 0.9
-    sampler = _RowSampler([torch.Generator().manual_seed(0)], temperature=1.0, top_p=0.8)
-    token = sampler(None, logits.clone()).argmax(-1)
-    trainer_logp = logits.log_softmax(-1)[0, token]
-    assert torch.exp(trainer_logp - sampler.logprobs[0]).item() == pytest.approx(0.9)
-    module = __import__(script)
-    with pytest.raises(SystemExit, match="--tis_cap 2 with --top_p 0.9: .* use --top_p 1 or --tis_cap 0"):
-        module.validate(*parse_args(module.Args, RunFlags, argv=["--tis_cap", "2", "--top_p", "0.9"]))
-    for argv in (["--tis_cap", "2"], ["--top_p", "0.9"]):
-        module.validate(*parse_args(module.Args, RunFlags, argv=argv))
-
-
 def test_context_overflow_is_refused_before_the_model_loads(tiny_random_dir, tmp_path):
     import shutil
 
@@ -267,7 +235,7 @@ def test_rows_with_zero_advantage_are_left_out_and_the_update_is_unchanged(tiny_
 
     model.zero_grad(set_to_none=True)
     logp, _ = sequence_logprobs(model, batch["input_ids"], batch["attention_mask"], 1.0, logits_to_keep=mask.shape[1])
-    full, _ = policy_loss(logp, old["logp"], adv, mask, args, n, mask.sum(), old["ref_logp"], batch["rollout_logp"])
+    full, _ = policy_loss(logp, old["logp"], adv, mask, args, n, mask.sum(), old["ref_logp"])
     full.backward()
     want = {k: p.grad.clone() for k, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
@@ -278,7 +246,7 @@ def test_rows_with_zero_advantage_are_left_out_and_the_update_is_unchanged(tiny_
         lambda m, a, kw: forwarded.append(int((kw["input_ids"] != 0).sum())), with_kwargs=True
     )
     try:
-        sums = grpo_base.update(s, batch, old, adv, args, step=0)
+        sums = grpo_base.update(s, batch, old, adv, None, args, step=0)
     finally:
         hook.remove()
     skipped = 0 if beta > 0 else 6
@@ -293,11 +261,10 @@ def test_rows_with_zero_advantage_are_left_out_and_the_update_is_unchanged(tiny_
 
 
 @pytest.mark.parametrize("mu", [1, 2])
-def test_clip_and_tis_shares_count_every_token_of_the_batch_and_kl_the_trained_ones(tiny_random_model, mu):
-    """Half the rows flat (advantage 0, left out of the update): clip_frac_low/high and tis_capped_frac are
-    shares of every completion token of the batch (TRL's clip_ratio and verl's pg_clipfrac count zero-advantage
-    tokens, which are never clipped; the TIS weight is the rollout's), approx_kl a mean over the tokens trained
-    on (a flat row's pi_theta is never computed)."""
+def test_clip_shares_count_every_token_of_the_batch_and_kl_the_trained_ones(tiny_random_model, mu):
+    """Half the rows flat (advantage 0, left out of the update): clip_frac_low/high are shares of every completion
+    token of the batch (TRL's clip_ratio and verl's pg_clipfrac count zero-advantage tokens, which are never
+    clipped), approx_kl a mean over the tokens trained on (a flat row's pi_theta is never computed)."""
     from types import SimpleNamespace
 
     import grpo_base
@@ -309,22 +276,19 @@ def test_clip_and_tis_shares_count_every_token_of_the_batch_and_kl_the_trained_o
         logp, _ = sequence_logprobs(model, batch["input_ids"], batch["attention_mask"], logits_to_keep=mask.shape[1])
     g = torch.Generator().manual_seed(1)
     old = {"logp": logp + torch.randn(mask.shape, generator=g), "ref_logp": logp, "entropy": torch.zeros_like(logp)}
-    batch["rollout_logp"] = old["logp"] + torch.randn(mask.shape, generator=g)
     adv = torch.tensor([1.0, -0.5, -0.5, -1.0, 0.5, 0.5] + [0.0] * 6)  # groups 3 and 4 flat
-    args = Args(group_size=3, tis_cap=1.5, mu=mu)
+    args = Args(group_size=3, mu=mu)
     s, _ = update_session(model, micro_batch_size=2)  # lr 0: pi_theta stays the model, in every pass
-    sums = grpo_base.update(s, batch, old, adv, args, step=0)
+    sums = grpo_base.update(s, batch, old, adv, None, args, step=0)
     scores = SimpleNamespace(reward=(adv > 0).float(), accuracy=(adv > 0).float())
     timer = SimpleNamespace(seconds={"update": 1.0})
-    metrics = grpo_base.step_metrics(s, scores, batch, old, adv, sums, 3, timer, args.tis_cap)
+    metrics = grpo_base.step_metrics(s, scores, batch, old, adv, sums, 3, timer)
 
     ratio, a, trained = torch.exp(logp - old["logp"]), adv[:, None], mask * (adv != 0)[:, None]
     clip_low, clip_high = ((ratio < 0.8) & (a < 0)) * mask, ((ratio > 1.2) & (a > 0)) * mask
-    capped = (torch.exp(old["logp"] - batch["rollout_logp"]) >= 1.5) * mask
-    assert 0 < clip_low.sum() and 0 < clip_high.sum() and 0 < (capped * (adv == 0)[:, None]).sum()
+    assert 0 < clip_low.sum() and 0 < clip_high.sum()
     assert metrics["train/clip_frac_low"] == pytest.approx(clip_low.sum().item() / mask.sum().item())
     assert metrics["train/clip_frac_high"] == pytest.approx(clip_high.sum().item() / mask.sum().item())
-    assert metrics["train/tis_capped_frac"] == pytest.approx(capped.sum().item() / mask.sum().item())
     kl = ((ratio - 1 - ratio.log()) * trained).sum() / trained.sum()
     assert metrics["train/approx_kl"] == pytest.approx(kl.item(), rel=1e-4)
 
@@ -337,7 +301,7 @@ def test_all_flat_update_still_steps_on_zero_gradients(tiny_random_model):
     model, _ = tiny_random_model
     batch, old = flat_groups_batch(model)
     s, grads = update_session(model)
-    sums = grpo_base.update(s, batch, old, torch.zeros(12), Args(group_size=3), step=0)
+    sums = grpo_base.update(s, batch, old, torch.zeros(12), None, Args(group_size=3), step=0)
     assert sums["skipped_rows"] == 12 and sums["loss"] == 0.0 and sums["optimizer_steps"] == 1
     assert all(g is not None and not g.any() for g in grads[0].values())
 
@@ -394,7 +358,7 @@ def test_update_reads_nothing_from_the_device_per_micro_batch(tiny_random_model,
     for micro_batch_size in (6, 2):  # 2 and 6 micro-batches
         s, _ = update_session(model, micro_batch_size=micro_batch_size)
         syncs.clear()
-        grpo_base.update(s, batch, old, adv, Args(group_size=3), step=0)
+        grpo_base.update(s, batch, old, adv, None, Args(group_size=3), step=0)
         counts.append(len(syncs))
     assert counts[0] == counts[1] <= 2, counts  # the rows to train, and the optimiser step's sums
 

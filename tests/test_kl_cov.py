@@ -130,6 +130,23 @@ def test_an_empty_band_is_a_one_line_error():
         validate(Args(clip_cov_lb=5.0, clip_cov_ub=1.0), RunFlags())
 
 
+@pytest.mark.parametrize(
+    "variant, flags",
+    [
+        ("kl_cov", {"eps_low": 0.0, "eps_high": 0.0}),
+        ("kl_cov", {"clip_cov_ratio": 1e-3}),
+        ("clip_cov", {"kl_coef": 2.0}),
+    ],
+)
+def test_the_other_variants_flags_are_refused_not_ignored(variant, flags):
+    """KL-Cov's loss has no clip (the authors' code), so its run ignored --eps_low / --eps_high (issue 40): every
+    flag of the variant not run is refused, naming it, wherever it differs from its default."""
+    validate(Args(variant=variant), RunFlags())
+    with pytest.raises(SystemExit, match=f"only, nothing under --variant {variant}") as e:
+        validate(Args(variant=variant, **flags), RunFlags())
+    assert all(f"--{name}" in str(e.value) for name in flags)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["kl_cov", "clip_cov"])
 def test_demo_learns_and_smollm2_runs_two_steps(variant, tmp_path):

@@ -21,10 +21,10 @@ def test_beta_logs_the_kl_to_the_reference(script):
     mask = torch.ones(4, 5)
     mask[1, 3:] = 0
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    _, sums = module.policy_loss(logp, logp, adv, mask, module.Args(beta=0.1), 4, mask.sum(), ref, logp)
+    _, sums = module.policy_loss(logp, logp, adv, mask, module.Args(beta=0.1), 4, mask.sum(), ref)
     d = ref - logp
     assert float(sums["kl_ref"]) == pytest.approx(float(((torch.exp(d) - d - 1) * mask).sum()))
-    _, without = module.policy_loss(logp, logp, adv, mask, module.Args(beta=0.0), 4, mask.sum(), ref, logp)
+    _, without = module.policy_loss(logp, logp, adv, mask, module.Args(beta=0.0), 4, mask.sum(), ref)
     assert "kl_ref" not in without
 
     s = SimpleNamespace(accelerator=SimpleNamespace(device="cpu", num_processes=1))

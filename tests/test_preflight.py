@@ -181,6 +181,8 @@ def test_the_preflight_under_each_real_engine(mode, tmp_path):
     "precision,gpu,expected",
     [  # (accelerate's mixed precision, policy weights, reference model, rollout engine, activation bytes)
         ("auto", True, ("bf16", torch.float32, torch.bfloat16, "bfloat16", 2)),
+        ("bf16-mixed", True, ("bf16", torch.float32, torch.bfloat16, "bfloat16", 2)),  # = auto on a GPU
+        ("bf16-mixed", False, ("bf16", torch.float32, torch.bfloat16, "bfloat16", 2)),  # the GPU's mode on CPU
         ("bf16", True, ("bf16", torch.bfloat16, torch.bfloat16, "bfloat16", 2)),
         ("fp32", True, ("no", torch.float32, torch.bfloat16, "float32", 4)),
         ("auto", False, ("no", torch.float32, torch.float32, "float32", 4)),

@@ -55,7 +55,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "train/clip_frac_low": ("Tokens clipped at 1 - eps_low", "fraction of tokens"),
     "train/clip_frac_high": ("Tokens clipped at 1 + eps_high", "fraction of tokens"),
     "train/rollout_logp_gap": ("Rollout vs trainer log-prob gap", "|difference| in nats per token"),
-    "train/tis_capped_frac": ("Tokens at the TIS cap", "fraction of tokens"),
+    "train/rollout_is_corrected_frac": ("Tokens the rollout correction changed", "fraction of tokens"),
     "train/skipped_steps": ("Skipped optimiser steps", "steps"),
     "train/lr": ("Learning rate", "learning rate"),
     "train/epoch": ("Epoch", "epoch"),

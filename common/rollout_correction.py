@@ -1,0 +1,123 @@
+"""Rollout correction (--rollout_correction): the rollout engine samples from pi_rollout, which is pi_old only
+up to the engines' arithmetic. In bf16 the trainer (fp32 master weights under bf16 autocast) and vLLM (bf16 weights,
+its own kernels) never compute the same log-probs, so the rollout is slightly off-policy for pi_old. An importance
+weight pi_old / pi_rollout of each token, or of each completion, re-weights the clipped surrogate, truncated or
+masked where it is large. docs/algorithms/grpo_base.md#rollout-correction gives each mode's formula and source.
+
+    d_t   = log pi_old(o_t) - log pi_rollout(o_t)              (per sampled token; engine-inserted tokens: 0)
+    token:      rho_t = exp(d_t)
+    sequence:   rho_t = exp(sum_t d_t)                         (the same for every token of a completion)
+    geometric:  rho_t = exp(mean_t d_t)
+    truncate:   w_t = min(rho_t, max)                          (TIS: Yao et al. 2025; verl Token-TIS / Seq-TIS)
+    mask:       w_t = rho_t if min <= rho_t <= max, else 0     (MIS / IcePop; TRL's sequence_mask)
+    geometric_mask: w_t = 1 if min <= rho_t <= max, else 0     (verl's Geo-RS: a rejection, not a re-weighting)
+
+The weight multiplies each token's clipped surrogate (before any KL term), without gradient; a token weighted 0
+still counts in the loss's denominators (TRL's and verl's IS weights alike)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# mode: (level, action, default min, default max). Sources: docs/algorithms/grpo_base.md#rollout-correction.
+MODES = {
+    "none": ("token", "none", 0.0, math.inf),
+    "token_truncate": ("token", "truncate", 0.0, 2.0),  # Yao et al. (TIS, cap 2); verl's Token-TIS preset
+    "token_mask": ("token", "mask", 0.5, 5.0),  # IcePop's bounds; verl's decoupled_token_icepop preset
+    "sequence_truncate": ("sequence", "truncate", 0.0, 2.0),  # verl's Seq-TIS preset
+    "sequence_mask": ("sequence", "mask", 0.0, 3.0),  # TRL's default (vllm_importance_sampling_clip_max 3.0)
+    "geometric_mask": ("geometric", "reject", 0.999, 1.001),  # verl's Geo-RS preset
+}
+CORRECTIONS = ["auto", *MODES]  # the flag's choices
+AUTO_MODE = "token_truncate"  # auto's choice where the trainer and the engine differ in precision (the page says why)
+SAFE_LOG = 20.0  # |log rho| beyond this is clamped before exp (as verl): the weight is then its bound or 0 anyway
+
+
+@dataclass(frozen=True)
+class RolloutCorrection:
+    mode: str  # a key of MODES
+    low: float  # the ratio's lower bound (mask modes; truncation has none unless given)
+    high: float  # its upper bound
+
+    @property
+    def level(self) -> str:
+        return MODES[self.mode][0]
+
+    def describe(self) -> str:
+        """In words: 'token_truncate at 2', 'token_mask within [0.5, 5]'."""
+        action = MODES[self.mode][1]
+        if action == "truncate" and self.low == 0:
+            return f"{self.mode} at {self.high:g}"
+        return f"{self.mode} within [{self.low:g}, {self.high:g}]" if action != "none" else "none"
+
+    def weights(self, old_logp, batch: dict):
+        """The per-token weights [N, C] (None under mode none) of a step's rollout, and its statistics for
+        `figures` (0-dim tensors, left on the device). old_logp: pi_old's [N, C]; batch: the rollout as
+        `common.batching.pack` lays it out, its "rollout_logp" (the engine's, NaN where the engine did not sample
+        the token: EDGE-GRPO's insertions, which weigh 1) and "completion_mask"."""
+        import torch
+
+        rollout_logp, mask = batch["rollout_logp"], batch["completion_mask"]
+        sampled = mask.bool() & rollout_logp.isfinite()
+        d = torch.where(sampled, old_logp - rollout_logp.nan_to_num(), 0.0)
+        raw = ratio_at(d, sampled, self.level)
+        action = MODES[self.mode][1]
+        if action == "truncate":
+            weight = raw.clamp(min=self.low, max=self.high)
+        elif action == "mask":
+            weight = torch.where((raw >= self.low) & (raw <= self.high), raw, 0.0)
+        elif action == "reject":
+            weight = ((raw >= self.low) & (raw <= self.high)).to(raw.dtype)
+        else:
+            weight = raw
+        weight = torch.where(sampled, weight, 1.0).detach()
+        gap = torch.where(sampled, d.abs(), torch.nan)
+        stats = {
+            "tokens": sampled.sum(),
+            "gap": gap.nan_to_num().sum(),
+            "raw": (raw * sampled).sum(),
+            "weight": (weight * sampled).sum() if self.mode != "none" else sampled.sum(),
+            "changed": (((weight == 0) if action == "reject" else (weight != raw)) & sampled).sum(),
+            "gap_p99": gap.flatten().nanquantile(0.99),  # this rank's; over ranks, the largest
+            "raw_max": torch.where(sampled, raw, -torch.inf).max(),
+        }
+        return (None if self.mode == "none" else weight), stats
+
+    def figures(self, accelerator, stats: dict) -> dict:
+        """The step's figures over every rank (one wait for the device): the gap |d| per sampled token (mean,
+        p99), the raw ratio at the mode's level before truncation or masking (mean, max), the weight applied
+        (mean) and the share of sampled tokens it changed (docs/algorithms/grpo_base.md#metrics)."""
+        from common.distributed import global_sum
+
+        sums = global_sum(accelerator, {k: v for k, v in stats.items() if k not in ("gap_p99", "raw_max")})
+        tokens = max(sums["tokens"], 1.0)
+        return {
+            "train/rollout_logp_gap": sums["gap"] / tokens,
+            "train/rollout_logp_gap_p99": stats["gap_p99"],
+            "train/rollout_is_ratio_mean": sums["raw"] / tokens,
+            "train/rollout_is_ratio_max": stats["raw_max"],
+            "train/rollout_is_weight_mean": sums["weight"] / tokens,
+            "train/rollout_is_corrected_frac": sums["changed"] / tokens,
+        }
+
+
+def ratio_at(d, sampled, level: str):
+    """rho_t [N, C] at `level` from the per-token log-ratios d (0 where not sampled)."""
+    if level == "token":
+        return d.clamp(-SAFE_LOG, SAFE_LOG).exp()
+    total = d.sum(-1, keepdim=True)
+    if level == "geometric":
+        total = total / sampled.sum(-1, keepdim=True).clamp(min=1)
+    return total.clamp(-SAFE_LOG, SAFE_LOG).exp().expand_as(d)
+
+
+def rollout_correction(mode: str, low: float | None, high: float | None, precision, top_p: float) -> RolloutCorrection:
+    """The correction of --rollout_correction `mode` with its bounds (None: the mode's defaults). auto is AUTO_MODE
+    where the trainer or the engine computes in bf16 (`precision`: `common.models.Precision`), else none: in fp32
+    they agree to ~1e-6 per token; and none under top-p < 1, whose engine log-probs are renormalised over the nucleus
+    (`common.run_flags.check_correction` refuses an explicit mode there)."""
+    if mode == "auto":
+        mode = AUTO_MODE if not precision.exact and top_p == 1.0 else "none"
+    _, _, default_low, default_high = MODES[mode]
+    return RolloutCorrection(mode, default_low if low is None else low, default_high if high is None else high)

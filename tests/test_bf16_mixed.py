@@ -1,0 +1,121 @@
+"""The GPU's precision mode on CPU (`--precision bf16-mixed`: fp32 master weights, bf16 autocast, vLLM and the reference
+model in bf16; docs/SCALING.md#bf16-on-cpu): every script trains in it, under one process, DDP, FSDP2 and ZeRO-2, and
+what the fp32 checks hold is said here for this mode:
+- engine parity: in fp32 vLLM and the trainer agree to < 1e-3 nats per token (tests/test_train_e2e.py); here they
+  differ as bf16 kernels do, and the gap stays far below what would mean stale or wrong weights;
+- resume: bit-exact, as in fp32 (the same kernels, the same order, on the same machine);
+- learning: the demo model learns by the margin tests/test_learning.py holds fp32 runs to.
+The demo table of the README is fp32's: a bf16 figure moves with the CPU's bf16 units."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from engines.launch import CONFIGS, launch
+from train_utils import BASELINES, ROOT, SCRIPTS, TWO_STEPS, run_cli, run_script
+
+from common.run_flags import vllm_available
+
+MODE = ["--precision", "bf16-mixed"]
+RECORD = {"weights": "float32", "autocast": "bf16", "engine": "bfloat16"}  # run_config.json's machine.precision
+# The trainer under bf16 autocast against an engine in bf16, per sampled token of the demo model (nats). Measured
+# on this project's CPUs (AVX-512 BF16, no AMX): 6e-4 to 1.3e-3 mean over a 3-step run; another CPU's bf16 kernels
+# round otherwise, so the bound leaves 15x. Stale weights after a sync differ by tenths to whole nats (the MoE
+# bug of issue 40: 0.1-0.25 mean): far above it. Below 1e-5 the engine would not be computing in bf16 at all.
+GAP_LOW, GAP_HIGH = 1e-5, 0.02
+
+
+def precision_record(run) -> dict:
+    return json.loads((run / "run_config.json").read_text())["history"][0]["machine"]["precision"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS + BASELINES)
+def test_every_script_trains_in_the_gpus_mode(script, tiny_random_dir, tmp_path):
+    """Two steps with the HF engine (the trainer's own weights, fp32, against its bf16 autocast scoring): the run
+    records the mode, says at start what it means on this CPU, and the rollout correction is on (auto)."""
+    out = tmp_path / "run"
+    proc = run_cli(
+        script, "--model", str(tiny_random_dir), "--rollout", "hf", *TWO_STEPS, *MODE, "--output_dir", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "note: --precision bf16-mixed on CPU: the GPU's mode" in proc.stdout + proc.stderr
+    assert precision_record(out) == RECORD
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["train/skipped_steps"] == 0 and r["train/rollout_is_weight_mean"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason="vLLM in bf16")
+def test_vllm_samples_in_bf16_and_learns_as_fp32_does(tmp_path):
+    """The demo, 8 steps, with vLLM in bf16: the engine-vs-trainer gap is bf16's (GAP_LOW..GAP_HIGH, after every
+    weight sync), no token's ratio reaches the default correction's cap, and training accuracy rises by the
+    margin the fp32 runs are held to (tests/test_learning.py)."""
+    from test_learning import MARGIN, STEPS
+
+    rows = run_script("grpo_base.py", tmp_path / "run", "--rollout", "vllm", "--steps", str(STEPS), *MODE)
+    assert precision_record(tmp_path / "run") == RECORD
+    gaps = [r["train/rollout_logp_gap"] for r in rows]
+    assert all(GAP_LOW < g < GAP_HIGH for g in gaps), gaps
+    assert all(r["train/rollout_is_ratio_max"] < 2 for r in rows)  # token_truncate at 2 changed nothing here
+    accuracy = [r["train/accuracy"] for r in rows]
+    assert sum(accuracy[-2:]) / 2 > accuracy[0] + MARGIN, accuracy
+
+
+@pytest.mark.slow
+def test_resume_is_bit_exact_in_bf16_mixed(tiny_random_dir, tmp_path):
+    """Three steps straight against one step, a resume, two more: the same weights to the bit."""
+    flags = [
+        "--model",
+        str(tiny_random_dir),
+        "--rollout",
+        "hf",
+        *TWO_STEPS[2:],
+        *MODE,
+        "--save_steps",
+        "1",
+        "--keep_last",
+        "3",
+    ]
+    straight = tmp_path / "straight"
+    proc = run_cli("grpo_base.py", *flags, "--steps", "3", "--output_dir", str(straight))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copy(straight / "run_config.json", resumed / "run_config.json")
+    shutil.copytree(straight / "checkpoint-1", resumed / "checkpoint-1")
+    proc = run_cli("grpo_base.py", *flags, "--steps", "3", "--output_dir", str(resumed), "--resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from safetensors.torch import load_file
+
+    a, b = (load_file(next((run / "checkpoint-3").rglob("model.safetensors"))) for run in (straight, resumed))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+ENGINES = [  # config, the mode the run must report
+    ("ddp_8gpu.yaml", "ddp"),
+    ("fsdp2.yaml", "fsdp2"),
+    pytest.param("zero2.yaml", "zero2", marks=pytest.mark.skipif(
+        __import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed")),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one launch at a time
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU harness: on GPUs accelerate applies the configs itself")
+@pytest.mark.parametrize("config, mode", ENGINES)
+def test_two_steps_in_bf16_mixed_under_each_engine(config, mode, tiny_random_dir, tmp_path):
+    """2 gloo processes under the shipped config, bf16 autocast: FSDP2's bf16 parameters with fp32 reduction, ZeRO-2's
+    bf16 optimiser with fp32 accumulation (common/distributed.py make_accelerator), DDP's autocast over fp32."""
+    out = tmp_path / "run"
+    rc, log = launch(
+        CONFIGS / config, ROOT / "grpo_base.py", "--model", str(tiny_random_dir), "--rollout", "hf", *TWO_STEPS, *MODE,
+        "--output_dir", str(out), num_processes=2, timeout=300,
+    )  # fmt: skip
+    assert rc == 0 and "Traceback" not in log, log[-5000:]
+    config_json = json.loads((out / "run_config.json").read_text())
+    assert config_json["history"][-1]["parallel"] == mode and precision_record(out) == RECORD
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["train/skipped_steps"] == 0 for r in rows)
+    assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in rows)
