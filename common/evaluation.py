@@ -61,7 +61,7 @@ def sampling_problem(rollout: str, temperature: float, n: int, flags: dict[str, 
     if 0 < temperature < VLLM_LOWEST:
         return (
             f"{t} {temperature:g}: vLLM samples at {VLLM_LOWEST:g} at the lowest (it would raise it, saying so only in "
-            f"its log); use {VLLM_LOWEST:g} or more, or 0 for greedy decoding"
+            f"its log); use {VLLM_LOWEST:g} or more" + (", or 0 for greedy decoding" if n == 1 else "")
         )
     if temperature > VLLM_HIGHEST:
         return f"{t} {temperature:g}: vLLM samples at temperatures up to {VLLM_HIGHEST:g}; use {engine} hf above it"
@@ -279,7 +279,9 @@ def write_results(out_dir: str | os.PathLike, summary: dict, records: list[dict]
     out_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(records, out_dir / RECORDS_FILE)
     path = out_dir / RESULTS_FILE
-    path.write_text(json.dumps({"summary": summary, "config": config or {}}, indent=2, default=str) + "\n")
+    tmp = path.with_name(path.name + ".tmp")  # written whole, then renamed: a kill leaves the old file or none
+    tmp.write_text(json.dumps({"summary": summary, "config": config or {}}, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
     return path
 
 

@@ -137,16 +137,19 @@ def prompt_opens_think(template: str, tokenizer=None) -> bool:
 # dataset's own solutions, before the question.
 
 
-def few_shot_pool(rows: list[dict], k: int, seed: int = 0) -> list[dict]:
+def few_shot_pool(
+    rows: list[dict], k: int, seed: int = 0, fix: str = "name the solution field (--solution_field)"
+) -> list[dict]:
     """The K + 1 rows with a solution that give the worked examples, drawn once per dataset and seed
-    (every prompt gets the same examples; the extra one stands in for a row's own problem)."""
+    (every prompt gets the same examples; the extra one stands in for a row's own problem). `fix`: what the error
+    tells the user to do when too few rows have a solution (the caller's own flags)."""
     import random
 
     candidates = [r for r in rows if r.get("solution")]
     if len(candidates) < k + 1:
         raise ValueError(
             f"{k} worked examples need {k + 1} rows with a solution (the extra one replaces a prompt's own problem); "
-            f"the dataset has {len(candidates)}: lower --few_shot, or name the solution field (--solution_field)"
+            f"the dataset has {len(candidates)}: lower --few_shot, or {fix}"
         )
     return random.Random(seed).sample(candidates, k + 1)
 

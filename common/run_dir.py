@@ -243,7 +243,10 @@ def start_run_dir(
 # run_config.json.tmp (start_run_dir), metrics/samples.jsonl.tmp (checkpoint.drop_rows_after), and the evaluation's
 # eval_records.jsonl.tmp (common/jsonl.py write_jsonl) at the top and in eval-step-0/. tests/test_interrupted_writes.py
 # kills a process in each and scans the code for writes this list lacks.
-OWN_LEFTOVERS = ("checkpoint-*.tmp", "model.tmp", CONFIG + ".tmp", "*.jsonl.tmp", "*.deleting", "eval-step-0/*.tmp")
+OWN_LEFTOVERS = (
+    "checkpoint-*.tmp", "model.tmp", CONFIG + ".tmp", "*.jsonl.tmp", "*.deleting", "eval-step-0/*.tmp",
+    "eval_results.json.tmp",
+)  # fmt: skip
 
 
 def interrupted_writes(output_dir: str | Path) -> str | None:

@@ -223,7 +223,8 @@ def main(args: Args) -> None:
             if args.decontaminate:
                 from common.benchmarks import load_benchmarks
 
-                benchmarks = load_benchmarks(args.decontaminate, args.data_dir)
+                with clear_errors("--decontaminate"):  # its errors name this command's flags
+                    benchmarks = load_benchmarks(args.decontaminate, args.data_dir, data_dir_flag="--data_dir")
                 test_problems = [r["problem"] for rows in benchmarks.values() for r in rows]
             rows, val = prepare_egpo(
                 summaries, tokenizer, args.template, args.max_prompt_tokens, args.n or EGPO_POOL, args.seed,

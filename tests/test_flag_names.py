@@ -269,13 +269,7 @@ def test_the_scan_sees_the_programs_and_their_flags(graph):
 
 # Found by the scan in files this change does not own, each with the fix handed to their owner (issue 40, item 8's
 # report). Fixed, it leaves the scan's findings: remove it here.
-KNOWN = {
-    "--eval_steps (tools.plot:results_table)": "tools.plot's 'train with --eval_steps': a training script's flag",
-    "--resume (common.models:model_to_load)": "tools.evaluate's 'run the same command with --resume': the training "
-    "command is meant, and tools.evaluate has no --resume",
-    "--solution_field (common.prompts:few_shot_pool)": "tools.evaluate's few-shot pool: its examples' solution field "
-    "is the run's, and tools.evaluate has no --solution_field",
-}
+KNOWN = {}  # a message that names another program's flag on purpose, with why
 
 
 def test_every_flag_a_message_names_is_a_flag_of_the_program_that_says_it(graph):

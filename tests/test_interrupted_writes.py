@@ -95,6 +95,13 @@ def _ready_checkpoint(d: Path) -> None:
 # Each writer a run uses, killed (SIGKILL) in a child process once its .tmp is whole and before the rename:
 # (module:function of the rename, what the parent prepares, the child's code, what the kill leaves, what stays).
 KILLED_WRITES = {
+    "common/evaluation.py:write_results": (
+        lambda d: None,
+        "real = os.replace\nos.replace = lambda a, b: kill() if str(b).endswith('eval_results.json') else real(a, b)\n"
+        "from common.evaluation import write_results\nwrite_results(d, {}, [{'a': 1}])",
+        "eval_results.json.tmp",
+        lambda d: (d / "eval_records.jsonl").exists() and not (d / "eval_results.json").exists(),
+    ),
     "common/run_dir.py:start_run_dir": (
         _ready_config, "os.replace = kill\nfrom common.run_dir import start_run_dir\n"
         "start_run_dir(d, {'lr': 2}, resumed=True, overwrite=False)", "run_config.json.tmp",

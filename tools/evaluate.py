@@ -300,7 +300,9 @@ def few_shot_pool_for(args: Args, run: Path | None) -> list[dict] | None:
         rows = list(iter_math_dataset(source, **columns, strict=True, hint=hint))
     usable = [r for r in rows if r["problem"].strip() and r["answer"] is not None and not r.get("lacks")]
     with clear_errors("--few_shot"):  # rows training refuses or drops are left out, as training did
-        return few_shot_pool(usable, args.few_shot, flags.get("seed", 0))
+        return few_shot_pool(
+            usable, args.few_shot, flags.get("seed", 0), fix="pass a --few_shot_dataset whose rows have solutions"
+        )
 
 
 def rescore_main(args: Args, ks: list[int] | None) -> None:

@@ -55,7 +55,7 @@ def results_table(evals: dict[str, tuple[dict[str, float], str] | None]) -> str:
             elif parts[2] == "num_problems":
                 sizes.setdefault(parts[1], set()).add(int(value))
     if not ks:
-        return "No evaluation results: run `python -m tools.evaluate --model RUN_DIR`, or train with --eval_steps.\n"
+        return "No evaluation results: run `python -m tools.evaluate --model RUN_DIR`, or train with `python grpo_base.py --eval_steps N` (any script).\n"
     benches = [b for b in benches if b not in ("overall", "mean")] + [b for b in ("overall", "mean") if b in benches]
 
     def head(b: str) -> str:
