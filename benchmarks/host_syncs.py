@@ -149,10 +149,10 @@ def count_layouts() -> tuple[int, dict]:
         for micro_batches in MICRO_BATCHES:
             s, args = update_session(model, micro_batch_size=n // micro_batches), grpo_base.Args(group_size=G)
             s.ref_model, s.layout = None, layout
-            grpo_base.update(s, batch, old, adv, args, step=0)  # warm-up
+            grpo_base.update(s, batch, old, adv, None, args, step=0)  # warm-up
             COUNTS.clear()
             grpo_base.old_logprobs(s, batch, args)
-            grpo_base.update(s, batch, old, adv, args, step=0)
+            grpo_base.update(s, batch, old, adv, None, args, step=0)
             totals[str(micro_batches)] = dict(COUNTS)
         layouts[layout] = totals
     return n, layouts

@@ -16,10 +16,15 @@
 
 Targets: the log-prob path <= 0.1x of one fp32 logits tensor at 8,192 tokens in both
 passes; padding <= 10% of the tokens processed.
+
+Not a timing: bytes allocated and tokens planned, whatever else the machine runs. The run is stored in
+docs/bench/memory.json (benchmarks/stored_run.py) and docs/SCALING.md's block is written from it
+(`--render_only`: the block again; tests/test_generated_docs.py renders it again).
 """
 
 import argparse
 import math
+import os
 import random
 import sys
 import weakref
@@ -30,12 +35,17 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
+from benchmarks import stored_run  # noqa: E402
 from common.batching import micro_batches  # noqa: E402
 from common.logprobs import sequence_logprobs  # noqa: E402
 
 VOCAB = 151_936
+STORED = stored_run.BENCH / "memory.json"
+DOC = ROOT / "docs" / "SCALING.md"
+BEGIN, END, FIND = stored_run.markers("memory", "benchmarks/memory.py", "docs/bench/memory.json")
 
 
 class AllocationTracker(TorchDispatchMode):
@@ -140,6 +150,44 @@ def padding_table(n=256, max_len=8192, seed=0) -> list[tuple[str, float, int]]:
     return rows, sum(completions) / n
 
 
+def logprob_table(record: dict) -> list[str]:
+    L = [
+        "| completion tokens | one fp32 logits tensor | path | training pass peak | saved for backward | scoring pass peak |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in record["logprob_path"]:
+        unit = r["unit_bytes"]
+        L.append(
+            f"| {r['tokens']:,} | {unit / 2**30:.2f} GiB | {r['path']} | {r['train'] / unit:.3f}x | "
+            f"{r['saved'] / unit:.3f}x | {r['score'] / unit:.3f}x |"
+        )
+    return L
+
+
+def render(record: dict) -> str:
+    """docs/SCALING.md's block: the log-prob path's bytes and the padding of micro-batches, from the stored run."""
+    longest = max(record["logprob_path"], key=lambda r: (r["path"].startswith("chunked"), r["tokens"]))
+    pad = record["padding"]
+    return "\n".join(
+        [
+            f"Stored in `docs/bench/memory.json`: {stored_run.conditions(record)}. The log-prob + entropy path on a "
+            f"one-layer model at Qwen2.5's vocabulary ({VOCAB:,}), batch {record['batch']}: the bytes it allocates "
+            "(tracked op by op: not the process's RSS) as a multiple of one fp32 [B, C, V] logits tensor, the "
+            f"textbook path (the model's full logits, an fp32 log-softmax) up to {record['textbook_max']:,} tokens:",
+            "",
+            *logprob_table(record),
+            "",
+            f"The chunked path's training peak at {longest['tokens']:,} tokens: {longest['train'] / 2**30:.2f} GiB. "
+            f"Micro-batches of {pad['sequences']} sequences, completions lognormal (mean {pad['mean_completion']:,.0f}, "
+            f"max {pad['max_len']:,}), prompts {pad['prompts'][0]}-{pad['prompts'][1]} tokens:",
+            "",
+            "| micro-batching | padded share of processed tokens | micro-batches |",
+            "|---|---|---|",
+            *[f"| {r['plan']} | {r['padded_share']:.1%} | {r['micro_batches']} |" for r in pad["rows"]],
+        ]
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", default="512,2048,8192")
@@ -150,32 +198,41 @@ def main() -> None:
         default=2048,
         help="longest C the textbook path is run at (it needs ~4 GB per 1k tokens)",
     )
+    p.add_argument("--out", default=str(STORED), help="where the run is stored ('' for nowhere)")
+    p.add_argument("--doc", default=str(DOC), help="the page whose block is written ('' for none)")
+    p.add_argument("--render_only", action="store_true", help="write the page's block from the stored run")
     a = p.parse_args()
+    if a.render_only:
+        return write_doc(stored_run.load(Path(a.out)), a.doc)
+    record = stored_run.start(" ".join(["python benchmarks/memory.py", *sys.argv[1:]]))
+    record |= {"batch": a.batch, "textbook_max": a.textbook_max, "logprob_path": []}
     torch.manual_seed(0)
     model = one_layer_lm()
-    print(
-        f"log-prob + entropy path, vocabulary {VOCAB:,}, batch {a.batch}; multiples of one fp32 [B, C, V] logits tensor\n"
-    )
-    print(
-        "| completion tokens | one fp32 logits | path | training pass peak | saved for backward | scoring pass peak |"
-    )
-    print("|---|---|---|---|---|---|")
     for C in map(int, a.lengths.split(",")):
-        unit = a.batch * C * VOCAB * 4
-        paths = [("chunked LM head (now)", new_path)] + (
+        paths = [("chunked head (now)", new_path)] + (
             [("textbook (before)", textbook_logprobs)] if C <= a.textbook_max else []
         )
         for name, path in paths:
             m = measure(path, model, a.batch, C)
-            print(
-                f"| {C:,} | {unit / 2**30:.2f} GiB | {name} | {m['train'] / unit:.3f}x | {m['saved'] / unit:.3f}x | {m['score'] / unit:.3f}x |",
-                flush=True,
-            )
+            record["logprob_path"].append({"tokens": C, "path": name, "unit_bytes": a.batch * C * VOCAB * 4, **m})
+            print(f"{C} tokens, {name}: {m}", flush=True)
     rows, mean = padding_table()
-    print(f"\nmicro-batches of 256 sequences, completions lognormal (mean {mean:.0f}, max 8,192), prompts 64-512\n")
-    print("| micro-batching | padded share of processed tokens | micro-batches |\n|---|---|---|")
-    for name, share, count in rows:
-        print(f"| {name} | {share:.1%} | {count} |")
+    record["padding"] = {
+        "sequences": 256, "max_len": 8192, "prompts": [64, 512], "mean_completion": mean,
+        "rows": [{"plan": name, "padded_share": share, "micro_batches": count} for name, share, count in rows],
+    }  # fmt: skip
+    if a.out:
+        stored_run.finish(record, Path(a.out))
+    else:
+        record["load_1min_after"] = os.getloadavg()[0]
+    print(render(record))
+    write_doc(record, a.doc)
+
+
+def write_doc(record: dict, doc: str) -> None:
+    if doc:
+        stored_run.write_block(Path(doc), BEGIN, END, FIND, render(record), "memory")
+        print(f"wrote {doc}'s memory block")
 
 
 if __name__ == "__main__":

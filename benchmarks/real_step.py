@@ -1,23 +1,23 @@
-"""One GRPO step on a real model (SmolLM2-135M-Instruct, `--model smollm2`), phase by phase, beside bare
-compute and beside TRL's GRPOTrainer on the same model, batch and lengths.
+"""One GRPO step on a real model (SmolLM2-135M-Instruct, `--model smollm2`), phase by phase, in fp32 and in the
+GPU's precision mode (`--precision bf16-mixed`), beside bare compute and TRL's GRPOTrainer on the same model, batch
+and lengths. The run is stored (machine, load, command, figures) and docs/SCALING.md's tables are written from it.
 
-    python benchmarks/real_step.py [--prompts 4 --group 8 --max_completion_len 32 --steps 3]
-    python benchmarks/real_step.py --memory [--micro_batch_size 8]    # what the peak RSS is made of
+    python benchmarks/real_step.py                    # every part (~15 min alone on 2 cores), stored and written
+    python benchmarks/real_step.py --render_only      # SCALING.md's block again from the stored run
+    python benchmarks/real_step.py --memory           # what one process's peak RSS is made of (stored too)
 
-- ours: `grpo_base.py --model smollm2` with each rollout engine (--rollout hf,vllm), the mean of
-  time/*_s over steps 2..--steps (step 1 warms up), and its peak RSS; `vllm:padded` is the vLLM
-  run with `--share_prompts false` (every completion's row recomputes its prompt, as bare and TRL do).
-- bare: what any GRPO step must compute, with nothing around it: HF `generate` of the same
-  prompts x G completions (sampling, same lengths), then one forward/backward of the model's own
-  cross-entropy over the generated batch, in the scripts' micro-batches.
-- TRL: `GRPOTrainer` (HF generation, its defaults otherwise: one pass, no reference model) on the
-  same prompts, G, lengths and learning rate; mean step time over steps 2..--steps.
-  TRL is not a dependency of this project: `pip install trl` for this benchmark; without it the
-  TRL line is skipped with a note.
+- ours: `grpo_base.py --model smollm2` for each `--runs` entry (engine[:padded]@precision): the mean of time/*_s
+  over steps 2..--steps (step 1 warms up), peak RSS, and the trainer-vs-engine log-prob gap of the sampled tokens
+  (mean and p99 of |log p_trainer - log p_engine|) at step 1 (before any update) and at the last step (after the
+  updates and syncs); `:padded` is `--share_prompts false`, as bare and TRL compute.
+- bare: HF `generate` of the same prompts x G completions, then one forward/backward of the model's own
+  cross-entropy over them, in the same micro-batches: what any GRPO step must compute.
+- TRL: `GRPOTrainer` (HF generation, one pass, no reference model) on the same prompts, G, lengths and learning
+  rate: the mean step over steps 2..--steps. Not a dependency: `pip install trl` for it, else it is skipped.
+- matmul: a 2,048 x 2,048 matmul's GFLOP/s in fp32 and in bf16, what this CPU's bf16 units give before any model.
 
-The prompts are the real-model demo's: two-digit sums with two worked examples (`--few_shot 2`),
-about 125 prompt tokens each. Runs on CPU in about 9 minutes (--steps 3); run it alone: it measures time,
-and vLLM's CPU threads slow many-fold beside another busy process.
+Time it alone: vLLM's CPU threads spin, and beside another busy process a step takes several times as long (the
+stored load average says what the cores were doing).
 """
 
 import argparse
@@ -33,6 +33,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 PHASES = ["rollout_s", "scoring_s", "old_logp_s", "update_s", "sync_s", "step_s"]
+STORED = ROOT / "docs" / "bench" / "real_step.json"
+STORED_MEMORY = ROOT / "docs" / "bench" / "real_step_memory.json"
+DOC = ROOT / "docs" / "SCALING.md"
+from benchmarks import stored_run  # noqa: E402
+
+BEGIN, END, FIND = stored_run.markers("real_step", "benchmarks/real_step.py", "docs/bench/real_step.json")
+MEMORY_BEGIN, MEMORY_END, MEMORY_FIND = stored_run.markers(
+    "real_step memory", "benchmarks/real_step.py --memory", "docs/bench/real_step_memory.json"
+)
 
 
 def write_data(path: Path) -> None:
@@ -44,15 +53,17 @@ def write_data(path: Path) -> None:
 
 
 def ours(a, data: Path, config: str, out: Path) -> dict:
-    """grpo_base.py on smollm2 for --steps steps: mean phase seconds over steps 2.., and peak RSS.
-    `config`: the rollout engine, with ":padded" for the padded layout (`--share_prompts false`)."""
-    rollout, _, layout = config.partition(":")
+    """grpo_base.py on smollm2 for --steps steps: mean phase seconds over steps 2.., peak RSS, and the log-prob gap
+    at step 1 and at the last step. `config`: engine[:padded]@precision."""
+    engine, _, precision = config.partition("@")
+    rollout, _, layout = engine.partition(":")
     cmd = [
         sys.executable, str(ROOT / "grpo_base.py"), "--model", "smollm2", "--dataset", str(data), "--few_shot", "2",
         "--steps", str(a.steps), "--prompts_per_step", str(a.prompts), "--group_size", str(a.group),
         "--max_completion_len", str(a.max_completion_len), "--lr", "1e-5", "--rollout", rollout,
         "--micro_batch_size", str(a.micro_batch_size), "--output_dir", str(out), "--save_minutes", "0",
-        "--share_prompts", str(layout != "padded").lower(),
+        "--share_prompts", str(layout != "padded").lower(), "--precision", precision or "fp32",
+        "--rollout_correction", "none",  # measure the gap; correct nothing
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
@@ -63,6 +74,8 @@ def ours(a, data: Path, config: str, out: Path) -> dict:
     t = {k: sum(r.get(f"time/{k}", 0.0) for r in timed) / len(timed) for k in PHASES}
     t["peak_mem_gb"] = max(r["time/peak_mem_gb"] for r in rows)
     t["tokens"] = sum(r["train/response_len"] for r in timed) / len(timed) * a.prompts * a.group
+    gap = lambda r: {"mean": r["train/rollout_logp_gap"], "p99": r["train/rollout_logp_gap_p99"]}  # noqa: E731
+    t["gap"] = {"step 1": gap(rows[0]), f"step {rows[-1]['step']}": gap(rows[-1])}
     return t
 
 
@@ -113,12 +126,12 @@ def bare(a, data: Path) -> dict:
     return times
 
 
-def trl(a, data: Path) -> dict | None:
+def trl(a, data: Path) -> dict:
     """TRL's GRPOTrainer on the same model, prompts, G and lengths: mean seconds per step over steps 2.."""
     if importlib.util.find_spec("trl") is None:
-        print("TRL: skipped (not installed: `pip install trl` for this comparison)", file=sys.stderr)
-        return None
+        return {"skipped": "TRL is not installed (`pip install trl` for this comparison)"}
     import datasets
+    import trl as trl_module
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -154,63 +167,50 @@ def trl(a, data: Path) -> dict | None:
             callbacks=[clock],
         )  # fmt: skip
         trainer.train()
-    return {"step_s": sum(clock.seconds[1:]) / max(1, len(clock.seconds) - 1), "steps": clock.seconds}
+    steps = clock.seconds
+    return {"step_s": sum(steps[1:]) / max(1, len(steps) - 1), "steps": steps, "version": trl_module.__version__}
 
 
-def memory(a, data: Path) -> None:
-    """Resident memory of one process as a step's parts arrive, in the order they grow: the policy, its gradients
-    and AdamW state, vLLM's engine (its own weights and KV cache), the rollout, pi_old scoring, the update."""
-    import resource
-
-    import psutil
+def matmul(n: int = 2048, repeats: int = 10) -> dict:
+    """GFLOP/s of an n x n matmul in fp32 and in bf16 on this CPU (the best of `repeats`, after a warm-up)."""
     import torch
 
-    from common.batching import micro_batches, pack, select
-    from common.logprobs import sequence_logprobs
-    from common.rollout import make_engine
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = {"n": n}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        x, y = a.to(dtype), b.to(dtype)
+        x @ y
+        best = min(_timed(lambda x=x, y=y: x @ y) for _ in range(repeats))
+        out[f"{name}_gflops"] = 2 * n**3 / best / 1e9
+    return out
 
-    rss = lambda: psutil.Process().memory_info().rss / 2**30  # noqa: E731
-    peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # noqa: E731
-    lines, last = [], [rss()]
 
-    def mark(what):
-        now = rss()
-        lines.append(f"| {what} | {now - last[0]:+.2f} | {now:.2f} | {peak():.2f} |")
-        last[0] = now
+def _timed(f) -> float:
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
 
-    mark("python, torch, transformers imported")
-    path, tok, rows, model = prompts_and_model(a, data)
-    mark("policy weights (fp32)")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    opt.step()
-    mark("gradients + AdamW moments")
-    max_len = max(len(r["prompt_ids"]) for r in rows) + a.max_completion_len
-    engine = make_engine("vllm", path, tok, max_model_len=max_len, max_num_seqs=a.prompts * a.group)
-    mark(f"vLLM engine: its weights + KV cache (VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE')} GiB)")
-    groups = engine.generate([r["prompt_ids"] for r in rows], a.group, a.max_completion_len, 1.0, seed=0)
-    mark("rollout")
-    prompts = [r["prompt_ids"] for r in rows for _ in range(a.group)]
-    batch = pack(prompts, [c for g in groups for c in g], tok.pad_token_id)
-    lens = batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist()
-    plan = micro_batches(*lens, list(range(len(prompts))), a.micro_batch_size)
-    with torch.no_grad():
-        for idx in plan:
-            mb = select(batch, idx)
-            sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], 1.0, mb["completion_mask"].shape[1], True)
-    mark(f"pi_old scoring (micro-batch {a.micro_batch_size})")
-    model.train()
-    for idx in plan:
-        mb = select(batch, idx)
-        logp, _ = sequence_logprobs(model, mb["input_ids"], mb["attention_mask"], 1.0, mb["completion_mask"].shape[1])
-        (logp * mb["completion_mask"]).sum().backward()
-    mark(f"update forward/backward (micro-batch {a.micro_batch_size})")
-    engine.close()
-    shape = f"{len(prompts)} sequences x {batch['input_ids'].shape[1]} padded tokens, {int(batch['completion_mask'].sum())} completion tokens"
-    print(f"\nresident memory (GiB, one process) of a step on SmolLM2-135M-Instruct: {shape}\n")
-    print("| part | RSS added | RSS | peak RSS so far |\n|---|---|---|---|")
-    print("\n".join(lines))
+
+def run(a) -> dict:
+    """Every part, in one process tree, one after another; the result as stored."""
+    result = stored_run.start("python benchmarks/real_step.py " + " ".join(sys.argv[1:]))
+    result |= {
+        "args": {k: v for k, v in vars(a).items() if k not in ("render_only", "memory", "out", "doc")},
+        "matmul": matmul(),
+        "ours": {},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "sums.jsonl"
+        write_data(data)
+        for config in filter(None, a.runs.split(",")):
+            result["ours"][config] = ours(a, data, config, Path(tmp) / config.replace(":", "-").replace("@", "-"))
+            print(f"ours ({config}):", json.dumps(result["ours"][config]), flush=True)
+        result["bare"] = bare(a, data) if "bare" not in a.skip else {"skipped": "--skip bare"}
+        try:
+            result["trl"] = trl(a, data) if "trl" not in a.skip else {"skipped": "--skip trl"}
+        except Exception as e:  # noqa: BLE001 - a TRL version this benchmark does not fit: say so, keep the rest
+            result["trl"] = {"skipped": f"failed ({type(e).__name__}: {str(e)[:300]})"}
+    return result
 
 
 def main() -> None:
@@ -221,55 +221,36 @@ def main() -> None:
     p.add_argument("--micro_batch_size", type=int, default=8, help="sequences per forward/backward (ours and bare)")
     p.add_argument("--steps", type=int, default=3, help="steps per run; the first warms up")
     p.add_argument(
-        "--rollout",
-        default="hf,vllm,vllm:padded",
-        help="our engines to time, comma-separated (:padded: no shared prompts)",
+        "--runs",
+        default="vllm@fp32,vllm@bf16-mixed,vllm:padded@fp32,hf@fp32",
+        help="our runs, comma-separated: engine (vllm, hf)[:padded: no shared prompts]@--precision",
     )
     p.add_argument("--skip", default="", help="comma-separated parts to skip: bare, trl")
     p.add_argument("--memory", action="store_true", help="only the memory breakdown of a step, in one process")
+    p.add_argument("--out", default=None, help=f"where the run is stored (default {STORED.relative_to(ROOT)})")
+    p.add_argument("--doc", default=str(DOC), help="the page whose block is written ('' for none)")
+    p.add_argument("--render_only", action="store_true", help="write the page's block from the stored run")
     a = p.parse_args()
-    if a.memory:
-        with tempfile.TemporaryDirectory() as tmp:
-            write_data(Path(tmp) / "sums.jsonl")
-            return memory(a, Path(tmp) / "sums.jsonl")
-    with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "sums.jsonl"
-        write_data(data)
-        results = {}
-        for r in filter(None, a.rollout.split(",")):
-            results[f"ours ({r})"] = ours(a, data, r, Path(tmp) / r.replace(":", "-"))
-            print(f"ours ({r}):", json.dumps({k: round(v, 2) for k, v in results[f"ours ({r})"].items()}), flush=True)
-        b = bare(a, data) if "bare" not in a.skip else None
-        print("bare:", json.dumps({k: round(v, 2) for k, v in (b or {}).items()}), flush=True)
-        t = None
-        if "trl" not in a.skip:
-            try:
-                t = trl(a, data)
-            except Exception as e:  # noqa: BLE001 - a TRL version this benchmark does not fit: say so, keep the rest
-                print(f"TRL: failed ({type(e).__name__}: {str(e)[:300]})", file=sys.stderr)
-    n = a.prompts * a.group
-    print(f"\none GRPO step on SmolLM2-135M-Instruct (fp32, CPU, {os.cpu_count()} cores): {a.prompts} prompts x "
-          f"{a.group} completions of <= {a.max_completion_len} tokens, micro-batch {a.micro_batch_size}\n")  # fmt: skip
-    print(f"| run | {' | '.join(k[:-2] for k in PHASES)} | peak RSS GB |")
-    print("|---" * (len(PHASES) + 2) + "|")
-    for name, r in results.items():
-        print(f"| {name} | " + " | ".join(f"{r[k]:.1f}" for k in PHASES) + f" | {r['peak_mem_gb']:.1f} |")
-    if b:
-        print(f"| bare: HF generate + 1 fwd/bwd | {b['generate_s']:.1f} | - | - | {b['forward_backward_s']:.1f} | - | "
-              f"{b['step_s']:.1f} | - |")  # fmt: skip
-    if t:
-        print(f"| TRL GRPOTrainer (HF generation) | - | - | - | - | - | {t['step_s']:.1f} | - |")
-    print()
-    for name, r in results.items():
-        line = f"{name}: {n} completions, {r['tokens']:.0f} completion tokens a step"
-        if b:
-            line += f"; {r['step_s'] / b['step_s']:.2f}x bare (rollout {r['rollout_s'] / b['generate_s']:.2f}x generate"
-            line += f", old_logp + update {(r['old_logp_s'] + r['update_s']) / b['forward_backward_s']:.2f}x fwd/bwd)"
-        if t:
-            line += f"; {r['step_s'] / t['step_s']:.2f}x TRL"
-        print(line)
-    if b and t:
-        print(f"TRL: {t['step_s'] / b['step_s']:.2f}x bare (steps {', '.join(f'{s:.1f}' for s in t['steps'])} s)")
+    from benchmarks.real_step_render import memory_block, render, step_memory
+
+    stored = Path(a.out) if a.out else STORED_MEMORY if a.memory else STORED
+    if not a.render_only:
+        if a.memory:
+            with tempfile.TemporaryDirectory() as tmp:
+                write_data(Path(tmp) / "sums.jsonl")
+                result = step_memory(a, Path(tmp) / "sums.jsonl", prompts_and_model)
+        else:
+            result = run(a)
+        stored_run.finish(result, stored)
+    result = json.loads(stored.read_text())
+    block = memory_block(result) if a.memory else render(result)
+    print(block)
+    if a.doc:
+        from common.marked_text import write_between
+
+        begin, end, find = (MEMORY_BEGIN, MEMORY_END, MEMORY_FIND) if a.memory else (BEGIN, END, FIND)
+        write_between(Path(a.doc), begin, end, block, "benchmarks/real_step.py", find)
+        print(f"wrote {a.doc}'s block from {stored}")
 
 
 if __name__ == "__main__":

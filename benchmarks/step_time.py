@@ -14,6 +14,11 @@ Target: within 1.1x.
 `--flat_groups`: the update alone (grpo_base.update, one process) on a demo-sized batch whose
 share of flat groups (advantage 0) varies: their rows are left out of the micro-batches, so the
 update's time falls with the share; 0% flat is what every step cost before.
+
+The update-overhead measurement (`--update_only`, or after the scripts' table) is stored in
+docs/bench/update_overhead.json (the machine, the load, the commit: benchmarks/stored_run.py) and docs/SCALING.md's
+line is written from it (`--render_only`: the line again; tests/test_generated_docs.py renders it again). A timing:
+run it alone (the stored load average says what else the cores were doing).
 """
 
 import argparse
@@ -25,6 +30,12 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks import stored_run  # noqa: E402
+
+STORED = stored_run.BENCH / "update_overhead.json"
+DOC = ROOT / "docs" / "SCALING.md"
+BEGIN, END, FIND = stored_run.markers("update overhead", "benchmarks/step_time.py", "docs/bench/update_overhead.json")
 SCRIPTS = ["grpo_base.py", "edge_grpo.py", "egpo.py", "cw_grpo.py", "pro_grpo.py"]
 PHASES = [f"time/{k}" for k in ("rollout_s", "gec_s", "scoring_s", "old_logp_s", "update_s", "sync_s", "step_s")]
 
@@ -59,9 +70,14 @@ def main() -> None:
     p.add_argument("--scripts", default=",".join(SCRIPTS))
     p.add_argument("--update_only", action="store_true", help="only the update-overhead measurement")
     p.add_argument("--flat_groups", action="store_true", help="only the update's time against the share of flat groups")
+    p.add_argument("--out", default=str(STORED), help="where the update overhead is stored ('' for nowhere)")
+    p.add_argument("--doc", default=str(DOC), help="the page whose line is written ('' for none)")
+    p.add_argument("--render_only", action="store_true", help="write the page's line from the stored run")
     a = p.parse_args()
+    if a.render_only:
+        return write_doc(stored_run.load(Path(a.out)), a.doc)
     if a.update_only:
-        return update_overhead()
+        return update_overhead(a.out, a.doc)
     if a.flat_groups:
         return flat_groups()
     table = {}
@@ -82,11 +98,29 @@ def main() -> None:
         overhead = f"{100 * (t['time/step_s'] / base - 1):+.0f}%" if base else "-"
         phases = " | ".join(f"{t[k]:.2f}" for k in PHASES)
         print(f"| {script} | {phases} | {overhead} | {t['peak_mem_gb']:.1f} | {t['before']:.2f} -> {t['after']:.2f} |")
-    update_overhead()
+    update_overhead(a.out, a.doc)
 
 
-def update_overhead(repeats: int = 5) -> None:
-    """Seconds per update of the scripts' path vs a bare forward/backward over the same micro-batches."""
+def render(record: dict) -> str:
+    """docs/SCALING.md's line on the update's overhead, from the stored run."""
+    u = record["update"]
+    return (
+        f"Stored in `docs/bench/update_overhead.json`: {stored_run.conditions(record)}. The update of "
+        f"{u['sequences']} demo-sized sequences ({u['micro_batches']} micro-batches, the mean of {u['repeats']} "
+        f"repeats): the scripts' path {u['ours_s']:.3f} s, a bare forward/backward with the model's own loss "
+        f"{u['bare_s']:.3f} s: {u['ours_s'] / u['bare_s']:.2f}x (target <= 1.1x)."
+    )
+
+
+def write_doc(record: dict, doc: str) -> None:
+    if doc:
+        stored_run.write_block(Path(doc), BEGIN, END, FIND, render(record), "update-overhead")
+        print(f"wrote {doc}'s update-overhead line")
+
+
+def update_overhead(out: str = "", doc: str = "", repeats: int = 5) -> None:
+    """Seconds per update of the scripts' path vs a bare forward/backward over the same micro-batches; stored in
+    `out` and written into `doc` where given."""
     import random
     import time
 
@@ -100,6 +134,7 @@ def update_overhead(repeats: int = 5) -> None:
     from common.tiny_model import demo_model_dir
     from grpo_base import Args, policy_loss
 
+    record = stored_run.start(" ".join(["python benchmarks/step_time.py", *sys.argv[1:]]), torch.get_num_threads())
     torch.manual_seed(0)
     rng = random.Random(0)
     model = AutoModelForCausalLM.from_pretrained(demo_model_dir())
@@ -137,6 +172,11 @@ def update_overhead(repeats: int = 5) -> None:
         f"\nupdate of 128 demo-sized sequences ({len(plan)} micro-batches): scripts' path {times['ours']:.3f} s, "
         f"bare forward/backward {times['bare']:.3f} s, ratio {times['ours'] / times['bare']:.2f}x (target <= 1.1x)"
     )
+    record["update"] = {
+        "sequences": 128, "micro_batches": len(plan), "repeats": repeats, "ours_s": times["ours"], "bare_s": times["bare"],
+    }  # fmt: skip
+    if out:
+        write_doc(stored_run.finish(record, Path(out)), doc)
 
 
 def update_session(model, micro_batch_size: int, max_tokens: int = 0):
@@ -192,7 +232,7 @@ def flat_groups(repeats: int = 5, G: int = 8, groups: int = 16) -> None:
             adv = grpo_base.group_advantages(rewards.view(-1), G)
             t0 = time.perf_counter()
             for _ in range(repeats):
-                sums = grpo_base.update(s, batch, old, adv, args, step=0)
+                sums = grpo_base.update(s, batch, old, adv, None, args, step=0)
             times[share] = (time.perf_counter() - t0) / repeats, sums["skipped_rows"]
     print(f"\ngrpo_base.update() on {n} demo-sized sequences (G = {G}, micro-batches of 32, one process, CPU)\n")
     print("| flat groups | rows left out | update s | vs 0% flat |\n|---|---|---|---|")

@@ -75,10 +75,10 @@ def conditions(record: dict) -> str:
     """Where, when and beside what the run was made, read from its record."""
     m = record["machine"]
     commit = record["commit"] + (f" with {len(record['modified'])} files modified" if record["modified"] else "")
+    threads = f", {m['threads']} compute threads" if m.get("threads") else ""
     return (
-        f"`{record['command']}`, {record['date']}, commit {commit}, on {m['cpu']}, {m['cores']} cores, "
-        f"{m['threads']} compute threads; 1-minute load average {m['load_1min']:.1f} at the start and "
-        f"{record['load_1min_after']:.1f} at the end"
+        f"`{record['command']}`, {record['date']}, commit {commit}, on {m['cpu']}, {m['cores']} cores{threads}; "
+        f"1-minute load average {m['load_1min']:.1f} at the start and {record['load_1min_after']:.1f} at the end"
     )
 
 

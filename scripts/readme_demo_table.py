@@ -8,9 +8,16 @@ differently, one sampled token changes, and from there the run's samples differ 
 seed. The spread over seeds and threads is what a run on any machine can be held to; a single run's figures are not.
 
     python scripts/readme_demo_table.py runs/compare_demo/grpo_base_seed0_t1 ... [--readme README.md]
+
+It also writes docs/results_demo.md, the five scripts' final evaluations on the demo, from their runs stored in
+docs/demo_compare/ (scripts/compare_demo.sh stores each run's metrics.jsonl, eval_results.json and run_config.json
+there); tests/test_generated_docs.py renders the page again:
+
+    python scripts/readme_demo_table.py --results_demo
 """
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -21,6 +28,10 @@ from common.marked_text import write_between  # noqa: E402
 
 BEGIN = "<!-- demo table: written by scripts/readme_demo_table.py from runs of `python grpo_base.py --eval_steps 10` (docs/demo_runs.json) -->"
 RUNS = Path(__file__).resolve().parent.parent / "docs" / "demo_runs.json"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+COMPARED = DOCS / "demo_compare"  # one folder per script: its run's metrics.jsonl, eval_results.json, run_config.json
+RESULTS_PAGE = DOCS / "results_demo.md"
+SCRIPTS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")
 MARK = "<!-- demo table:"  # BEGIN's start: the marker line is rewritten whole
 END = "<!-- end of demo table -->"
 STEPS = (0, 10, 20, 30)
@@ -39,7 +50,8 @@ def cell(vs: list) -> str:
     vs = [v for v in vs if v is not None]
     if not vs:
         return "-"
-    lo, hi = f"{min(vs):.2f}", f"{max(vs):.2f}"
+    # rounded outward: the printed range holds every kept run (tests/test_learning.py's check)
+    lo, hi = f"{math.floor(min(vs) * 100 + 1e-9) / 100:.2f}", f"{math.ceil(max(vs) * 100 - 1e-9) / 100:.2f}"
     return lo if lo == hi else f"{lo}{DASH}{hi}"
 
 
@@ -71,14 +83,41 @@ def parse_cell(text: str) -> tuple[float, float] | None:
     return float(lo), float(hi or lo)
 
 
+def results_page(stored: Path = COMPARED) -> str:
+    """docs/results_demo.md: where and how the five runs were made (their run_config.json), then their final
+    evaluations (`tools.plot`'s table)."""
+    from tools.plot import results_table
+    from tools.run_logs import read_eval
+
+    runs = [stored / s for s in SCRIPTS]
+    launches = [json.loads((run / "run_config.json").read_text())["history"][0] for run in runs]
+    machines = {(m["cpu"], m["cores"], m["threads"]) for m in (launch["machine"] for launch in launches)}
+    loads = [launch["machine"]["load_1min"] for launch in launches]
+    where = "; ".join(f"{cpu}, {cores} cores, {threads} torch threads" for cpu, cores, threads in sorted(machines))
+    head = [
+        "# The five scripts on the CPU demo",
+        "",
+        f"Written by `python scripts/readme_demo_table.py --results_demo` from the runs stored in "
+        f"`docs/demo_compare/` (`bash scripts/compare_demo.sh` makes them): `python SCRIPT.py --seed 0 --steps 30 "
+        f"--eval_steps 10`, each on {where}, at 1-minute load averages {min(loads):.1f}-{max(loads):.1f} "
+        "(not timings: a run's figures do not depend on the load; [the README](../README.md#the-cpu-demo) says what moves them). "
+        "Each run's final evaluation on the 100 sums; its curves: [compare_demo.png](compare_demo.png).",
+        "",
+    ]
+    return "\n".join(head) + "\n" + results_table({run.name: read_eval(run) for run in runs})
+
+
 def main() -> None:
     args = sys.argv[1:]
+    if args == ["--results_demo"]:
+        RESULTS_PAGE.write_text(results_page())
+        return print(f"wrote {RESULTS_PAGE} from {COMPARED}")
     readme = Path(__file__).resolve().parent.parent / "README.md"
     if "--readme" in args:
         i = args.index("--readme")
         readme, args = Path(args[i + 1]), args[:i] + args[i + 2 :]
     if not args:
-        raise SystemExit(f"usage: {Path(__file__).name} RUN_DIR [RUN_DIR ...] [--readme README.md]")
+        raise SystemExit(f"usage: {Path(__file__).name} RUN_DIR [RUN_DIR ...] [--readme README.md] | --results_demo")
     runs = [kept(Path(run)) for run in args]
     RUNS.write_text("[\n" + ",\n".join(json.dumps(r) for r in runs) + "\n]\n")  # a run a line
     write_between(readme, BEGIN, END, table(runs), "demo-table", find=MARK)

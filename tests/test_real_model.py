@@ -242,9 +242,10 @@ def test_evaluate_takes_few_shot_and_the_smollm2_name(smollm2_dir, tmp_path):
 # -- the README's real-model demo ------------------------------------------------------------------------------
 
 
-def test_readme_real_model_table_is_the_demo_runs_metrics():
-    """The table is what scripts/real_model_demo.py writes from the kept run (docs/real_demo_metrics.jsonl), and
-    that run learned: held-out pass@1 and the training reward end above where they started."""
+def test_the_kept_real_model_run_is_the_readmes_command_and_learned():
+    """The README's table is what scripts/real_model_demo.py writes from the kept run (docs/real_demo_metrics.jsonl;
+    tests/test_generated_docs.py renders it again); that run is the README's command, and it learned: held-out
+    pass@1 and the training reward end above where they started."""
     import importlib.util
 
     from common.jsonl import read_jsonl
@@ -254,8 +255,6 @@ def test_readme_real_model_table_is_the_demo_runs_metrics():
     spec.loader.exec_module(demo)
     rows = read_jsonl(demo.METRICS)
     info = json.loads(demo.RUN_INFO.read_text())
-    readme = (ROOT / "README.md").read_text()
-    assert f"{demo.BEGIN}\n{demo.table(rows, info['wall_s'])}\n{demo.END}" in readme
     assert "--model smollm2" in info["command"] and "--few_shot 2" in info["command"]
     evals = [r["eval/sums/pass@1"] for r in rows if "eval/sums/pass@1" in r]
     assert 0.1 < evals[0] < 0.9 and evals[-1] > evals[0]

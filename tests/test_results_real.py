@@ -20,15 +20,11 @@ STORED = DOCS / page.STORE
 
 
 @pytest.mark.skipif(not STORED.is_dir(), reason=f"{STORED} not there yet: `python scripts/compare_real.py` writes it")
-def test_page_readme_and_method_pages_are_what_the_scripts_compute_from_the_stored_runs():
-    figs, infos = figures.load(STORED)
-    assert (DOCS / page.PAGE).read_text() == page.page(figs, infos, compare.task_text())
+def test_the_stored_runs_give_the_figure_and_their_logged_evaluations():
+    """The page, the README's table and the method pages' blocks are rendered again from the stored runs by
+    tests/test_generated_docs.py; here, what the stored runs must hold besides."""
+    figs, _ = figures.load(STORED)
     assert (DOCS / page.FIGURE).is_file()
-    readme = (ROOT / "README.md").read_text()
-    assert f"{compare.README_BEGIN}\n{page.readme_block(figs, infos)}\n{compare.README_END}" in readme
-    for m in compare.compared_methods(figs):  # each compared method's page carries its comparisons
-        block = f"{compare.READING_BEGIN}\n{page.method_block(m, figs, infos)}\n{compare.READING_END}"
-        assert block in (DOCS / "algorithms" / f"{m}.md").read_text(), m
     # The stored samples are the evaluations the runs logged: the same pass@1 before and after.
     for seeds in figs.values():
         for seed, f in seeds.items():
