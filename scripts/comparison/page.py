@@ -170,22 +170,25 @@ def comparison_table(reader: Reader) -> list[str]:
 
 def ablation_section(reader: Reader, infos: dict) -> list[str]:
     groups = ablation_groups(reader.figures)
-    if not groups:
+    if not comparisons(reader.figures):  # no ablation and no paper's baseline stored beside its method
         return []
-    L = [
-        "## Each method against its ablations and its paper's baselines",
-        "",
-        "A method differs from GRPO in its idea and also in its other defaults (temperature, loss aggregation, "
-        "reward, weight decay: [Setup](#setup)). Each ablation runs the method's own script with the idea turned "
-        "off and every other flag kept: the method against it reads the idea alone, the ablation against GRPO the "
-        "rest. The ablations:",
-        "",
-    ]
-    for group in groups.values():
-        L += [f"- {NAMES[a]}: `{SCRIPT[a]} {' '.join(ABLATIONS[a][1])}`" for a in group]
-    L += [""] + comparison_table(reader) + ["", "What each method's accuracy against GRPO comes with:", ""]
-    for m in groups:
-        L += [f"- **{NAMES[m]}**"] + [f"  - {line}" for line in reading(m, reader, infos, BOOKKEEPING)]
+    L = ["## Each method against its ablations and its paper's baselines", ""]
+    if groups:
+        L += [
+            "A method differs from GRPO in its idea and also in its other defaults (temperature, loss aggregation, "
+            "reward, weight decay: [Setup](#setup)). Each ablation runs the method's own script with the idea turned "
+            "off and every other flag kept: the method against it reads the idea alone, the ablation against GRPO "
+            "the rest. The ablations:",
+            "",
+        ]
+        for group in groups.values():
+            L += [f"- {NAMES[a]}: `{SCRIPT[a]} {' '.join(ABLATIONS[a][1])}`" for a in group]
+        L += [""]
+    L += comparison_table(reader)
+    if groups:
+        L += ["", "What each method's accuracy against GRPO comes with:", ""]
+        for m in groups:
+            L += [f"- **{NAMES[m]}**"] + [f"  - {line}" for line in reading(m, reader, infos, BOOKKEEPING)]
     return L + [""]
 
 
