@@ -8,13 +8,15 @@ PHASES = ["rollout_s", "scoring_s", "old_logp_s", "update_s", "sync_s", "step_s"
 
 
 def conditions(result: dict) -> str:
-    """Where and how the run was made, from its record."""
+    """Where and how the run was made, from its record: the machine, and the load beside the run's own."""
     m = result["machine"]
     units = ", ".join(m["bf16_units"]) or "none"
+    commit = f", commit {result['commit']}" if result.get("commit") else ""
+    busy = max(m["load_1min"], result["load_1min_after"]) > m["cores"] + 1  # more than the run's own work
     return (
-        f"`{result['command']}`, {result['date']}, on {m['cpu']} (bf16 units: {units}), {m['cores']} cores, "
-        f"{m['threads']} compute threads; 1-minute load average {m['load_1min']:.1f} at the start and "
-        f"{result['load_1min_after']:.1f} at the end (about 2 is the run's own work: it ran alone)"
+        f"`{result['command'].strip()}`, {result['date']}{commit}, on {m['cpu']} (bf16 units: {units}), {m['cores']} "
+        f"cores, {m['threads']} compute threads; 1-minute load average {m['load_1min']:.1f} at the start and "
+        f"{result['load_1min_after']:.1f} at the end ({'beside other work' if busy else 'about the run alone'})"
     )
 
 

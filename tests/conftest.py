@@ -36,3 +36,10 @@ def closing():
     yield lambda engine: opened.append(engine) or engine
     for engine in opened:
         engine.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first, each group in its collected order: pytest-xdist hands out tests in this order, so the
+    minute-long runs start while the short tests remain to fill the workers' ends (a slow test collected last left
+    one worker running it alone at the end)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

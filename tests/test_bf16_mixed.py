@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 from engines.launch import CONFIGS, launch
-from train_utils import BASELINES, ROOT, SCRIPTS, TWO_STEPS, run_cli, run_script
+from train_utils import BASELINES, ONE_STEP, ROOT, SCRIPTS, TWO_STEPS, run_cli, run_script
 
 from common.run_flags import vllm_available
 
@@ -32,11 +32,11 @@ def precision_record(run) -> dict:
 
 @pytest.mark.parametrize("script", SCRIPTS + BASELINES)
 def test_every_script_trains_in_the_gpus_mode(script, tiny_random_dir, tmp_path):
-    """Two steps with the HF engine (the trainer's own weights, fp32, against its bf16 autocast scoring): the run
+    """A step with the HF engine (the trainer's own weights, fp32, against its bf16 autocast scoring): the run
     records the mode, says at start what it means on this CPU, and the rollout correction is on (auto)."""
     out = tmp_path / "run"
     proc = run_cli(
-        script, "--model", str(tiny_random_dir), "--rollout", "hf", *TWO_STEPS, *MODE, "--output_dir", str(out)
+        script, "--model", str(tiny_random_dir), "--rollout", "hf", *ONE_STEP, *MODE, "--output_dir", str(out)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "note: --precision bf16-mixed on CPU: the GPU's mode" in proc.stdout + proc.stderr

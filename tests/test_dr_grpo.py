@@ -85,5 +85,5 @@ def test_grpo_aggregation_stays_available():
 
 
 @pytest.mark.slow
-def test_demo_learns_and_smollm2_runs_two_steps(tmp_path):
+def test_demo_learns_and_smollm2_runs(tmp_path):
     demo_learns_and_smollm2_runs("baselines/dr_grpo.py", tmp_path)

@@ -71,5 +71,5 @@ def test_the_ratio_is_one_per_response_and_length_normalised():
 
 
 @pytest.mark.slow
-def test_demo_learns_and_smollm2_runs_two_steps(tmp_path):
+def test_demo_learns_and_smollm2_runs(tmp_path):
     demo_learns_and_smollm2_runs("baselines/gspo.py", tmp_path)

@@ -149,9 +149,12 @@ def test_the_other_variants_flags_are_refused_not_ignored(variant, flags):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["kl_cov", "clip_cov"])
-def test_demo_learns_and_smollm2_runs_two_steps(variant, tmp_path):
-    """The CPU demo's accuracy rises over 8 steps (as tests/test_learning.py holds the five scripts to), and two
-    steps on the real SmolLM2 run clean, with each variant."""
-    rows = demo_learns_and_smollm2_runs("baselines/kl_cov.py", tmp_path, "--variant", variant)
+def test_demo_learns_and_smollm2_runs(variant, tmp_path):
+    """The CPU demo's accuracy rises over 8 steps with each variant (as tests/test_learning.py holds the five scripts
+    to), and a step on the real SmolLM2 runs clean (once: the variants differ only in the tokens the loss acts on,
+    which the demo runs exercise)."""
+    rows = demo_learns_and_smollm2_runs(
+        "baselines/kl_cov.py", tmp_path, "--variant", variant, smollm2=variant == "kl_cov"
+    )
     if variant == "kl_cov":  # at least one token per micro-batch (Clip-Cov's band may be empty on the demo)
         assert all(r["kl_cov/chosen_frac"] > 0 for r in rows if r["train/skipped_rows"] < 16 * 8)
