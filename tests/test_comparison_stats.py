@@ -34,6 +34,17 @@ def test_the_interval_is_the_crossed_bootstrap_of_seeds_and_problems():
     assert est.low == pytest.approx(low, abs=0.01) and est.high == pytest.approx(high, abs=0.01)
 
 
+def test_one_seeds_level_resamples_its_problems_and_the_page_says_so():
+    """A run stored for one seed so far (the grid runs seed by seed): its level's interval is over the problems alone,
+    the crossed bootstrap with the one seed always drawn, and its cell says so."""
+    table = (np.random.default_rng(3).random((1, 100)) < 0.4).astype(float)
+    est = stats.grid_mean(table)
+    low, high = crossed_bootstrap(table, 4000, 4)
+    assert (est.seeds, est.problems) == (1, 100) and est.value == pytest.approx(table.mean())
+    assert est.low == pytest.approx(low, abs=0.015) and est.high == pytest.approx(high, abs=0.015)
+    assert page.pct(est).endswith("(problems only: 1 seed)")
+
+
 def test_a_seed_effect_widens_the_interval_and_resampling_problems_alone_would_miss_it():
     """Seeds that move every problem together: the interval must carry that spread (it resamples seeds)."""
     rng = np.random.default_rng(0)

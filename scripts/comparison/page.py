@@ -41,7 +41,9 @@ WORDS = {"higher": "better", "lower": "worse", "not told apart": "tied"}  # a ru
 
 def pct(e: Estimate | None) -> str:
     """A run's figure with its interval: '0.536 [0.49, 0.58]'."""
-    return "-" if e is None else f"{e.value:.3f} [{e.low:.3f}, {e.high:.3f}]"
+    if e is None:
+        return "-"
+    return f"{e.value:.3f} [{e.low:.3f}, {e.high:.3f}]" + (" (problems only: 1 seed)" if e.seeds == 1 else "")
 
 
 def diff_cell(e: Estimate | None) -> str:

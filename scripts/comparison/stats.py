@@ -64,6 +64,9 @@ def grid_mean(table: np.ndarray) -> Estimate:
     S, J = table.shape
     if table.min() == table.max():  # nothing varies: the interval is the value (the bootstrap would warn)
         return Estimate(float(table.mean()), float(table.min()), float(table.max()), S, J)
+    if S == 1:  # one seed: only the problems can be resampled (the page says so beside the figure)
+        low, high = _bootstrap((table[0],), lambda x, axis=-1: x.mean(axis=axis))
+        return Estimate(float(table.mean()), low, high, S, J)
 
     def statistic(seeds, problems, axis=-1):
         rows = table[np.asarray(seeds, dtype=int)]  # [..., S, J]
