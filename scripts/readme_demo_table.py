@@ -98,8 +98,8 @@ def results_page(stored: Path = COMPARED) -> str:
         "# The five scripts on the CPU demo",
         "",
         f"Written by `python scripts/readme_demo_table.py --results_demo` from the runs stored in "
-        f"`docs/demo_compare/` (`bash scripts/compare_demo.sh` makes them): `python SCRIPT.py --seed 0 --steps 30 "
-        f"--eval_steps 10`, each on {where}, at 1-minute load averages {min(loads):.1f}-{max(loads):.1f} "
+        f"`docs/demo_compare/` (`bash scripts/compare_demo.sh` makes them): each script's `--seed 0 --steps 30 "
+        f"--eval_steps 10` (`python grpo_base.py --seed 0 --steps 30 --eval_steps 10` and the four others alike), each on {where}, at 1-minute load averages {min(loads):.1f}-{max(loads):.1f} "
         "(not timings: a run's figures do not depend on the load; [the README](../README.md#the-cpu-demo) says what moves them). "
         "Each run's final evaluation on the 100 sums; its curves: [compare_demo.png](compare_demo.png).",
         "",
@@ -108,20 +108,22 @@ def results_page(stored: Path = COMPARED) -> str:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    if args == ["--results_demo"]:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="*", help="the seed runs' directories (RUN_DIR ...): the README's demo table")
+    p.add_argument("--readme", default=str(Path(__file__).resolve().parent.parent / "README.md"), help="its page")
+    p.add_argument("--results_demo", action="store_true", help=f"write {RESULTS_PAGE.name} from {COMPARED} instead")
+    a = p.parse_args()
+    if a.results_demo:
         RESULTS_PAGE.write_text(results_page())
         return print(f"wrote {RESULTS_PAGE} from {COMPARED}")
-    readme = Path(__file__).resolve().parent.parent / "README.md"
-    if "--readme" in args:
-        i = args.index("--readme")
-        readme, args = Path(args[i + 1]), args[:i] + args[i + 2 :]
-    if not args:
-        raise SystemExit(f"usage: {Path(__file__).name} RUN_DIR [RUN_DIR ...] [--readme README.md] | --results_demo")
-    runs = [kept(Path(run)) for run in args]
+    if not a.runs:
+        p.error("give the runs' directories, or --results_demo")
+    runs = [kept(Path(run)) for run in a.runs]
     RUNS.write_text("[\n" + ",\n".join(json.dumps(r) for r in runs) + "\n]\n")  # a run a line
-    write_between(readme, BEGIN, END, table(runs), "demo-table", find=MARK)
-    print(f"wrote {RUNS} and the demo table of {readme} from {len(runs)} runs")
+    write_between(Path(a.readme), BEGIN, END, table(runs), "demo-table", find=MARK)
+    print(f"wrote {RUNS} and the demo table of {a.readme} from {len(runs)} runs")
 
 
 def kept(run: Path) -> dict:
