@@ -63,13 +63,16 @@ def compared_pages() -> list[str]:
     return [f"docs/algorithms/{m}.md" for m in compare.compared_methods(figs)]
 
 
-def bench(path: str, name: str):
-    """A benchmark's block: its markers from its module, its body from its stored run."""
+def bench(path: str, name: str, markers=("BEGIN", "END"), renderer=None, render="render", flags="", pages=None):
+    """A benchmark's block: its markers (`markers`: their names in its module), its body from its stored run
+    (`render` of `renderer`, default the benchmark's own module), the command that writes it (`flags`)."""
+    json_path = f"docs/bench/{name}.json"
     return Block(
-        markers=lambda: (module(path).BEGIN, module(path).END),
-        stored=f"docs/bench/{name}.json",
-        render=lambda page: module(path).render(stored(f"docs/bench/{name}.json")),
-        writes=f"python {path} --render_only",
+        markers=lambda: tuple(getattr(module(path), m) for m in markers),
+        stored=json_path,
+        render=lambda page: getattr(module(renderer or path), render)(stored(json_path)),
+        writes=f"python {path} {flags}--render_only",
+        **({"pages": pages} if pages else {}),
     )
 
 
@@ -136,33 +139,17 @@ BLOCKS = {
     "memory": bench("benchmarks/memory.py", "memory"),
     "host syncs": bench("benchmarks/host_syncs.py", "host_syncs"),
     "update overhead": bench("benchmarks/step_time.py", "update_overhead"),
-    "suite time": Block(
-        markers=lambda: (module("benchmarks/suite_time.py").BEGIN, module("benchmarks/suite_time.py").END),
-        stored="docs/bench/suite.json",
-        render=lambda page: module("benchmarks/suite_time.py").render(stored("docs/bench/suite.json")),
-        writes="python benchmarks/suite_time.py --render_only",
-        pages=lambda: [README],
-    ),
-    "real_step": Block(
-        markers=lambda: (module("benchmarks/real_step.py").BEGIN, module("benchmarks/real_step.py").END),
-        stored="docs/bench/real_step.json",
-        render=lambda page: module("benchmarks/real_step_render.py").render(stored("docs/bench/real_step.json")),
-        writes="python benchmarks/real_step.py --render_only",
-    ),
-    "stop_strings": Block(
-        markers=lambda: (module("benchmarks/stop_strings.py").BEGIN, module("benchmarks/stop_strings.py").END),
-        stored="docs/bench/stop_strings.json",
-        render=lambda page: module("benchmarks/stop_strings.py").render(stored("docs/bench/stop_strings.json")),
-        writes="python benchmarks/stop_strings.py --render_only",
-    ),
-    "real_step memory": Block(
-        markers=lambda: (module("benchmarks/real_step.py").MEMORY_BEGIN, module("benchmarks/real_step.py").MEMORY_END),
-        stored="docs/bench/real_step_memory.json",
-        render=lambda page: module("benchmarks/real_step_render.py").memory_block(
-            stored("docs/bench/real_step_memory.json")
-        ),
-        writes="python benchmarks/real_step.py --memory --render_only",
-    ),
+    "suite time": bench("benchmarks/suite_time.py", "suite", pages=lambda: [README]),
+    "real_step": bench("benchmarks/real_step.py", "real_step", renderer="benchmarks/real_step_render.py"),
+    "stop_strings": bench("benchmarks/stop_strings.py", "stop_strings"),
+    "real_step memory": bench(
+        "benchmarks/real_step.py",
+        "real_step_memory",
+        ("MEMORY_BEGIN", "MEMORY_END"),
+        "benchmarks/real_step_render.py",
+        "memory_block",
+        "--memory ",
+    ),  # fmt: skip
 }
 # Pages written whole: page -> (stored, render, the command that writes it).
 GENERATED_PAGES = {
