@@ -149,12 +149,10 @@ def test_the_other_variants_flags_are_refused_not_ignored(variant, flags):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["kl_cov", "clip_cov"])
-def test_demo_learns_and_smollm2_runs(variant, tmp_path):
+def test_demo_learns(variant, tmp_path):
     """The CPU demo's accuracy rises over 8 steps with each variant (as tests/test_learning.py holds the five scripts
-    to), and a step on the real SmolLM2 runs clean (once: the variants differ only in the tokens the loss acts on,
-    which the demo runs exercise)."""
-    rows = demo_learns_and_smollm2_runs(
-        "baselines/kl_cov.py", tmp_path, "--variant", variant, smollm2=variant == "kl_cov"
-    )
+    to). No real-model step: the variants choose tokens by the covariance of their log-probs and advantages, which
+    meets nothing a real model shapes that GRPO's own real-model steps (tests/test_real_model.py) do not run."""
+    rows = demo_learns_and_smollm2_runs("baselines/kl_cov.py", tmp_path, "--variant", variant, smollm2=False)
     if variant == "kl_cov":  # at least one token per micro-batch (Clip-Cov's band may be empty on the demo)
         assert all(r["kl_cov/chosen_frac"] > 0 for r in rows if r["train/skipped_rows"] < 16 * 8)

@@ -93,8 +93,9 @@ def scoring_session(model, micro_batch_size: int = 8, ref_model=None, layout: st
 
 def demo_learns_and_smollm2_runs(script: str, tmp_path: Path, *flags: str, smollm2: bool = True) -> list[dict]:
     """A baseline's slow check: its CPU demo accuracy rises over the learning test's steps (as tests/test_learning.py
-    holds the five scripts to), and one step on the real SmolLM2 runs clean (`smollm2`; the five scripts' two steps
-    on it with vLLM: tests/test_real_model.py). Returns the demo run's rows."""
+    holds the five scripts to), and one step on the real SmolLM2 runs clean (`smollm2`: where the baseline's idea
+    meets what a real model shapes, GSPO's sequence ratios over real lengths; GRPO's and EDGE-GRPO's two steps on it
+    with vLLM: tests/test_real_model.py, DAPO's: tests/test_dapo.py). Returns the demo run's rows."""
     from test_learning import MARGIN, ROLLOUT, STEPS
 
     rows = run_script(script, tmp_path / "demo", *flags, "--rollout", ROLLOUT, "--steps", str(STEPS))

@@ -389,8 +389,10 @@ def write_evaluation(args: Args, out: Path, tag: str, model_path: str, run: Path
         print(f"a quick check ({tag}): its results are in {out}, not over {where}")
 
 
-def main(args: Args, ks: list[int] | None, given: set[str] | None = None) -> None:
-    """`given`: the flags set explicitly (`parse_args`'s); None: those that differ from their defaults."""
+def main(args: Args, ks: list[int] | None, given: set[str] | None = None, engines: dict | None = None) -> None:
+    """`given`: the flags set explicitly (`parse_args`'s); None: those that differ from their defaults. `engines`:
+    the engines of earlier calls in this process, by what made them, taken again where that is the same (one model
+    evaluated at several settings starts its engine once: scripts/comparison/evaluate_settings.py)."""
     if given is None:
         given = {f.name for f in dataclasses.fields(Args) if getattr(args, f.name) != f.default}
     if args.rescore:
@@ -443,10 +445,15 @@ def main(args: Args, ks: list[int] | None, given: set[str] | None = None) -> Non
             raise
     pool = few_shot_pool_for(args, run)
     max_model_len = check_prompts(args, benchmarks, tokenizer, pool, model_path)
-    engine = make_engine(
-        args.rollout, model_path, tokenizer, seed=args.seed, max_model_len=max_model_len, dtype=args.dtype,
-        gpu_memory_utilization=args.gpu_memory_utilization, batch_size=args.batch_size, stop=stops,
+    made_with = dict(
+        seed=args.seed, max_model_len=max_model_len, dtype=args.dtype, stop=tuple(stops),
+        gpu_memory_utilization=args.gpu_memory_utilization, batch_size=args.batch_size,
     )  # fmt: skip
+    engines = {} if engines is None else engines
+    key = json.dumps([args.rollout, model_path, made_with], default=str)
+    if key not in engines:
+        engines[key] = make_engine(args.rollout, model_path, tokenizer, **made_with)
+    engine = engines[key]
     start = time.perf_counter()
     summary, records = evaluate(
         engine, tokenizer, benchmarks, args.template, args.n, args.temperature, args.max_tokens, args.top_p,

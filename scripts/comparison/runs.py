@@ -85,32 +85,34 @@ def run_one(run: str, seed: int, model: str, steps: int, data: tuple[Path, Path]
         shutil.rmtree(checkpoint)
 
 
-def evaluate_at(run: str, seed: int, setting: tuple, held_out: Path, runs: Path, store: Path) -> None:
-    """Evaluate a stored run's trained model (kept in its run directory) at a setting, as the run evaluated it at
-    T = EVAL_TEMPERATURE (the same prompts, length and seed; one sample when greedy); the samples join the stored
-    ones under their label, and run.json records the setting. An evaluation already in the run directory (a call cut
-    short before storing it) is taken: the directory is deleted whenever its run is trained again."""
+def evaluate_at(run: str, seed: int, settings: list[tuple], held_out: Path, runs: Path, store: Path) -> None:
+    """Evaluate a stored run's trained model (kept in its run directory) at each setting, as the run evaluated it at
+    T = EVAL_TEMPERATURE (the same prompts, length and seed; one sample when greedy), all in one process (one engine
+    start: scripts/comparison/evaluate_settings.py); the samples join the stored ones under their label, and
+    run.json records the setting. An evaluation already in the run directory (a call cut short before storing it)
+    is taken: the directory is deleted whenever its run is trained again."""
     run_dir, out = runs / f"{run}-seed{seed}", store / f"{run}-seed{seed}"
-    folder = run_dir / "eval-T{}-p{}".format(*setting)
-    n = samples_at(setting)
-    cmd = [sys.executable, "-m", "tools.evaluate", "--model", str(run_dir), "--benchmarks", f"{BENCH}={held_out}"]
-    cmd += ["--n", str(n), "--temperature", str(setting[0]), "--top_p", str(setting[1]), "--seed", str(seed)]
-    cmd += ["--max_tokens", FLAGS[FLAGS.index("--max_completion_len") + 1], "--output_dir", str(folder)]
-    if (folder / RECORDS_FILE).is_file():
-        print(f"== {run}, seed {seed}: evaluated at {setting_text(setting)} in {folder}, taken", flush=True)
-    else:
-        print(f"== {run}, seed {seed}: evaluated at {setting_text(setting)}: {' '.join(cmd[1:])}", flush=True)
-        if (code := subprocess.run(cmd, cwd=ROOT).returncode) != 0:
-            raise SystemExit(
-                f"error: evaluating {run_dir} failed (exit {code}; its output is above): run the command again"
-            )
-    lines = [r for r in read_jsonl(out / SAMPLES_FILE) if r["eval"] != label(setting)]
-    lines += sample_lines(folder, label(setting))
-    write_jsonl(lines, out / SAMPLES_FILE)
-    info = json.loads((out / RUN_FILE).read_text())
-    evals = info.setdefault("evals", {})
-    evals[label(setting)] = {"temperature": setting[0], "top_p": setting[1], "n": n}
-    (out / RUN_FILE).write_text(json.dumps(info, indent=1) + "\n")
+    folders = {setting: run_dir / "eval-T{}-p{}".format(*setting) for setting in settings}
+    lines = []
+    for setting, folder in folders.items():
+        flags = ["--model", str(run_dir), "--benchmarks", f"{BENCH}={held_out}", "--n", str(samples_at(setting))]
+        flags += ["--temperature", str(setting[0]), "--top_p", str(setting[1]), "--seed", str(seed)]
+        flags += ["--max_tokens", FLAGS[FLAGS.index("--max_completion_len") + 1], "--output_dir", str(folder)]
+        if (folder / RECORDS_FILE).is_file():
+            print(f"== {run}, seed {seed}: evaluated at {setting_text(setting)} in {folder}, taken", flush=True)
+        else:
+            print(f"== {run}, seed {seed}: evaluated at {setting_text(setting)}: {' '.join(flags)}", flush=True)
+            lines += ["--", *flags]
+    cmd = [sys.executable, "-m", "scripts.comparison.evaluate_settings", *lines]
+    if lines and (code := subprocess.run(cmd, cwd=ROOT).returncode) != 0:
+        raise SystemExit(f"error: evaluating {run_dir} failed (exit {code}; its output is above): run the call again")
+    for setting, folder in folders.items():
+        stored = [r for r in read_jsonl(out / SAMPLES_FILE) if r["eval"] != label(setting)]
+        write_jsonl(stored + sample_lines(folder, label(setting)), out / SAMPLES_FILE)
+        info = json.loads((out / RUN_FILE).read_text())
+        t, top_p = setting
+        info.setdefault("evals", {})[label(setting)] = {"temperature": t, "top_p": top_p, "n": samples_at(setting)}
+        (out / RUN_FILE).write_text(json.dumps(info, indent=1) + "\n")
 
 
 def rerun(before: list[dict], after: list[dict]) -> str:
@@ -144,8 +146,8 @@ def evaluate_missing(run: str, seed: int, grid: list, model: str, steps: int, da
         after = [r for r in read_jsonl(store / name / SAMPLES_FILE) if r["eval"] == "after"]
         print(f"== {run}, seed {seed}: trained again; its evaluation at T = {EVAL_TEMPERATURE}: {rerun(before, after)}")
         missing = eval_settings(run, grid)
-    for setting in missing:
-        evaluate_at(run, seed, setting, data[1], runs, store)
+    if missing:
+        evaluate_at(run, seed, missing, data[1], runs, store)
 
 
 def check_stored(path: Path, run: str, seed: int, model: str, steps: int) -> None:

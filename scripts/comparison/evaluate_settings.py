@@ -1,0 +1,48 @@
+"""Several `python -m tools.evaluate` command lines in one process: each evaluates as that command would, and an
+engine made for one (the same model, seed, length and stop strings) serves the next, so that one model evaluated
+at several settings starts vLLM once (its import and start are most of a small evaluation's time).
+
+    python -m scripts.comparison.evaluate_settings -- --model RUN --temperature 0 --n 1 ... -- --model RUN ...
+
+Each line's samples are the ones its own process would draw: every problem's seed comes from --seed and its place,
+not from what the engine sampled before (tests/test_results_real.py holds this on the tiny model).
+"""
+
+import sys
+
+import tools.evaluate as tool
+from common.cli import parse_args
+
+
+def command_lines(argv: list[str]) -> list[list[str]]:
+    """The command lines between the `--` separators (the first one leads)."""
+    if not argv or argv[0] != "--":
+        raise SystemExit("usage: python -m scripts.comparison.evaluate_settings -- FLAGS [-- FLAGS ...]")
+    lines, line = [], []
+    for word in argv[1:] + ["--"]:
+        if word != "--":
+            line.append(word)
+        elif line:
+            lines.append(line)
+            line = []
+    return lines
+
+
+def main(argv: list[str]) -> None:
+    parsed = []
+    for line in command_lines(argv):  # every line checked before the first engine starts
+        given: set[str] = set()
+        args = parse_args(tool.Args, argv=line, description=tool.__doc__, given=given)
+        parsed.append((args, tool.validate(args), given))
+    engines: dict = {}
+    try:
+        for args, ks, given in parsed:
+            tool.main(args, ks, given, engines=engines)
+    finally:
+        for engine in engines.values():
+            if hasattr(engine, "close"):
+                engine.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
