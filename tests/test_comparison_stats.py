@@ -149,6 +149,6 @@ def test_a_comparison_short_of_seeds_is_listed_and_says_why():
     figs = figures_of({BASE: [0.5] * 3, "cw_grpo": [0.3] * 3, "clip_cov": [0.4]})
     rows = page.comparison_table(verdicts.Reader(figs))
     row = next(r for r in rows if r.startswith("| CW-GRPO | Clip-Cov | its paper's baseline |"))
-    assert f"not compared (fewer than {verdicts.MIN_SEEDS} seeds in both)" in row
+    assert f"not compared (fewer than {verdicts.MIN_SEEDS} seeds run by both)" in row
     section = page.ablation_section(verdicts.Reader(figs), {})  # no ablation stored: the paper's baseline alone
     assert section[0].startswith("## Each method against") and row in section

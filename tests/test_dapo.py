@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 import torch
-from train_utils import TWO_STEPS, run_cli, run_script
+from train_utils import ONE_STEP, TWO_STEPS, run_cli, run_script
 
 from baselines.dapo import Args, dapo_advantages, length_reward, mixed_groups, overlong_cache, policy_loss
 from common.run_flags import vllm_available
@@ -256,16 +256,17 @@ ROLLOUT = "vllm" if vllm_available() else "hf"
 
 @needs_smollm2
 @pytest.mark.slow
-def test_two_steps_on_smollm2(tmp_path):
-    """A real pretrained model with two worked examples: some groups are mixed, and the step trains on them."""
-    flags = ["--model", "smollm2", "--rollout", ROLLOUT, "--few_shot", "2", "--lr", "1e-5", *TWO_STEPS]
+def test_a_step_on_smollm2(tmp_path):
+    """A real pretrained model with two worked examples: some groups are mixed, and the step trains on them. One
+    step: the weight sync and the step after it on this model are GRPO's (tests/test_real_model.py)."""
+    flags = ["--model", "smollm2", "--rollout", ROLLOUT, "--few_shot", "2", "--lr", "1e-5", *ONE_STEP]
     # 32 tokens: 16 would cut "a + b = c. The answer is \\boxed{c}." before its box closes.
     more = ("--max_completion_len", "32", "--max_gen_batches", "3")
     rows = run_script("baselines/dapo.py", tmp_path, *flags, *more, timeout=600)
-    assert [r["step"] for r in rows] == [1, 2] and all(r["train/skipped_steps"] == 0 for r in rows)
-    assert all(1 <= r["dapo/gen_batches"] <= 3 for r in rows)
-    assert any(r["dapo/kept_groups"] > 0 and r["train/grad_norm"] > 0 for r in rows)
-    assert all(r["train/rollout_logp_gap"] < 1e-3 for r in rows)
+    assert [r["step"] for r in rows] == [1] and rows[0]["train/skipped_steps"] == 0
+    assert 1 <= rows[0]["dapo/gen_batches"] <= 3
+    assert rows[0]["dapo/kept_groups"] > 0 and rows[0]["train/grad_norm"] > 0
+    assert rows[0]["train/rollout_logp_gap"] < 1e-3
 
 
 @pytest.mark.slow

@@ -47,7 +47,7 @@ def pct(e: Estimate | None) -> str:
 
 
 def diff_cell(e: Estimate | None) -> str:
-    return f"not compared (fewer than {MIN_SEEDS} seeds in both)" if e is None else e.text()
+    return f"not compared (fewer than {MIN_SEEDS} seeds run by both)" if e is None else e.text()
 
 
 def improve_cell(e: Estimate | None) -> str:
@@ -127,7 +127,7 @@ def claim_lines(reader: Reader) -> list[str]:
         at = f", at {where}" if where else ""
         what = details.key_name(key)
         if est is None:
-            L.append(f"- **{NAMES[m]}**, {text}{at}: {v}: fewer than {MIN_SEEDS} seeds evaluated in both.")
+            L.append(f"- **{NAMES[m]}**, {text}{at}: {v}: fewer than {MIN_SEEDS} seeds run and evaluated by both.")
             continue
         L.append(
             f"- **{NAMES[m]}**, {text}{at}: **{v}**. {what[0].upper() + what[1:]} minus GRPO's: {est.text()} "

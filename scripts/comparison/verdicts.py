@@ -120,7 +120,7 @@ def other_settings(m: str, infos: dict, bookkeeping: set) -> str:
 def part_said(est: Estimate | None) -> str:
     """An estimate of a part's effect on accuracy, in words: 'costs accuracy (-0.112 [-0.169, -0.050])'."""
     if est is None:
-        return f"not compared (fewer than {MIN_SEEDS} seeds in both)"
+        return f"not compared (fewer than {MIN_SEEDS} seeds run by both)"
     verb = {HIGHER: "gains accuracy", LOWER: "costs accuracy"}.get(est.word, "is not told apart from zero")
     return f"{verb} ({est.text()})"
 
