@@ -43,21 +43,17 @@ VLLM_LOWEST, VLLM_HIGHEST = 0.01, 2.0
 def sampling_problem(rollout: str, temperature: float, n: int, flags: dict[str, str]) -> str | None:
     """Why the `rollout` engine ("vllm" or "hf") would refuse, or silently change, sampling `n` completions a prompt
     at `temperature`, as one line naming the flags of the program that set them (`flags`: "temperature", "n" and
-    "rollout" -> its flag names); None when it samples them as asked. Greedy decoding (temperature 0) is vLLM's,
-    with one completion a prompt: asked for more, the fix is named, not taken (n samples that are one sample
+    "rollout" -> its flag names); None when it samples them as asked. Greedy decoding (temperature 0) is one
+    completion a prompt, on either engine: asked for more, the fix is named, not taken (n samples that are one sample
     repeated would give a pass@k that is pass@1). The other sampling flags' ranges are their own (`arg` bounds)."""
     t, samples, engine = flags["temperature"], flags["n"], flags["rollout"]
     if not math.isfinite(temperature):
         return f"{t} {temperature:g}: a temperature is a finite number (0 for greedy decoding)"
-    if rollout == "hf" and temperature <= 0:
-        return f"{t} {temperature:g} (greedy decoding) needs {engine} vllm: the HF engine samples, dividing by it"
+    if temperature == 0 and n > 1:
+        lowest = f"of at least {VLLM_LOWEST:g}" if rollout == "vllm" else "above 0"
+        return f"{t} 0 is greedy decoding, one completion a prompt: use {samples} 1 (not {n}), or a temperature {lowest} to sample {n}"
     if rollout != "vllm":
         return None
-    if temperature == 0 and n > 1:
-        return (
-            f"{t} 0 is greedy decoding, one completion a prompt: use {samples} 1 (not {n}), or a temperature of at "
-            f"least {VLLM_LOWEST:g} to sample {n}"
-        )
     if 0 < temperature < VLLM_LOWEST:
         return (
             f"{t} {temperature:g}: vLLM samples at {VLLM_LOWEST:g} at the lowest (it would raise it, saying so only in "
@@ -156,10 +152,8 @@ def evaluate(
     """
     import time
 
-    from common.rollout import HFEngine, prompt_seeds
+    from common.rollout import prompt_seeds
 
-    if isinstance(engine, HFEngine) and temperature <= 0:
-        raise ValueError("the HF engine samples and needs temperature > 0; use the vLLM engine for greedy decoding")
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     own_verifier = verifier is None
     verifier = verifier or MathVerifier()

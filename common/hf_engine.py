@@ -20,7 +20,7 @@ class _RowSampler:
     the rows beside it, and `output_scores` keeps a [rows, V] fp32 tensor per generated
     token (37 MiB per token at 64 rows of Qwen2.5's vocabulary). Here each row draws from
     softmax(logits / T) (top-p applied) with its own seeded generator, and only the
-    sampled token's log-prob is kept: one number per row and step.
+    sampled token's log-prob is kept: one number per row and step. T = 0 is greedy decoding.
     """
 
     def __init__(self, generators: list[torch.Generator], temperature: float, top_p: float):
@@ -28,18 +28,22 @@ class _RowSampler:
         self.logprobs: list[torch.Tensor] = []  # [rows] per step
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        z = scores.float() / self.temperature
+        greedy = self.temperature == 0  # as vLLM: the most likely token, its log-prob under the logits themselves
+        z = scores.float() / (1.0 if greedy else self.temperature)
         if not torch.isfinite(z).all():  # a diverged policy: sample what is finite (uniform if nothing is);
             z = z.nan_to_num(nan=-math.inf, posinf=torch.finfo(z.dtype).max)  # the trainer's guard stops the run
             z[(z == -math.inf).all(-1)] = 0.0
-        if self.top_p < 1.0:  # keep the smallest set of tokens whose probability reaches top_p
+        if self.top_p < 1.0 and not greedy:  # keep the smallest set of tokens whose probability reaches top_p
             sorted_z, order = z.sort(-1, descending=True)
             cum = sorted_z.softmax(-1).cumsum(-1)
             drop = (cum - sorted_z.softmax(-1)) >= self.top_p  # the top token always stays
             z = z.scatter(-1, order, sorted_z.masked_fill(drop, -math.inf))
         logp = z.log_softmax(-1)
-        probs = logp.exp()
-        tokens = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
+        if greedy:
+            tokens = logp.argmax(-1, keepdim=True)[:, 0]
+        else:
+            probs = logp.exp()
+            tokens = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
         self.logprobs.append(logp.gather(-1, tokens[:, None]).squeeze(-1))
         return scores.fill_(-math.inf).scatter_(-1, tokens[:, None], 0.0)  # greedy now picks the sample
 

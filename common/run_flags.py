@@ -177,7 +177,7 @@ class RunFlags:
     )
     eval_n: int = arg(4, "samples per eval problem: pass@1 is their mean, pass@k for k = 1, 2, 4 .. <= n", at_least=1)
     eval_temperature: float = arg(
-        0.6, "eval sampling temperature; 0: greedy decoding (with --eval_n 1, --rollout vllm); vLLM takes 0.01 to 2",
+        0.6, "eval sampling temperature; 0: greedy decoding (with --eval_n 1); vLLM takes 0.01 to 2",
         at_least=0,
     )  # fmt: skip
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import tools.evaluate as tool
 from common import benchmarks, evaluation
@@ -369,14 +370,24 @@ def test_rescore_rejects_a_non_record_file(tmp_path):
         run_tool(rescore=str(path))
 
 
-def test_hf_engine_refuses_greedy(tiny_random_model, tokenizer):
-    engine = HFEngine(
-        tiny_random_model[0], stop_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
+def test_hf_engine_decodes_greedily_at_temperature_0(tiny_random_model, tokenizer):
+    """T = 0 on the HF engine is transformers' own greedy decoding, whatever the seed, each token's log-prob taken
+    under the logits themselves (as vLLM's greedy reports it); the evaluation then gives one completion a problem."""
+    model = tiny_random_model[0]
+    engine = HFEngine(model, stop_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id)
+    prompt = tokenizer("What is 3 + 4?").input_ids
+    first, second = (engine.generate([prompt], 1, 8, 0.0, seed=[s])[0][0] for s in (0, 5))
+    with torch.no_grad():
+        want = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8, pad_token_id=0)
+        ids = want[0, len(prompt) :].tolist()
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+    assert first.token_ids == second.token_ids == ids[: len(first.token_ids)] and len(first.token_ids) > 0
+    logp = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[: len(first.token_ids), 0]
+    torch.testing.assert_close(torch.tensor(first.logprobs), logp, atol=1e-4, rtol=0)
+    summary, records = evaluation.evaluate(
+        engine, tokenizer, {"a": [{"problem": "p", "answer": "1"}]}, "qwen_math", n=1, temperature=0.0, max_tokens=4
     )
-    with pytest.raises(ValueError, match="temperature > 0"):
-        evaluation.evaluate(
-            engine, tokenizer, {"a": [{"problem": "p", "answer": "1"}]}, "qwen_math", n=1, temperature=0.0, max_tokens=4
-        )
+    assert len(records) == 1 and len(records[0]["completions"]) == 1
 
 
 def resolved(model):

@@ -75,11 +75,12 @@ def hf():
 
 def hf_accepts(hf, temperature, n, top_p, max_tokens) -> bool:
     """The HF engine samples under logits / T as it says: its completions' log-probs are log_softmax(logits / T) of
-    the tokens it drew (top_p 1; a smaller nucleus renormalises them, and vLLM judges top_p)."""
+    the tokens it drew (top_p 1; a smaller nucleus renormalises them, and vLLM judges top_p); at T = 0 one
+    completion, each token the most likely."""
     import torch
 
     engine, model, prompt = hf
-    if max_tokens < 1 or n < 1:
+    if max_tokens < 1 or n < 1 or (temperature == 0 and n > 1):  # greedy: n copies of one completion, not n samples
         return False
     try:
         group = engine.generate([prompt], n, max_tokens, temperature, 1.0, seed=[0])[0]
@@ -88,7 +89,10 @@ def hf_accepts(hf, temperature, n, top_p, max_tokens) -> bool:
     with torch.no_grad():
         for c in group:
             logits = model(torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1 : -1].float()
-            want = torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(c.token_ids)[:, None])[:, 0]
+            z = logits / temperature if temperature else logits  # greedy: the most likely token, under the logits
+            want = torch.log_softmax(z, -1).gather(1, torch.tensor(c.token_ids)[:, None])[:, 0]
+            if temperature == 0 and c.token_ids != z.argmax(-1).tolist():
+                return False
             if not torch.isfinite(want).all() or not torch.allclose(torch.tensor(c.logprobs), want, atol=1e-3):
                 return False
     return True
@@ -137,7 +141,7 @@ def test_what_the_hf_engine_cannot_sample_is_refused(program, hf):
         (["--temperature", "0", "--n", "4"], "error: --temperature 0 is greedy decoding, one completion a prompt: "
          "use --n 1 (not 4)"),
         (["--temperature", "0"], "use --n 1 (not 8)"),  # --n's default: greedy does not pick n for you
-        (["--temperature", "0", "--n", "1", "--rollout", "hf"], "--temperature 0 (greedy decoding) needs --rollout vllm"),
+        (["--temperature", "0", "--n", "2", "--rollout", "hf"], "use --n 1 (not 2), or a temperature above 0"),
         (["--seed", "-1"], "--seed must be >= 0 (got -1)"),  # vLLM reads a seed of -1 as none: unseeded, silently
     ],
 )  # fmt: skip

@@ -65,7 +65,7 @@ class Args:
     n: int = arg(8, "samples per problem", at_least=1)
     k: str | None = arg(None, "comma-separated k for pass@k (default: 1, 2, 4, ... up to n)")
     temperature: float = arg(
-        0.6, "sampling temperature; 0: greedy decoding (with --n 1, vLLM only); vLLM takes 0.01 to 2", at_least=0
+        0.6, "sampling temperature; 0: greedy decoding (with --n 1); vLLM takes 0.01 to 2", at_least=0
     )
     top_p: float = arg(1.0, "nucleus sampling", above=0, at_most=1)
     max_tokens: int = arg(4096, "max new tokens per completion", at_least=1)
