@@ -6,7 +6,8 @@
 
 A timing: run it alone (vLLM's CPU threads spin, and beside another busy process the suite takes several times as
 long; the stored load average says what the cores were doing). The record (benchmarks/stored_run.py) keeps the
-command, the commit, the machine, the load at the start and at the end, pytest's counts and the slowest tests;
+command, the commit, the machine, the load at the start and at the end, pytest's counts, the slowest tests and
+every phase of a test (setup, call, teardown) that took a second or more, where the next cut is looked for;
 tests/test_generated_docs.py renders the README's line again from it.
 """
 
@@ -25,20 +26,23 @@ STORED = stored_run.BENCH / "suite.json"
 README = ROOT / "README.md"
 BEGIN, END, FIND = stored_run.markers("suite time", "benchmarks/suite_time.py", "docs/bench/suite.json")
 OUTCOMES = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed")
-SLOWEST = 5
+SLOWEST = 5  # in the README's line
+MIN_SECONDS = 1.0  # the phases stored
 
 
 def parse(output: str) -> dict:
-    """pytest's counts (its last summary line) and its slowest tests (`--durations`), from its output."""
+    """pytest's counts (its last summary line), its slowest tests and every phase of MIN_SECONDS or more
+    (`--durations`), from its output."""
     summary = [line for line in output.splitlines() if re.search(r"\b(passed|failed|error)", line)]
     counts = {}
     for number, outcome in re.findall(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)", summary[-1]):
         counts["errors" if outcome.startswith("error") else outcome] = int(number)
-    slowest = [
-        {"seconds": float(s), "test": test}
-        for s, test in re.findall(r"^\s*([\d.]+)s call\s+(\S+)", output, re.M)[:SLOWEST]
+    phases = [
+        {"seconds": float(s), "phase": phase, "test": test}
+        for s, phase, test in re.findall(r"^\s*([\d.]+)s (setup|call|teardown)\s+(\S+)", output, re.M)
     ]
-    return {"counts": counts, "slowest": slowest}
+    slowest = [{"seconds": p["seconds"], "test": p["test"]} for p in phases if p["phase"] == "call"][:SLOWEST]
+    return {"counts": counts, "slowest": slowest, "phases": phases}
 
 
 def render(record: dict) -> str:
@@ -66,7 +70,7 @@ def main() -> None:
     record = stored_run.start(" ".join(command), threads=0)  # pytest's workers set their own threads
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", f"--durations={SLOWEST * 6}", *a.pytest_args],  # the rest printed only
+        [sys.executable, "-m", "pytest", "--durations=0", f"--durations-min={MIN_SECONDS}", *a.pytest_args],
         cwd=ROOT,
         capture_output=True,
         text=True,

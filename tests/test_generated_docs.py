@@ -275,3 +275,23 @@ def test_the_demo_comparison_runs_say_where_they_ran():
         assert {p.name for p in run.iterdir()} == {"metrics.jsonl", "eval_results.json", "run_config.json"}, run
         machine = json.loads((run / "run_config.json").read_text())["history"][0]["machine"]
         assert {"cpu", "cores", "threads", "load_1min"} <= set(machine), run
+
+
+def test_the_suite_timing_reads_pytests_counts_and_every_phase():
+    """benchmarks/suite_time.py's record: the counts, the slowest calls for the README, and every phase pytest
+    printed (setup and teardown too, a module's shared run is its first test's setup), for finding the next cut."""
+    output = """==== slowest durations ====
+192.53s call     tests/test_a.py::test_x
+5.75s setup    tests/test_b.py::test_y@faults
+1.20s teardown tests/test_c.py::test_z[p-q]
+2.00s call     tests/test_c.py::test_w
+==== 2205 passed, 1 skipped in 1016.10s (0:16:56) ===="""
+    record = module("benchmarks/suite_time.py").parse(output)
+    assert record["counts"] == {"passed": 2205, "skipped": 1}
+    assert [s["test"] for s in record["slowest"]] == ["tests/test_a.py::test_x", "tests/test_c.py::test_w"]
+    assert [(p["phase"], p["seconds"]) for p in record["phases"]] == [
+        ("call", 192.53),
+        ("setup", 5.75),
+        ("teardown", 1.2),
+        ("call", 2.0),
+    ]
