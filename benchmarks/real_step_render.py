@@ -4,20 +4,9 @@ step's parts added one at a time). Everything printed is read from the stored ru
 import os
 from pathlib import Path
 
+from benchmarks import stored_run
+
 PHASES = ["rollout_s", "scoring_s", "old_logp_s", "update_s", "sync_s", "step_s"]
-
-
-def conditions(result: dict) -> str:
-    """Where and how the run was made, from its record: the machine, and the load beside the run's own."""
-    m = result["machine"]
-    units = ", ".join(m["bf16_units"]) or "none"
-    commit = f", commit {result['commit']}" if result.get("commit") else ""
-    busy = max(m["load_1min"], result["load_1min_after"]) > m["cores"] + 1  # more than the run's own work
-    return (
-        f"`{result['command'].strip()}`, {result['date']}{commit}, on {m['cpu']} (bf16 units: {units}), {m['cores']} "
-        f"cores, {m['threads']} compute threads; 1-minute load average {m['load_1min']:.1f} at the start and "
-        f"{result['load_1min_after']:.1f} at the end ({'beside other work' if busy else 'about the run alone'})"
-    )
 
 
 def label(config: str) -> str:
@@ -83,7 +72,7 @@ def precision_table(result: dict) -> list[str]:
 def render(result: dict) -> str:
     mm, args = result["matmul"], result["args"]
     L = [
-        f"Stored in `docs/bench/real_step.json`: {conditions(result)}. {args['prompts']} prompts x {args['group']} "
+        f"Stored in `docs/bench/real_step.json`: {stored_run.conditions(result, units=True)}. {args['prompts']} prompts x {args['group']} "
         f"completions of <= {args['max_completion_len']} tokens, micro-batch {args['micro_batch_size']}, the mean of "
         f"steps 2-{args['steps']} (the first warms up), seconds:",
         "",
@@ -159,7 +148,7 @@ def step_memory(a, data: Path, prompts_and_model) -> dict:
 
 def memory_block(result: dict) -> str:
     L = [
-        f"Stored in `docs/bench/real_step_memory.json`: {conditions(result)}; the padded layout, {result['shape']}; "
+        f"Stored in `docs/bench/real_step_memory.json`: {stored_run.conditions(result, units=True)}; the padded layout, {result['shape']}; "
         "GiB:",
         "",
         "| part | RSS added | RSS after | peak RSS so far |",

@@ -71,14 +71,19 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def conditions(record: dict) -> str:
-    """Where, when and beside what the run was made, read from its record."""
+def conditions(record: dict, units: bool = False) -> str:
+    """Where, when and beside what the run was made, read from its record; `units`: the CPU's bf16 units too (a
+    figure that compares precisions). Busy: a load average above the cores + 1 (more than the run's own work)."""
     m = record["machine"]
-    commit = record["commit"] + (f" with {len(record['modified'])} files modified" if record["modified"] else "")
+    n = len(record["modified"])
+    commit = record["commit"] + (f" with {n} file{'s' * (n != 1)} modified" if n else "")
+    cpu = m["cpu"] + (f" (bf16 units: {', '.join(m['bf16_units']) or 'none'})" if units else "")
     threads = f", {m['threads']} compute threads" if m.get("threads") else ""
+    busy = max(m["load_1min"], record["load_1min_after"]) > m["cores"] + 1
     return (
-        f"`{record['command']}`, {record['date']}, commit {commit}, on {m['cpu']}, {m['cores']} cores{threads}; "
-        f"1-minute load average {m['load_1min']:.1f} at the start and {record['load_1min_after']:.1f} at the end"
+        f"`{record['command'].strip()}`, {record['date']}, commit {commit}, on {cpu}, {m['cores']} cores{threads}; "
+        f"1-minute load average {m['load_1min']:.1f} at the start and {record['load_1min_after']:.1f} at the end "
+        f"({'beside other work' if busy else 'about the run alone'})"
     )
 
 
