@@ -35,12 +35,14 @@ from scripts.comparison.grid import (  # noqa: E402
     ABLATIONS,
     BASE,
     BASELINES,
+    EVAL_N,
     METHODS,
     NAMES,
     ORDER,
     SCRIPT,
     SEEDS,
     STEPS,
+    Budget,
 )
 from scripts.comparison.page import FIGURE, PAGE, STORE, method_block, page, readme_block, runs_of  # noqa: E402
 from scripts.comparison.plot import draw  # noqa: E402
@@ -103,6 +105,9 @@ def main() -> None:
     p.add_argument("--model", default="smollm2", help="the model every run trains (tiny: the CPU demo's, for a check)")
     p.add_argument("--steps", type=int, default=STEPS, help="steps of every run")
     p.add_argument(
+        "--eval_n", type=int, default=EVAL_N, help="samples per held-out sum (fewer: a quick check of the grid itself)"
+    )
+    p.add_argument(
         "--methods",
         default=",".join(ORDER),
         help=f"comma-separated runs, {BASE} among them: methods ({', '.join(METHODS)}), baselines "
@@ -118,13 +123,14 @@ def main() -> None:
     p.add_argument("--fresh", action="store_true", help="delete the stored runs first and run them all again")
     a = p.parse_args()
     grid, seeds = parse_grid(a.methods, a.seeds)
-    if a.steps < 1:
-        raise SystemExit(f"error: --steps must be at least 1 (got {a.steps})")
+    for flag, value in (("--steps", a.steps), ("--eval_n", a.eval_n)):
+        if value < 1:
+            raise SystemExit(f"error: {flag} must be at least 1 (got {value})")
     out, readme = Path(a.out), Path(a.readme) if a.readme else None
     if not a.render_only:
         if a.fresh and (out / STORE).exists():
             shutil.rmtree(out / STORE)
-        run_all(grid, seeds, a.model, a.steps, Path(a.runs_dir), out / STORE)
+        run_all(grid, seeds, Budget(a.model, a.steps, a.eval_n), Path(a.runs_dir), out / STORE)
     render(out, readme)
 
 

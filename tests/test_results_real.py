@@ -96,7 +96,10 @@ def test_every_run_is_a_script_with_a_name_a_colour_and_claims():
     assert set(grid.METHODS[1:] + grid.BASELINES) <= {m for m, *_ in grid.CLAIMS}
     assert all((ROOT / script).is_file() for script in grid.SCRIPT.values()), grid.SCRIPT
     assert grid.SCRIPT["clip_cov"] == "baselines/kl_cov.py" and grid.SCRIPT["egpo"] == "egpo.py"
-    assert grid.settings("clip_cov", 0, "smollm2", 8)["flags"][len(grid.FLAGS) :][:2] == ["--variant", "clip_cov"]
+    assert grid.settings("clip_cov", 0, grid.Budget("smollm2", 8))["flags"][len(grid.FLAGS) :][:2] == [
+        "--variant",
+        "clip_cov",
+    ]
     bad = run_cli("scripts/compare_real.py", "--methods", "grpo_base,gpso", "--render_only")
     assert bad.returncode != 0 and "--methods takes" in bad.stderr and "gspo" in bad.stderr.splitlines()[-1]
 
@@ -110,7 +113,7 @@ def test_each_ablation_is_its_method_with_flags_its_script_takes():
         assert grid.NAMES[name].startswith(grid.NAMES[method] + ", ")
         source = (ROOT / grid.SCRIPT[method]).read_text()
         assert all(f"    {f[2:]}: " in source for f in flags[::2]), (name, flags)
-        stored = grid.settings(name, 0, "smollm2", 8)["flags"]
+        stored = grid.settings(name, 0, grid.Budget("smollm2", 8))["flags"]
         assert stored[len(grid.FLAGS) : len(grid.FLAGS) + len(flags)] == flags
     assert {f"{m}-off" for m in grid.METHODS[1:]} <= set(grid.ABLATIONS)  # every method has its whole ablation
 
@@ -172,6 +175,8 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{compare.README_BEGIN}\nold\n{compare.README_END}\nrest\n")
     common = ["--model", "tiny", "--steps", "2", "--seeds", "0", "--out", str(out), "--runs_dir", str(run_dirs)]
+    common += ["--eval_n", "2"]  # the grid's logic; its sampling is the scripts' and tools.evaluate's own tests'
+    n = 2
     first = run_cli("scripts/compare_real.py", *common, "--methods", "grpo_base", "--readme", str(readme), timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     stored = out / page.STORE / "grpo_base-seed0"
@@ -180,7 +185,7 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
     assert info["machine"]["cores"] >= 1 and info["machine"]["precision"]["weights"] == "float32"
     samples = [json.loads(line) for line in (stored / runs.SAMPLES_FILE).read_text().splitlines()]
     assert sorted({s["eval"] for s in samples}) == ["after", "before"] and len(samples) == 200
-    assert all(len(s["correct"]) == len(s["confidence"]) == grid.EVAL_N for s in samples)
+    assert all(len(s["correct"]) == len(s["confidence"]) == n for s in samples)
     mtime = (stored / runs.METRICS_FILE).stat().st_mtime  # evaluations add to run.json, never to the metrics
     assert not list((run_dirs / "grpo_base-seed0").glob("checkpoint-*"))  # the model stays, the checkpoint goes
 

@@ -1,6 +1,8 @@
 """What the comparison runs: the methods, baselines and ablations, their scripts and flags, the seeds and the
 budget, each run's evaluations, and what each paper claims. Nothing here runs anything."""
 
+from dataclasses import dataclass
+
 METHODS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")
 BASELINES = ("dapo", "dr_grpo", "gspo", "kl_cov", "clip_cov")  # baselines/<name>.py, or a variant of one
 VARIANTS = {"clip_cov": ("kl_cov", ["--variant", "clip_cov"])}  # name -> (the script's method, its flags)
@@ -110,13 +112,24 @@ def method_of(run: str) -> str:
     return ABLATIONS[run][0] if run in ABLATIONS else run
 
 
-def settings(run: str, seed: int, model: str, steps: int) -> dict:
+@dataclass(frozen=True)
+class Budget:
+    """What every run of a grid is given: the model it trains, its steps, and its samples per held-out sum (fewer
+    than EVAL_N: a quick check of the grid itself, pass@k up to k = eval_n)."""
+
+    model: str = "smollm2"
+    steps: int = STEPS
+    eval_n: int = EVAL_N
+
+
+def settings(run: str, seed: int, budget: Budget) -> dict:
     """What a stored run was made with; a stored run is reused only under the same."""
-    evals = ["--eval_steps", str(steps), "--eval_n", str(EVAL_N), "--eval_temperature", str(EVAL_TEMPERATURE)]
+    steps = budget.steps
+    evals = ["--eval_steps", str(steps), "--eval_n", str(budget.eval_n), "--eval_temperature", str(EVAL_TEMPERATURE)]
     if run != BASE:  # the policy before training is every run's: evaluated once per seed, in BASE's run
         evals += ["--eval_before", "false"]
     extra = ABLATIONS[run][1] if run in ABLATIONS else VARIANTS[run][1] if run in VARIANTS else []
-    return {"method": run, "seed": seed, "model": model, "steps": steps, "flags": FLAGS + extra + evals}
+    return {"method": run, "seed": seed, "model": budget.model, "steps": steps, "flags": FLAGS + extra + evals}
 
 
 def own_setting(run: str) -> tuple | None:
@@ -136,9 +149,9 @@ def eval_settings(run: str, runs: list) -> list[tuple]:
     return sorted({st for m in readers if (st := own_setting(m))})
 
 
-def samples_at(setting: tuple) -> int:
-    """Samples per problem at a setting: one when greedy (every sample would be the same)."""
-    return 1 if setting[0] == 0 else EVAL_N
+def samples_at(setting: tuple, eval_n: int = EVAL_N) -> int:
+    """Samples per problem at a setting: one when greedy (every sample would be the same), else `eval_n`."""
+    return 1 if setting[0] == 0 else eval_n
 
 
 def label(setting: tuple) -> str:

@@ -20,6 +20,7 @@ from scripts.comparison.grid import (
     EVAL_TEMPERATURE,
     FLAGS,
     SCRIPT,
+    Budget,
     eval_settings,
     label,
     samples_at,
@@ -46,13 +47,13 @@ def sample_lines(folder: Path, when: str) -> list[dict]:
     ]
 
 
-def run_one(run: str, seed: int, model: str, steps: int, data: tuple[Path, Path], runs: Path, store: Path) -> None:
+def run_one(run: str, seed: int, budget: Budget, data: tuple[Path, Path], runs: Path, store: Path) -> None:
     """Train one (run, seed) from scratch and store what the page needs; run.json last, as the mark of a finished
     run. The run's model stays in its directory under `runs` for the evaluations at other settings."""
     train, held_out = data
-    want = settings(run, seed, model, steps)
+    want = settings(run, seed, budget)
     run_dir = runs / f"{run}-seed{seed}"
-    cmd = [sys.executable, SCRIPT[run], "--model", model, "--steps", str(steps), "--seed", str(seed)]
+    cmd = [sys.executable, SCRIPT[run], "--model", budget.model, "--steps", str(budget.steps), "--seed", str(seed)]
     cmd += [*want["flags"], "--dataset", str(train), "--eval_benchmarks", f"{BENCH}={held_out}"]
     cmd += ["--output_dir", str(run_dir), "--overwrite"]
     print(f"== {run}, seed {seed}: {' '.join(cmd[1:])}", flush=True)
@@ -85,9 +86,9 @@ def run_one(run: str, seed: int, model: str, steps: int, data: tuple[Path, Path]
         shutil.rmtree(checkpoint)
 
 
-def evaluate_at(run: str, seed: int, settings: list[tuple], held_out: Path, runs: Path, store: Path) -> None:
+def evaluate_at(run: str, seed: int, settings: list[tuple], eval_n: int, held_out: Path, runs: Path, store: Path):
     """Evaluate a stored run's trained model (kept in its run directory) at each setting, as the run evaluated it at
-    T = EVAL_TEMPERATURE (the same prompts, length and seed; one sample when greedy), all in one process (one engine
+    T = EVAL_TEMPERATURE (the same prompts, length and seed; `eval_n` samples, one when greedy), all in one process (one engine
     start: scripts/comparison/evaluate_settings.py); the samples join the stored ones under their label, and
     run.json records the setting. An evaluation already in the run directory (a call cut short before storing it)
     is taken: the directory is deleted whenever its run is trained again."""
@@ -95,7 +96,14 @@ def evaluate_at(run: str, seed: int, settings: list[tuple], held_out: Path, runs
     folders = {setting: run_dir / "eval-T{}-p{}".format(*setting) for setting in settings}
     lines = []
     for setting, folder in folders.items():
-        flags = ["--model", str(run_dir), "--benchmarks", f"{BENCH}={held_out}", "--n", str(samples_at(setting))]
+        flags = [
+            "--model",
+            str(run_dir),
+            "--benchmarks",
+            f"{BENCH}={held_out}",
+            "--n",
+            str(samples_at(setting, eval_n)),
+        ]
         flags += ["--temperature", str(setting[0]), "--top_p", str(setting[1]), "--seed", str(seed)]
         flags += ["--max_tokens", FLAGS[FLAGS.index("--max_completion_len") + 1], "--output_dir", str(folder)]
         if (folder / RECORDS_FILE).is_file():
@@ -111,7 +119,11 @@ def evaluate_at(run: str, seed: int, settings: list[tuple], held_out: Path, runs
         write_jsonl(stored + sample_lines(folder, label(setting)), out / SAMPLES_FILE)
         info = json.loads((out / RUN_FILE).read_text())
         t, top_p = setting
-        info.setdefault("evals", {})[label(setting)] = {"temperature": t, "top_p": top_p, "n": samples_at(setting)}
+        info.setdefault("evals", {})[label(setting)] = {
+            "temperature": t,
+            "top_p": top_p,
+            "n": samples_at(setting, eval_n),
+        }
         (out / RUN_FILE).write_text(json.dumps(info, indent=1) + "\n")
 
 
@@ -131,7 +143,7 @@ def rerun(before: list[dict], after: list[dict]) -> str:
     return f"the same answers, right and wrong, in all {total} samples; confidence within {max(moved, default=0):.1e}"
 
 
-def evaluate_missing(run: str, seed: int, grid: list, model: str, steps: int, data: tuple, runs: Path, store: Path):
+def evaluate_missing(run: str, seed: int, grid: list, budget: Budget, data: tuple, runs: Path, store: Path) -> None:
     """The settings a stored run lacks, evaluated on its kept model. A run whose model is gone (made before these
     evaluations, or on another machine) is trained again first, and then evaluated at every setting, so that all its
     samples come from one model: seeded, it is the same run up to the CPU's float rounding, which the check of its
@@ -142,17 +154,17 @@ def evaluate_missing(run: str, seed: int, grid: list, model: str, steps: int, da
     if missing and not (runs / name / "model").is_dir():
         print(f"== {run}, seed {seed}: its model is not in {runs / name}: trained again to evaluate it", flush=True)
         before = [r for r in read_jsonl(store / name / SAMPLES_FILE) if r["eval"] == "after"]
-        run_one(run, seed, model, steps, data, runs, store)
+        run_one(run, seed, budget, data, runs, store)
         after = [r for r in read_jsonl(store / name / SAMPLES_FILE) if r["eval"] == "after"]
         print(f"== {run}, seed {seed}: trained again; its evaluation at T = {EVAL_TEMPERATURE}: {rerun(before, after)}")
         missing = eval_settings(run, grid)
     if missing:
-        evaluate_at(run, seed, missing, data[1], runs, store)
+        evaluate_at(run, seed, missing, budget.eval_n, data[1], runs, store)
 
 
-def check_stored(path: Path, run: str, seed: int, model: str, steps: int) -> None:
+def check_stored(path: Path, run: str, seed: int, budget: Budget) -> None:
     """A stored run made with other settings than asked is refused, naming the fix."""
-    want = settings(run, seed, model, steps)
+    want = settings(run, seed, budget)
     stored = {k: v for k, v in json.loads(path.read_text()).items() if k in want}
     if stored != want:
         raise SystemExit(
@@ -161,7 +173,7 @@ def check_stored(path: Path, run: str, seed: int, model: str, steps: int) -> Non
         )
 
 
-def run_all(grid: list, seeds: list, model: str, steps: int, runs: Path, store: Path) -> None:
+def run_all(grid: list, seeds: list, budget: Budget, runs: Path, store: Path) -> None:
     """Every (run, seed) of the grid whose result is not stored yet, seed by seed (a comparison cut short has every
     run of its first seeds), each then evaluated at the settings it is read at."""
     from scripts.real_model_demo import write_data
@@ -171,8 +183,8 @@ def run_all(grid: list, seeds: list, model: str, steps: int, runs: Path, store: 
         for run in grid:
             done = store / f"{run}-seed{seed}" / RUN_FILE
             if done.is_file():
-                check_stored(done, run, seed, model, steps)
+                check_stored(done, run, seed, budget)
                 print(f"== {run}, seed {seed}: stored in {done.parent}, skipped")
             else:
-                run_one(run, seed, model, steps, data, runs, store)
-            evaluate_missing(run, seed, grid, model, steps, data, runs, store)
+                run_one(run, seed, budget, data, runs, store)
+            evaluate_missing(run, seed, grid, budget, data, runs, store)
