@@ -253,3 +253,18 @@ def test_settings_evaluated_in_one_process_draw_what_their_own_processes_draw(ti
     assert made == [str(tiny_random_dir)] * 2
     with pytest.raises(SystemExit, match="usage"):
         evaluate_settings.main(["--model", "x"])
+
+
+@pytest.mark.parametrize(
+    "a, b, reads",
+    [
+        ("edge_grpo-off", "grpo_base", "the rest of its settings"),
+        ("cw_grpo", "clip_cov", "its paper's baseline"),
+        ("edge_grpo", "edge_grpo-bound", "the stabiliser"),  # was read as "the part turned off"
+        ("edge_grpo-gec", "edge_grpo-off", "the part left on"),
+        ("pro_grpo", "pro_grpo-off", "the idea"),
+        ("edge_grpo", "edge_grpo-eda", "the part turned off"),
+    ],
+)
+def test_each_comparison_says_what_it_reads(a, b, reads):
+    assert page.what_it_reads(a, b) == reads

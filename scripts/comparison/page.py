@@ -142,6 +142,19 @@ def claim_lines(reader: Reader) -> list[str]:
     return L
 
 
+def what_it_reads(a: str, b: str) -> str:
+    """What a comparison of run `a` against run `b` reads, in words (the table's "reads" column)."""
+    if b == BASE:
+        return "the rest of its settings"
+    if b in COMPARED_WITH.get(a, ()):
+        return "its paper's baseline"
+    if a in STABILISERS or b in STABILISERS:
+        return "the stabiliser"
+    if a in ABLATIONS:
+        return "the part left on"
+    return "the idea" if b == f"{a}-off" else "the part turned off"
+
+
 def comparison_table(reader: Reader) -> list[str]:
     """Each method against its ablations and the baselines its paper compares with, at each evaluation."""
     L = [
@@ -149,19 +162,7 @@ def comparison_table(reader: Reader) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for a, b in comparisons(reader.figures):
-        reads = (
-            "the rest of its settings"
-            if b == BASE
-            else "its paper's baseline"
-            if b in COMPARED_WITH.get(a, ())
-            else "the stabiliser"
-            if a in STABILISERS
-            else "the part left on"
-            if a in ABLATIONS
-            else "the idea"
-            if b == f"{a}-off"
-            else "the part turned off"
-        )
+        reads = what_it_reads(a, b)
         for key, where in evaluations(a if a not in ABLATIONS else ABLATIONS[a][0]):
             e = reader.diff(a, b, key)  # None: fewer than MIN_SEEDS seeds in both, listed so the gap shows
             L.append(
