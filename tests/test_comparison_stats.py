@@ -42,7 +42,7 @@ def test_one_seeds_level_resamples_its_problems_and_the_page_says_so():
     low, high = crossed_bootstrap(table, 4000, 4)
     assert (est.seeds, est.problems) == (1, 100) and est.value == pytest.approx(table.mean())
     assert est.low == pytest.approx(low, abs=0.015) and est.high == pytest.approx(high, abs=0.015)
-    assert page.pct(est).endswith("(problems only: 1 seed)")
+    assert page.pct(est).endswith("(1 seed: over problems only)")
 
 
 def test_a_seed_effect_widens_the_interval_and_resampling_problems_alone_would_miss_it():
@@ -145,10 +145,17 @@ def test_only_runs_that_end_strictly_below_their_start_have_fallen():
 
 
 def test_a_comparison_short_of_seeds_is_listed_and_says_why():
-    """The table of comparisons keeps a row whose runs have too few seeds, so what is missing shows."""
+    """A comparison whose runs have too few seeds is named in one line under the table, so what is missing shows;
+    beside GRPO, such a run shows its gap over the seeds both ran, with no interval and no verdict."""
     figs = figures_of({BASE: [0.5] * 3, "cw_grpo": [0.3] * 3, "clip_cov": [0.4]})
-    rows = page.comparison_table(verdicts.Reader(figs))
-    row = next(r for r in rows if r.startswith("| CW-GRPO | Clip-Cov | its paper's baseline |"))
-    assert f"not compared (fewer than {verdicts.MIN_SEEDS} seeds run by both)" in row
-    section = page.ablation_section(verdicts.Reader(figs), {})  # no ablation stored: the paper's baseline alone
-    assert section[0].startswith("## Each method against") and row in section
+    reader = verdicts.Reader(figs)
+    assert not any(r.startswith("| CW-GRPO | Clip-Cov |") for r in page.comparison_table(reader))
+    line = f"Not compared yet (fewer than {verdicts.MIN_SEEDS} seeds run by both): CW-GRPO against Clip-Cov."
+    assert page.pending_comparisons(reader) == ["", line]
+    section = page.ablation_section(reader, {})  # no ablation stored: the paper's baseline alone
+    assert section[0].startswith("## Each method against") and line in section
+    gap = figs["clip_cov"][0][P1] - figs[BASE][0][P1]  # seed 0, the one both ran
+    assert page.diff_cell(None, reader.gap("clip_cov", BASE)) == (
+        f"{gap:+.3f} over 1 seed both ran (no interval: a verdict needs {verdicts.MIN_SEEDS})"
+    )
+    assert "**In short**" in page.summary_line(reader) and "not compared yet" in page.summary_line(reader)

@@ -62,8 +62,10 @@ def run_figures(rows: list[dict], samples: list[dict], info: dict) -> dict:
     steps = info["steps"]
     by_step = {r["step"]: r for r in rows}
     train = [by_step[s] for s in range(1, steps + 1)]
-    # The policy's own accuracy: EDGE-GRPO's train/accuracy counts the answers GEC put in.
-    acc = [r["train/accuracy"] if r.get("gec/rollout_accuracy") is None else r["gec/rollout_accuracy"] for r in train]
+    # The policy's own accuracy over everything it sampled: EDGE-GRPO's train/accuracy counts the answers GEC put in,
+    # DAPO's only the groups its dynamic sampling kept.
+    own = ("gec/rollout_accuracy", "dapo/sampled_accuracy", "train/accuracy")
+    acc = [next(r[k] for k in own if r.get(k) is not None) for r in train]
     entropy = [r["train/entropy"] for r in train]
     # Zero advantage: a group whose rewards are all equal, but for EGPO's all-wrong groups (NSR trains them).
     zero_adv = [r["train/zero_adv_group_frac"] - (r.get("egpo/nsr_group_frac") or 0.0) for r in train]

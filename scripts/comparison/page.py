@@ -36,18 +36,24 @@ from scripts.comparison.verdicts import (
 
 PAGE, FIGURE, STORE = "results_real.md", "compare_real.png", "real_compare"
 BOOKKEEPING = {"eval_before"}  # the comparison's own flag, not a method's
-WORDS = {"higher": "better", "lower": "worse", "not told apart": "tied"}  # a run's difference to GRPO, in one word
+WORDS = {"higher": "better", "lower": "worse", "not told apart": "not told apart"}  # a difference, in words
 
 
 def pct(e: Estimate | None) -> str:
     """A run's figure with its interval: '0.536 [0.49, 0.58]'."""
     if e is None:
         return "-"
-    return f"{e.value:.3f} [{e.low:.3f}, {e.high:.3f}]" + (" (problems only: 1 seed)" if e.seeds == 1 else "")
+    return f"{e.value:.3f} [{e.low:.3f}, {e.high:.3f}]" + (" (1 seed: over problems only)" if e.seeds == 1 else "")
 
 
-def diff_cell(e: Estimate | None) -> str:
-    return f"not compared (fewer than {MIN_SEEDS} seeds run by both)" if e is None else e.text()
+def diff_cell(e: Estimate | None, gap: tuple[float, int] | None = None) -> str:
+    """A difference with its interval; short of MIN_SEEDS seeds, the gap over the seeds both ran, with no interval."""
+    if e is not None:
+        return e.text()
+    if gap is None:
+        return "not compared (no seed run by both)"
+    value, n = gap
+    return f"{value:+.3f} over {n} seed{'s' * (n != 1)} both ran (no interval: a verdict needs {MIN_SEEDS})"
 
 
 def improve_cell(e: Estimate | None) -> str:
@@ -75,10 +81,21 @@ def verdict_table(reader: Reader, infos: dict) -> list[str]:
         e = None if m == BASE else reader.diff(m, BASE)
         L.append(
             f"| {NAMES[m]} | T = {t} | {len(reader.figures[m])} | {pct(reader.level(m))} | "
-            f"{'-' if m == BASE else diff_cell(e)} | {'-' if m == BASE else improve_cell(e)} | "
+            f"{'-' if m == BASE else diff_cell(e, reader.gap(m, BASE))} | {'-' if m == BASE else improve_cell(e)} | "
             f"{'(the yardstick)' if m == BASE else word(e)} |"
         )
     return L
+
+
+def summary_line(reader: Reader) -> str:
+    """The verdict table in one sentence: the runs better than GRPO, worse, not told apart, not compared yet."""
+    said = {"better": [], "worse": [], "not told apart": [], f"not compared yet (fewer than {MIN_SEEDS} seeds)": []}
+    for m in runs_of(reader.figures):
+        if m != BASE:
+            e = reader.diff(m, BASE)
+            said[WORDS[e.word] if e else list(said)[-1]].append(NAMES[m])
+    parts = [f"{w}: {', '.join(names) or 'none'}" for w, names in said.items() if names or w == "better"]
+    return f"**In short**, against GRPO at T = {EVAL_TEMPERATURE}: " + "; ".join(parts) + "."
 
 
 def own_setting_table(reader: Reader) -> list[str]:
@@ -90,32 +107,32 @@ def own_setting_table(reader: Reader) -> list[str]:
     L = [
         "At each run's own evaluation setting (whose: the last column), beside GRPO's runs evaluated there:",
         "",
-        "| run | setting | held-out pass@1 [95% CI] | GRPO's there | minus GRPO's [95% CI] | P(beats GRPO) | verdict | whose setting |",
+        "| run | setting | held-out pass@1 [95% CI] | GRPO's there, on the same seeds | minus GRPO's [95% CI] | P(beats GRPO) | verdict | whose setting |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for m, st in rows:
         key = pass_key(1, st)
-        e = reader.diff(m, BASE, key)
+        e, same = reader.diff(m, BASE, key), tuple(reader.seeds(key, m, BASE))
         L.append(
-            f"| {NAMES[m]} | {setting_text(st)} | {pct(reader.level(m, key))} | {pct(reader.level(BASE, key))} | "
-            f"{diff_cell(e)} | {improve_cell(e)} | {word(e)} | {whose_setting(m)} |"
+            f"| {NAMES[m]} | {setting_text(st)} | {pct(reader.level(m, key))} | {pct(reader.level(BASE, key, same))} | "
+            f"{diff_cell(e, reader.gap(m, BASE, key))} | {improve_cell(e)} | {word(e)} | {whose_setting(m)} |"
         )
     return L
 
 
 def rule_line(reader: Reader) -> str:
     """How a verdict is reached, and the smallest difference this design tells apart."""
-    pairs = [(m, BASE, k) for m in runs_of(reader.figures) if m != BASE for k, _ in evaluations(m)]
-    pairs += [(a, b, k) for a, b in comparisons(reader.figures) for k, _ in evaluations(a)]
-    told = smallest_told(reader, pairs)
+    told = smallest_told(
+        reader, [(m, BASE, k) for m in runs_of(reader.figures) if m != BASE for k, _ in evaluations(m)]
+    )
     line = (
         f"A verdict word is read off the {CONFIDENCE:.0%} interval of the difference, paired by seed and problem: "
-        "better or worse when it excludes zero, tied when it does not ([how](#how-it-was-run-and-read))."
+        "better or worse when it excludes zero, not told apart when it does not ([how](#how-it-was-run-and-read))."
     )
     if told:
         line += (
-            f" This design tells a difference in pass@1 from zero when it exceeds the interval's half-width: "
-            f"{told[0]:.3f} at the median of the page's comparisons ({told[1]:.3f} to {told[2]:.3f})."
+            f" This design tells a difference in pass@1 from GRPO's when it exceeds the interval's half-width: "
+            f"{told[0]:.3f} at the median of the comparisons with GRPO ({told[1]:.3f} to {told[2]:.3f})."
         )
     return line
 
@@ -126,18 +143,24 @@ def claim_lines(reader: Reader) -> list[str]:
     for m, text, where, key, direction, est, v in claims(reader):
         at = f", at {where}" if where else ""
         what = details.key_name(key)
-        if est is None:
-            L.append(f"- **{NAMES[m]}**, {text}{at}: {v}: fewer than {MIN_SEEDS} seeds run and evaluated by both.")
+        if est is None:  # listed below, in one line
             continue
         L.append(
             f"- **{NAMES[m]}**, {text}{at}: **{v}**. {what[0].upper() + what[1:]} minus GRPO's: {est.text()} "
             f"({direction} claimed; {est.seeds} seeds{f' x {est.problems} problems' if est.problems > 1 else ''})."
         )
-    counts = {w: sum(c[-1] == w for c in claims(reader)) for w in (SUPPORTED, CONTRADICTED, UNDECIDED)}
+    untested = {}
+    for m, *_, est, _ in claims(reader):
+        untested[m] = untested.get(m, 0) + (est is None)
+    if untested := {m: n for m, n in untested.items() if n}:
+        listed = ", ".join(f"{NAMES[m]} ({n})" for m, n in untested.items())
+        L.append(f"- Not tested yet (fewer than {MIN_SEEDS} seeds run and evaluated by both): {listed}.")
+    tested = [c for c in claims(reader) if c[-2] is not None]
+    counts = {w: sum(c[-1] == w for c in tested) for w in (SUPPORTED, CONTRADICTED, UNDECIDED)}
     L += [
         "",
-        f"Of {sum(counts.values())} claims: {counts[SUPPORTED]} supported, {counts[CONTRADICTED]} contradicted, "
-        f"{counts[UNDECIDED]} not told apart from GRPO.",
+        f"Of {len(claims(reader))} claims, {len(tested)} tested: {counts[SUPPORTED]} supported, "
+        f"{counts[CONTRADICTED]} contradicted, {counts[UNDECIDED]} not told apart from GRPO.",
     ]
     return L
 
@@ -164,11 +187,19 @@ def comparison_table(reader: Reader) -> list[str]:
     for a, b in comparisons(reader.figures):
         reads = what_it_reads(a, b)
         for key, where in evaluations(a if a not in ABLATIONS else ABLATIONS[a][0]):
-            e = reader.diff(a, b, key)  # None: fewer than MIN_SEEDS seeds in both, listed so the gap shows
-            L.append(
-                f"| {NAMES[a]} | {NAMES[b]} | {reads} | {where} | {diff_cell(e)} | {improve_cell(e)} | {word(e)} |"
-            )
+            if (e := reader.diff(a, b, key)) is not None:  # the others: `pending_comparisons`
+                L.append(
+                    f"| {NAMES[a]} | {NAMES[b]} | {reads} | {where} | {e.text()} | {improve_cell(e)} | {word(e)} |"
+                )
     return L
+
+
+def pending_comparisons(reader: Reader) -> list[str]:
+    """The comparisons not made yet (fewer than MIN_SEEDS seeds run by both), in one line."""
+    pending = [f"{NAMES[a]} against {NAMES[b]}" for a, b in comparisons(reader.figures) if reader.diff(a, b) is None]
+    if not pending:
+        return []
+    return ["", f"Not compared yet (fewer than {MIN_SEEDS} seeds run by both): {'; '.join(pending)}."]
 
 
 def ablation_section(reader: Reader, infos: dict) -> list[str]:
@@ -187,7 +218,7 @@ def ablation_section(reader: Reader, infos: dict) -> list[str]:
         for group in groups.values():
             L += [f"- {NAMES[a]}: `{SCRIPT[a]} {' '.join(ABLATIONS[a][1])}`" for a in group]
         L += [""]
-    L += comparison_table(reader)
+    L += comparison_table(reader) + pending_comparisons(reader)
     if groups:
         L += ["", "What each method's accuracy against GRPO comes with:", ""]
         for m in groups:
@@ -210,16 +241,18 @@ def setup_section(reader: Reader, infos: dict, task: str) -> list[str]:
     L += ["  " + line for line in details.method_defaults(infos, BOOKKEEPING)]
     n = flags[flags.index("--eval_n") + 1]
     L.append(
-        f"- Every run is evaluated before its first step and after its last, {n} samples per held-out problem at "
-        f"T = {EVAL_TEMPERATURE}; pass@k is the unbiased estimator (Chen et al. 2021). The policy before training is "
-        "every run's: evaluated once per seed, in GRPO's run. After training each run is evaluated again at its "
-        "own evaluation setting, and at that of each method that reads it (GRPO at all of them), from its saved "
-        "model, with the same prompts and seed (greedy: one sample per problem). Whose each setting is:"
+        f"- Every run is evaluated after its last step, {n} samples per held-out problem at T = {EVAL_TEMPERATURE}; "
+        "pass@k is the unbiased estimator (Chen et al. 2021). The policy before training is every run's: evaluated "
+        "once per seed, before GRPO's first step. After training each run is evaluated again at its own evaluation "
+        "setting, and at that of each method that reads it (GRPO at all of them), from its saved model, with the "
+        "same prompts and seed (greedy: one sample per problem). Whose each setting is:"
     )
     for m in runs_of(reader.figures):
         if own := own_setting(m):
             papers = "its paper's" if papers_setting(m) else "not its paper's"
             L.append(f"  - {NAMES[m]}: {setting_text(own)}, {whose_setting(m)} ({papers}).")
+    if missing := not_evaluated_there(reader):
+        L.append(f"  - Not evaluated at its setting yet (`python scripts/compare_real.py` does it): {missing}.")
     L.append(
         "- A held-out sample's confidence is its mean token log-prob under logits / T over the whole completion: "
         "minus EGPO's entropy proxy (eq. 5, [algorithms/egpo.md](algorithms/egpo.md)). AUROC: the chance that a "
@@ -227,6 +260,16 @@ def setup_section(reader: Reader, infos: dict, task: str) -> list[str]:
     )
     L += ["- " + line for line in details.machine_lines(infos)] + [""]
     return L
+
+
+def not_evaluated_there(reader: Reader) -> str:
+    """The runs and seeds stored without an evaluation at their method's own setting, in words ('' for none)."""
+    missing = []
+    for r, seeds in reader.figures.items():
+        if own := own_setting(r):
+            lacking = [s for s, f in seeds.items() if f.get(pass_key(1, own)) is None]
+            missing += [f"{NAMES[r]} seed{'s' * (len(lacking) > 1)} {', '.join(map(str, lacking))}"] if lacking else []
+    return "; ".join(missing)
 
 
 def seeds_text(infos: dict) -> str:
@@ -239,7 +282,8 @@ def seeds_text(infos: dict) -> str:
     return line
 
 
-def statistics_section() -> list[str]:
+def statistics_section(reader: Reader) -> list[str]:
+    most = max(len(seeds) for seeds in reader.figures.values())
     return [
         "### Statistics",
         "",
@@ -253,9 +297,9 @@ def statistics_section() -> list[str]:
         "gets the paired t-interval over seeds (`scipy.stats.ttest_rel`): a bootstrap over a handful of numbers "
         "would be narrower than they allow. P(beats) is rliable's probability of improvement (Agarwal et al., "
         "NeurIPS 2021): the chance that a run of the first beats a run of the second on a problem, ties 1/2, "
-        f"averaged over problems. A comparison needs {MIN_SEEDS} seeds in both runs. With five seeds a percentile "
-        "bootstrap still sees the seeds' spread through five numbers: an interval that only just excludes zero is "
-        "a weak verdict. Code: `scripts/comparison/stats.py`.",
+        f"averaged over problems. A comparison needs {MIN_SEEDS} seeds in both runs. With {most} seeds at the most "
+        f"here, a percentile bootstrap sees the seeds' spread through {most} numbers: an interval that only just "
+        "excludes zero is a weak verdict. Code: `scripts/comparison/stats.py`.",
         "",
     ]
 
@@ -274,6 +318,8 @@ def page(figures: dict, infos: dict, task: str) -> str:
         "",
         *verdict_table(reader, infos),
         "",
+        summary_line(reader),
+        "",
         *own_setting_table(reader),
         "",
         rule_line(reader),
@@ -286,7 +332,7 @@ def page(figures: dict, infos: dict, task: str) -> str:
         *details.mechanism_sections(reader, infos),
         *details.detail_sections(reader, infos),
         *setup_section(reader, infos, task),
-        *statistics_section(),
+        *statistics_section(reader),
         *details.scale_section(reader, infos),
     ]
     return "\n".join(L)
@@ -297,7 +343,8 @@ def readme_block(figures: dict, infos: dict, docs: str = "docs") -> str:
     L = [f"[{docs}/{PAGE}]({docs}/{PAGE}) (figure: [{docs}/{FIGURE}]({docs}/{FIGURE})):", ""]
     if figures:
         reader = Reader(figures)
-        L += verdict_table(reader, infos) + ["", rule_line(reader).replace("](#", f"]({docs}/{PAGE}#")]
+        L += verdict_table(reader, infos) + ["", summary_line(reader), ""]
+        L += [rule_line(reader).replace("](#", f"]({docs}/{PAGE}#")]
     return "\n".join(L)
 
 

@@ -35,13 +35,24 @@ class Reader:
         have = [{s for s, f in self.figures.get(r, {}).items() if f.get(key) is not None} for r in runs]
         return sorted(set.intersection(*have)) if have else []
 
-    def level(self, run: str, key: str = P1) -> Estimate | None:
-        """A run's held-out figure, its mean over seeds and problems with its interval; None if not evaluated."""
-        if (run, key) not in self._cache:
-            seeds = self.seeds(key, run)
-            table = [self.figures[run][s][f"{key}_problems"] for s in seeds]
-            self._cache[(run, key)] = grid_mean(np.array(table)) if seeds else None
-        return self._cache[(run, key)]
+    def level(self, run: str, key: str = P1, seeds: tuple | None = None) -> Estimate | None:
+        """A run's held-out figure, its mean over seeds (all it has, or `seeds`) and problems with its interval;
+        None if not evaluated."""
+        if (run, key, seeds) not in self._cache:
+            have = self.seeds(key, run) if seeds is None else list(seeds)
+            table = [self.figures[run][s][f"{key}_problems"] for s in have]
+            self._cache[(run, key, seeds)] = grid_mean(np.array(table)) if have else None
+        return self._cache[(run, key, seeds)]
+
+    def gap(self, a: str, b: str, key: str = P1) -> tuple[float, int] | None:
+        """(a - b, seeds) over the seeds both have, with no interval: what a comparison short of MIN_SEEDS seeds
+        shows (a run is never set beside another's mean over other seeds); None if they share none."""
+        seeds = self.seeds(key, a, b)
+        if not seeds:
+            return None
+        per = [[self.figures[r][s][f"{key}_problems" if f"{key}_problems" in self.figures[r][s] else key] for s in seeds]
+               for r in (a, b)]  # fmt: skip
+        return float(np.mean(per[0]) - np.mean(per[1])), len(seeds)
 
     def diff(self, a: str, b: str, key: str = P1) -> Estimate | None:
         """a - b over the seeds both have it (paired by seed, and by problem for a held-out figure); None under
