@@ -11,6 +11,7 @@ all-gathered on its own). At no point is a second full copy of the model on
 one device: the rollout engine takes the pieces in bounded batches.
 """
 
+import atexit
 import contextlib
 import functools
 import resource
@@ -60,6 +61,14 @@ def check_launch(env: dict, argv: list[str]) -> None:
         )
 
 
+def end_process_group() -> None:
+    """Destroy the default process group if it is still up. Left to the interpreter's own teardown, gloo's threads
+    can abort a rank that has already done its work ("terminate called without an active exception", exit -6: seen
+    once in three suite runs, under FSDP2); `Accelerator.end_training` destroys it on a run's normal end."""
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def make_accelerator(
     mixed_precision: str = "no",
     grad_clip: float | None = None,
@@ -87,6 +96,8 @@ def make_accelerator(
     accelerator = Accelerator(
         mixed_precision=mixed_precision, kwargs_handlers=handlers, log_with=trackers or None, project_dir=output_dir
     )
+    if torch.distributed.is_initialized():  # torn down on every way out, an error's too (`end_process_group`)
+        atexit.register(end_process_group)
     fsdp = getattr(accelerator.state, "fsdp_plugin", None)
     if fsdp is not None and getattr(fsdp, "fsdp_version", 1) == 2 and mixed_precision == "bf16":
         from torch.distributed.fsdp import MixedPrecisionPolicy

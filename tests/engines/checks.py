@@ -116,3 +116,5 @@ try:
 except SystemExit as stop:
     facts["shared"] = str(stop)
 write_facts(out_dir, accelerator.process_index, facts)
+accelerator.wait_for_everyone()
+accelerator.end_training()

@@ -54,3 +54,5 @@ for name, plan in plans.items():
 facts["zero3_hook_after"] = is_deepspeed_zero3_enabled()
 # A file per rank, not a line on stdout: the ranks share the launcher's output, where lines can interleave.
 (run_dir / f"preflight-rank{accelerator.process_index}.json").write_text(json.dumps(facts))
+accelerator.wait_for_everyone()
+accelerator.end_training()
