@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from common.checkpoint import checkpoint_problem, list_checkpoints, load_checkpoint, save_checkpoint
 
 
+@pytest.mark.xdist_group("coin")  # scaling_utils.baseline_run: built once per worker
 def test_resume_after_a_kill_reaches_the_same_weights(tmp_path_factory, tiny_random_dir, tmp_path):
     """A run killed while saving step 2 (its checkpoint-2 has no COMPLETE marker, a
     checkpoint-3.tmp is half written, metrics.jsonl has a row for step 2 and half a line)

@@ -28,6 +28,7 @@ class _Unwrap:
 # --- Two processes train exactly like one --------------------------------------------------
 
 
+@pytest.mark.xdist_group("coin")  # scaling_utils.baseline_run: built once per worker
 def test_two_processes_match_one_process(tmp_path_factory, tiny_random_dir, tmp_path):
     """grpo_base.py on 2 gloo processes vs 1 process, same global batch: same samples, metrics and weights.
     Both run the padded layout: with --micro_batch_size 3 and groups of 4, the micro-batches (and so which
@@ -80,6 +81,7 @@ def test_two_processes_match_one_process(tmp_path_factory, tiny_random_dir, tmp_
         assert (w2[k] - w1[k]).norm() <= 2e-2 * (w1[k] - w0[k]).norm() + 1e-6, k
 
 
+@pytest.mark.xdist_group("coin")  # scaling_utils.baseline_run: built once per worker
 @needs_vllm
 @pytest.mark.vllm
 @pytest.mark.slow
