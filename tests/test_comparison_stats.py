@@ -159,3 +159,15 @@ def test_a_comparison_short_of_seeds_is_listed_and_says_why():
         f"{gap:+.3f} over 1 seed both ran (no interval: a verdict needs {verdicts.MIN_SEEDS})"
     )
     assert "**In short**" in page.summary_line(reader) and "not compared yet" in page.summary_line(reader)
+
+
+def test_a_mechanism_claim_is_read_against_the_methods_ablation_too():
+    """GRPO differs from EDGE-GRPO in its defaults as well: the zero-advantage claim is read again against EDGE-GRPO
+    with GEC and EDA off (the idea alone), which here is supported while the reading against GRPO is not told apart."""
+    zero_adv = {BASE: [0.30, 0.45, 0.38], "edge_grpo": [0.31, 0.36, 0.40], "edge_grpo-off": [0.62, 0.66, 0.71]}
+    figs = {run: {s: {"zero_adv": v} for s, v in enumerate(values)} for run, values in zero_adv.items()}
+    reader = verdicts.Reader(figs)
+    line = next(x for x in page.claim_lines(reader) if "fewer groups with zero advantage" in x)
+    assert "**not told apart**" in line.split("Against")[0]
+    assert "Against its ablation (GEC and EDA off), the idea alone: -0." in line and line.endswith("**supported**.")
+    assert page.against_ablation(reader, "edge_grpo", P1, "higher") == ""  # accuracy: the ablation table's

@@ -27,6 +27,7 @@ from scripts.comparison.verdicts import (
     UNDECIDED,
     Reader,
     ablation_groups,
+    claim_word,
     claims,
     comparisons,
     evaluations,
@@ -137,6 +138,15 @@ def rule_line(reader: Reader) -> str:
     return line
 
 
+def against_ablation(reader: Reader, m: str, key: str, direction: str) -> str:
+    """A mechanism claim read again against the method's own ablation (its idea alone: GRPO differs from the
+    method in its other defaults too), where that ablation is stored with enough seeds; '' otherwise."""
+    off = f"{m}-off"
+    if key.startswith("pass1") or (e := reader.diff(m, off, key)) is None:  # accuracy: the ablation table
+        return ""
+    return f" Against its ablation ({ABLATIONS[off][2]}), the idea alone: {e.text()}, **{claim_word(e, direction)}**."
+
+
 def claim_lines(reader: Reader) -> list[str]:
     """One computed sentence per claim."""
     L = []
@@ -148,6 +158,7 @@ def claim_lines(reader: Reader) -> list[str]:
         L.append(
             f"- **{NAMES[m]}**, {text}{at}: **{v}**. {what[0].upper() + what[1:]} minus GRPO's: {est.text()} "
             f"({direction} claimed; {est.seeds} seeds{f' x {est.problems} problems' if est.problems > 1 else ''})."
+            + against_ablation(reader, m, key, direction)
         )
     untested = {}
     for m, *_, est, _ in claims(reader):
