@@ -12,6 +12,7 @@ from train_utils import ROOT, run_cli
 
 from common.evaluation import RECORDS_FILE
 from common.run_flags import vllm_available
+from common.tiny_model import SHIPPED_DIR
 
 SPEC = importlib.util.spec_from_file_location("compare_real", ROOT / "scripts" / "compare_real.py")
 compare = importlib.util.module_from_spec(SPEC)
@@ -233,24 +234,25 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
 @pytest.mark.skipif(not vllm_available(), reason="no vllm")
 def test_settings_evaluated_in_one_process_draw_what_their_own_processes_draw(tiny_random_dir, tmp_path, monkeypatch):
     """scripts/comparison/evaluate_settings.py: a setting evaluated on the engine that sampled another setting
-    first (one engine made per call) gets the samples its own engine gives it (each problem's seed is --seed and
-    its place)."""
+    first, after another model's engine came and went in the same process (one engine made per model), gets the
+    samples its own process gives it (each problem's seed is --seed and its place)."""
     import common.rollout
     from scripts.comparison import evaluate_settings
 
     made, make = [], common.rollout.make_engine
     monkeypatch.setattr(common.rollout, "make_engine", lambda *a, **k: made.append(a[1]) or make(*a, **k))
 
-    def line(setting: tuple, folder: str) -> list[str]:
-        flags = ["--model", str(tiny_random_dir), "--limit", "6", "--n", "4", "--max_tokens", "12", "--seed", "3"]
+    def line(setting: tuple, folder: str, model: Path = tiny_random_dir) -> list[str]:
+        flags = ["--model", str(model), "--limit", "6", "--n", "4", "--max_tokens", "12", "--seed", "3"]
         return ["--", *flags, "--temperature", str(setting[0]), "--top_p", str(setting[1]), "--output_dir", folder]
 
     alone, after = str(tmp_path / "alone"), str(tmp_path / "after")
     evaluate_settings.main(line((0.6, 0.95), alone))
-    evaluate_settings.main(line((1.0, 1.0), str(tmp_path / "first")) + line((0.6, 0.95), after))
+    other = line((1.0, 1.0), str(tmp_path / "other"), SHIPPED_DIR)  # another model's engine first, then closed
+    evaluate_settings.main(other + line((1.0, 1.0), str(tmp_path / "first")) + line((0.6, 0.95), after))
     records = [(Path(d) / RECORDS_FILE).read_text().splitlines() for d in (alone, after)]
     assert records[0] == records[1] and len(records[0]) == 6
-    assert made == [str(tiny_random_dir)] * 2
+    assert made == [str(tiny_random_dir), str(SHIPPED_DIR), str(tiny_random_dir)]
     with pytest.raises(SystemExit, match="usage"):
         evaluate_settings.main(["--model", "x"])
 

@@ -1,6 +1,7 @@
 """Several `python -m tools.evaluate` command lines in one process: each evaluates as that command would, and an
-engine made for one (the same model, seed, length and stop strings) serves the next, so that one model evaluated
-at several settings starts vLLM once (its import and start are most of a small evaluation's time).
+engine made for one (the same model, seed, length and stop strings) serves the next, so that vLLM is imported once
+and one model evaluated at several settings starts one engine (their import and start are most of a small
+evaluation's time); an engine is closed once the lines move on to another model.
 
     python -m scripts.comparison.evaluate_settings -- --model RUN --temperature 0 --n 1 ... -- --model RUN ...
 
@@ -36,12 +37,19 @@ def main(argv: list[str]) -> None:
         parsed.append((args, tool.validate(args), given))
     engines: dict = {}
     try:
-        for args, ks, given in parsed:
+        for i, (args, ks, given) in enumerate(parsed):
+            if i and args.model != parsed[i - 1][0].model:  # another model: the last one's engine is done with
+                close(engines)
             tool.main(args, ks, given, engines=engines)
     finally:
-        for engine in engines.values():
-            if hasattr(engine, "close"):
-                engine.close()
+        close(engines)
+
+
+def close(engines: dict) -> None:
+    for engine in engines.values():
+        if hasattr(engine, "close"):
+            engine.close()
+    engines.clear()
 
 
 if __name__ == "__main__":

@@ -86,25 +86,18 @@ def run_one(run: str, seed: int, budget: Budget, data: tuple[Path, Path], runs: 
         shutil.rmtree(checkpoint)
 
 
-def evaluate_at(run: str, seed: int, settings: list[tuple], eval_n: int, held_out: Path, runs: Path, store: Path):
-    """Evaluate a stored run's trained model (kept in its run directory) at each setting, as the run evaluated it at
-    T = EVAL_TEMPERATURE (the same prompts, length and seed; `eval_n` samples, one when greedy), all in one process (one engine
-    start: scripts/comparison/evaluate_settings.py); the samples join the stored ones under their label, and
-    run.json records the setting. An evaluation already in the run directory (a call cut short before storing it)
-    is taken: the directory is deleted whenever its run is trained again."""
-    run_dir, out = runs / f"{run}-seed{seed}", store / f"{run}-seed{seed}"
-    folders = {setting: run_dir / "eval-T{}-p{}".format(*setting) for setting in settings}
+def evaluate_at(seed: int, pending: list[tuple[str, list]], eval_n: int, held_out: Path, runs: Path, store: Path):
+    """Evaluate a seed's trained models (each kept in its run directory) at the settings each lacks (`pending`:
+    [(run, settings)]), as each run evaluated itself at T = EVAL_TEMPERATURE (the same prompts, length and seed;
+    `eval_n` samples, one when greedy), all in one process (scripts/comparison/evaluate_settings.py: vLLM imported
+    once, one engine per model); the samples join the stored ones under their label, and run.json records the
+    setting. An evaluation already in a run directory (a call cut short before storing it) is taken: the directory
+    is deleted whenever its run is trained again."""
+    folders = {(r, st): runs / f"{r}-seed{seed}" / "eval-T{}-p{}".format(*st) for r, sts in pending for st in sts}
     lines = []
-    for setting, folder in folders.items():
-        flags = [
-            "--model",
-            str(run_dir),
-            "--benchmarks",
-            f"{BENCH}={held_out}",
-            "--n",
-            str(samples_at(setting, eval_n)),
-        ]
-        flags += ["--temperature", str(setting[0]), "--top_p", str(setting[1]), "--seed", str(seed)]
+    for (run, setting), folder in folders.items():
+        flags = ["--model", str(folder.parent), "--benchmarks", f"{BENCH}={held_out}", "--seed", str(seed)]
+        flags += ["--n", str(samples_at(setting, eval_n)), "--temperature", str(setting[0]), "--top_p", str(setting[1])]
         flags += ["--max_tokens", FLAGS[FLAGS.index("--max_completion_len") + 1], "--output_dir", str(folder)]
         if (folder / RECORDS_FILE).is_file():
             print(f"== {run}, seed {seed}: evaluated at {setting_text(setting)} in {folder}, taken", flush=True)
@@ -113,8 +106,9 @@ def evaluate_at(run: str, seed: int, settings: list[tuple], eval_n: int, held_ou
             lines += ["--", *flags]
     cmd = [sys.executable, "-m", "scripts.comparison.evaluate_settings", *lines]
     if lines and (code := subprocess.run(cmd, cwd=ROOT).returncode) != 0:
-        raise SystemExit(f"error: evaluating {run_dir} failed (exit {code}; its output is above): run the call again")
-    for setting, folder in folders.items():
+        raise SystemExit(f"error: evaluating seed {seed}'s runs failed (exit {code}; its output is above): run again")
+    for (run, setting), folder in folders.items():
+        out = store / f"{run}-seed{seed}"
         stored = [r for r in read_jsonl(out / SAMPLES_FILE) if r["eval"] != label(setting)]
         write_jsonl(stored + sample_lines(folder, label(setting)), out / SAMPLES_FILE)
         info = json.loads((out / RUN_FILE).read_text())
@@ -143,9 +137,9 @@ def rerun(before: list[dict], after: list[dict]) -> str:
     return f"the same answers, right and wrong, in all {total} samples; confidence within {max(moved, default=0):.1e}"
 
 
-def evaluate_missing(run: str, seed: int, grid: list, budget: Budget, data: tuple, runs: Path, store: Path) -> None:
-    """The settings a stored run lacks, evaluated on its kept model. A run whose model is gone (made before these
-    evaluations, or on another machine) is trained again first, and then evaluated at every setting, so that all its
+def missing_evaluations(run: str, seed: int, grid: list, budget: Budget, data: tuple, runs: Path, store: Path) -> list:
+    """The settings a stored run lacks, to be evaluated on its kept model. A run whose model is gone (made before
+    these evaluations, or on another machine) is trained again first, and then lacks every setting, so that all its
     samples come from one model: seeded, it is the same run up to the CPU's float rounding, which the check of its
     samples at T = EVAL_TEMPERATURE against the stored ones shows (rerun)."""
     name = f"{run}-seed{seed}"
@@ -158,8 +152,7 @@ def evaluate_missing(run: str, seed: int, grid: list, budget: Budget, data: tupl
         after = [r for r in read_jsonl(store / name / SAMPLES_FILE) if r["eval"] == "after"]
         print(f"== {run}, seed {seed}: trained again; its evaluation at T = {EVAL_TEMPERATURE}: {rerun(before, after)}")
         missing = eval_settings(run, grid)
-    if missing:
-        evaluate_at(run, seed, missing, budget.eval_n, data[1], runs, store)
+    return missing
 
 
 def check_stored(path: Path, run: str, seed: int, budget: Budget) -> None:
@@ -175,11 +168,12 @@ def check_stored(path: Path, run: str, seed: int, budget: Budget) -> None:
 
 def run_all(grid: list, seeds: list, budget: Budget, runs: Path, store: Path) -> None:
     """Every (run, seed) of the grid whose result is not stored yet, seed by seed (a comparison cut short has every
-    run of its first seeds), each then evaluated at the settings it is read at."""
+    run of its first seeds); then each of the seed's runs evaluated at the settings it is read at and lacks."""
     from scripts.real_model_demo import write_data
 
     data = write_data(runs / "data")
     for seed in seeds:
+        pending = []  # evaluated together once the seed's runs are trained: vLLM starts once
         for run in grid:
             done = store / f"{run}-seed{seed}" / RUN_FILE
             if done.is_file():
@@ -187,4 +181,7 @@ def run_all(grid: list, seeds: list, budget: Budget, runs: Path, store: Path) ->
                 print(f"== {run}, seed {seed}: stored in {done.parent}, skipped")
             else:
                 run_one(run, seed, budget, data, runs, store)
-            evaluate_missing(run, seed, grid, budget, data, runs, store)
+            if missing := missing_evaluations(run, seed, grid, budget, data, runs, store):
+                pending.append((run, missing))
+        if pending:
+            evaluate_at(seed, pending, budget.eval_n, data[1], runs, store)
