@@ -171,3 +171,12 @@ def test_a_mechanism_claim_is_read_against_the_methods_ablation_too():
     assert "**not told apart**" in line.split("Against")[0]
     assert "Against its ablation (GEC and EDA off), the idea alone: -0." in line and line.endswith("**supported**.")
     assert page.against_ablation(reader, "edge_grpo", P1, "higher") == ""  # accuracy: the ablation table's
+
+
+def test_the_short_answer_splits_a_methods_difference_by_its_ablation():
+    """'In short' names the runs worse than GRPO and, where the method's ablation is stored, how much of the
+    difference is the idea and how much the method's other defaults."""
+    figs = figures_of({BASE: [0.6] * 3, "cw_grpo": [0.2] * 3, "cw_grpo-off": [0.4] * 3}, problems=40)
+    line = page.summary_line(verdicts.Reader(figs))
+    assert "better: none; worse: CW-GRPO." in line
+    assert "CW-GRPO's idea -0." in line and ", its other defaults -0." in line

@@ -96,7 +96,23 @@ def summary_line(reader: Reader) -> str:
             e = reader.diff(m, BASE)
             said[WORDS[e.word] if e else list(said)[-1]].append(NAMES[m])
     parts = [f"{w}: {', '.join(names) or 'none'}" for w, names in said.items() if names or w == "better"]
-    return f"**In short**, against GRPO at T = {EVAL_TEMPERATURE}: " + "; ".join(parts) + "."
+    line = f"**In short**, against GRPO at T = {EVAL_TEMPERATURE}: " + "; ".join(parts) + "."
+    why = [f"{NAMES[m]}'s idea {a.text()}, its other defaults {b.text()}" for m, (a, b) in split_by_ablation(reader)]
+    return line + (
+        f" Why, from each method's ablation (the difference to GRPO split in two): {'; '.join(why)}." if why else ""
+    )
+
+
+def split_by_ablation(reader: Reader) -> list[tuple[str, tuple[Estimate, Estimate]]]:
+    """(method, (the method against its whole ablation, that ablation against GRPO)) at T = EVAL_TEMPERATURE, for
+    each method told apart from GRPO whose two halves are both compared."""
+    out = []
+    for m in runs_of(reader.figures):
+        whole, off = reader.diff(m, BASE), f"{m}-off"
+        if whole is not None and whole.word != UNDECIDED and off in reader.figures:
+            idea, rest = reader.diff(m, off), reader.diff(off, BASE)
+            out += [(m, (idea, rest))] if idea is not None and rest is not None else []
+    return out
 
 
 def own_setting_table(reader: Reader) -> list[str]:
