@@ -72,7 +72,8 @@ def precision_table(result: dict) -> list[str]:
 def render(result: dict) -> str:
     mm, args = result["matmul"], result["args"]
     L = [
-        f"Stored in `docs/bench/real_step.json`: {stored_run.conditions(result, units=True)}. {args['prompts']} prompts x {args['group']} "
+        f"Stored in `docs/bench/real_step.json`: {stored_run.conditions(result, units=True)}. "
+        f"{args['prompts']} prompts x {args['group']} "
         f"completions of <= {args['max_completion_len']} tokens, micro-batch {args['micro_batch_size']}, the mean of "
         f"steps 2-{args['steps']} (the first warms up), seconds:",
         "",

@@ -74,7 +74,8 @@ def measure(max_len: int, repeats: int, prompts_per_step: int, group: int) -> di
 
 def render(result: dict) -> str:
     L = [
-        f"Stored in `docs/bench/stop_strings.json`: {stored_run.conditions(result, units=True)}. {result['prompts']} prompts x "
+        f"Stored in `docs/bench/stop_strings.json`: {stored_run.conditions(result, units=True)}. "
+        f"{result['prompts']} prompts x "
         f"{result['group']} completions of SmolLM2 under `--template plain --few_shot 2` (stop strings "
         f"{', '.join(repr(s) for s in result['runs'][0]['stop'])}), {result['repeats']} steps after a warm-up, both "
         "paths on one engine with the same seeds, the same completions after the cut:",

@@ -51,7 +51,10 @@ def sampling_problem(rollout: str, temperature: float, n: int, flags: dict[str, 
         return f"{t} {temperature:g}: a temperature is a finite number (0 for greedy decoding)"
     if temperature == 0 and n > 1:
         lowest = f"of at least {VLLM_LOWEST:g}" if rollout == "vllm" else "above 0"
-        return f"{t} 0 is greedy decoding, one completion a prompt: use {samples} 1 (not {n}), or a temperature {lowest} to sample {n}"
+        return (
+            f"{t} 0 is greedy decoding, one completion a prompt: use {samples} 1 (not {n}), or a temperature "
+            f"{lowest} to sample {n}"
+        )
     if rollout != "vllm":
         return None
     if 0 < temperature < VLLM_LOWEST:

@@ -99,7 +99,8 @@ def results_page(stored: Path = COMPARED) -> str:
         "",
         f"Written by `python scripts/readme_demo_table.py --results_demo` from the runs stored in "
         f"`docs/demo_compare/` (`bash scripts/compare_demo.sh` makes them): each script's `--seed 0 --steps 30 "
-        f"--eval_steps 10` (`python grpo_base.py --seed 0 --steps 30 --eval_steps 10` and the four others alike), each on {where}, at 1-minute load averages {min(loads):.1f}-{max(loads):.1f} "
+        f"--eval_steps 10` (`python grpo_base.py --seed 0 --steps 30 --eval_steps 10` and the four others alike), "
+        f"each on {where}, at 1-minute load averages {min(loads):.1f}-{max(loads):.1f} "
         "(not timings: a run's figures do not depend on the load; [the README](../README.md#the-cpu-demo) says what moves them). "
         "Each run's final evaluation on the 100 sums; its curves: [compare_demo.png](compare_demo.png).",
         "",

@@ -47,8 +47,7 @@ def main(argv: list[str]) -> None:
 
 def close(engines: dict) -> None:
     for engine in engines.values():
-        if hasattr(engine, "close"):
-            engine.close()
+        engine.close()
     engines.clear()
 
 

@@ -124,7 +124,8 @@ def own_setting_table(reader: Reader) -> list[str]:
     L = [
         "At each run's own evaluation setting (whose: the last column), beside GRPO's runs evaluated there:",
         "",
-        "| run | setting | held-out pass@1 [95% CI] | GRPO's there, on the same seeds | minus GRPO's [95% CI] | P(beats GRPO) | verdict | whose setting |",
+        "| run | setting | held-out pass@1 [95% CI] | GRPO's there, on the same seeds | minus GRPO's [95% CI] "
+        "| P(beats GRPO) | verdict | whose setting |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for m, st in rows:

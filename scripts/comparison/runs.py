@@ -112,12 +112,8 @@ def evaluate_at(seed: int, pending: list[tuple[str, list]], eval_n: int, held_ou
         stored = [r for r in read_jsonl(out / SAMPLES_FILE) if r["eval"] != label(setting)]
         write_jsonl(stored + sample_lines(folder, label(setting)), out / SAMPLES_FILE)
         info = json.loads((out / RUN_FILE).read_text())
-        t, top_p = setting
-        info.setdefault("evals", {})[label(setting)] = {
-            "temperature": t,
-            "top_p": top_p,
-            "n": samples_at(setting, eval_n),
-        }
+        evals = info.setdefault("evals", {})
+        evals[label(setting)] = {"temperature": setting[0], "top_p": setting[1], "n": samples_at(setting, eval_n)}
         (out / RUN_FILE).write_text(json.dumps(info, indent=1) + "\n")
 
 

@@ -50,9 +50,16 @@ class Reader:
         seeds = self.seeds(key, a, b)
         if not seeds:
             return None
-        per = [[self.figures[r][s][f"{key}_problems" if f"{key}_problems" in self.figures[r][s] else key] for s in seeds]
-               for r in (a, b)]  # fmt: skip
-        return float(np.mean(per[0]) - np.mean(per[1])), len(seeds)
+        _, vals = self._paired(a, b, key, seeds)
+        return float(np.mean(vals[0]) - np.mean(vals[1])), len(seeds)
+
+    def _paired(self, a: str, b: str, key: str, seeds: list) -> tuple[bool, list]:
+        """(per problem?, [a's, b's] figures on `seeds`): a held-out figure's per-problem table, else one number a
+        seed."""
+        per_problem = f"{key}_problems" in self.figures[a][seeds[0]]
+        return per_problem, [
+            [self.figures[r][s][f"{key}_problems" if per_problem else key] for s in seeds] for r in (a, b)
+        ]
 
     def diff(self, a: str, b: str, key: str = P1) -> Estimate | None:
         """a - b over the seeds both have it (paired by seed, and by problem for a held-out figure); None under
@@ -61,8 +68,7 @@ class Reader:
             seeds = self.seeds(key, a, b)
             est = None
             if len(seeds) >= MIN_SEEDS:
-                per_problem = f"{key}_problems" in self.figures[a][seeds[0]]
-                vals = [[self.figures[r][s][f"{key}_problems" if per_problem else key] for s in seeds] for r in (a, b)]
+                per_problem, vals = self._paired(a, b, key, seeds)
                 est = paired_problems(*map(np.array, vals)) if per_problem else paired_seeds(*vals)
             self._cache[(a, b, key)] = est
         return self._cache[(a, b, key)]
