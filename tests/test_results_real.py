@@ -168,33 +168,27 @@ def test_a_rerun_says_whether_its_answers_are_the_stored_runs_and_how_far_confid
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
-    """GRPO, then CW-GRPO and the baseline its paper compares with (Clip-Cov), one seed, two steps: the runs, the
-    stored results, the page and the figure; a second call skips the stored run, runs the missing ones and
-    evaluates each where it is read (Clip-Cov greedy and at CW-GRPO's setting, GRPO at both from its kept model);
-    --render_only gives the same page; a run whose model is gone is trained again and evaluated."""
+    """GRPO, CW-GRPO and the baseline its paper compares with (Clip-Cov), one seed, two steps: the runs, each
+    evaluated where it is read (Clip-Cov greedy and at CW-GRPO's setting, GRPO at both), the stored results, the
+    page, the figure and the README's block; --render_only gives the same page. A second call keeps what is
+    stored: a run lacking an evaluation is evaluated on its kept model (not trained again), one whose evaluation
+    is already in its run directory takes it, one whose model is gone is trained again (seeded: the same answers)."""
     out, run_dirs = tmp_path / "docs", tmp_path / "runs"
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{compare.README_BEGIN}\nold\n{compare.README_END}\nrest\n")
     common = ["--model", "tiny", "--steps", "2", "--seeds", "0", "--out", str(out), "--runs_dir", str(run_dirs)]
     common += ["--eval_n", "2"]  # the grid's logic; its sampling is the scripts' and tools.evaluate's own tests'
-    n = 2
-    first = run_cli("scripts/compare_real.py", *common, "--methods", "grpo_base", "--readme", str(readme), timeout=600)
+    common += ["--methods", "grpo_base,cw_grpo,clip_cov"]
+    first = run_cli("scripts/compare_real.py", *common, "--readme", str(readme), timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
     stored = out / page.STORE / "grpo_base-seed0"
     info = json.loads((stored / runs.RUN_FILE).read_text())
     assert info["steps"] == 2 and info["model"] == "tiny" and info["data"] == {"train": 400, "held_out": 100}
     assert info["machine"]["cores"] >= 1 and info["machine"]["precision"]["weights"] == "float32"
     samples = [json.loads(line) for line in (stored / runs.SAMPLES_FILE).read_text().splitlines()]
-    assert sorted({s["eval"] for s in samples}) == ["after", "before"] and len(samples) == 200
-    assert all(len(s["correct"]) == len(s["confidence"]) == n for s in samples)
-    mtime = (stored / runs.METRICS_FILE).stat().st_mtime  # evaluations add to run.json, never to the metrics
+    trained = [s for s in samples if s["eval"] in ("before", "after")]
+    assert len(trained) == 200 and all(len(s["correct"]) == len(s["confidence"]) == 2 for s in trained)
     assert not list((run_dirs / "grpo_base-seed0").glob("checkpoint-*"))  # the model stays, the checkpoint goes
-
-    methods = "grpo_base,cw_grpo,clip_cov"
-    second = run_cli("scripts/compare_real.py", *common, "--methods", methods, "--readme", "", timeout=900)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "grpo_base, seed 0: stored in" in second.stdout and "skipped" in second.stdout
-    assert (stored / runs.METRICS_FILE).stat().st_mtime == mtime  # not trained again: its model was kept
     both = [(0.0, 1.0), (0.6, 0.95)]
     for name, want in (("grpo_base", both), ("cw_grpo", [(0.6, 0.95)]), ("clip_cov", both)):
         info = json.loads((out / page.STORE / f"{name}-seed0" / runs.RUN_FILE).read_text())
@@ -215,16 +209,33 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert (out / page.PAGE).read_text() == text
 
-    # A stored run lacking an evaluation, its model gone, is trained again (seeded: the same answers), then
-    # evaluated at every setting it is read at.
-    info_path = out / page.STORE / "cw_grpo-seed0" / runs.RUN_FILE
-    info_path.write_text(json.dumps({k: v for k, v in json.loads(info_path.read_text()).items() if k != "evals"}))
-    third = run_cli("scripts/compare_real.py", *common, "--methods", methods, "--readme", "", timeout=900)
-    assert third.returncode == 0, third.stderr[-3000:]
-    assert (
-        "cw_grpo, seed 0: trained again; its evaluation at T = 1.0: the same answers, right and wrong" in third.stdout
-    )
-    assert third.stdout.count("trained again;") == 1  # the others were evaluated: their models are not needed
+    def forget(name: str, setting: tuple | None, keep_folder: bool = True) -> None:
+        """Takes an evaluation (all when `setting` is None) out of a stored run's run.json."""
+        path = out / page.STORE / f"{name}-seed0" / runs.RUN_FILE
+        info = json.loads(path.read_text())
+        info["evals"] = {} if setting is None else {k: v for k, v in info["evals"].items() if k != grid.label(setting)}
+        path.write_text(json.dumps(info))
+        if not keep_folder:
+            shutil.rmtree(run_dirs / f"{name}-seed0" / "eval-T{}-p{}".format(*setting))
+
+    forget("cw_grpo", None)  # its model is gone: trained again, then evaluated
+    forget("grpo_base", (0.6, 0.95), keep_folder=False)  # evaluated again on its kept model
+    forget("clip_cov", (0.0, 1.0))  # its evaluation is still in its run directory: taken
+    mtime = (stored / runs.METRICS_FILE).stat().st_mtime  # evaluations add to run.json, never to the metrics
+    second = run_cli("scripts/compare_real.py", *common, "--readme", "", timeout=900)
+    assert second.returncode == 0, second.stderr[-3000:]
+    said = second.stdout
+    assert "grpo_base, seed 0: stored in" in said and "skipped" in said
+    assert "cw_grpo, seed 0: trained again; its evaluation at T = 1.0: the same answers, right and wrong" in said
+    assert said.count("trained again;") == 1  # the others were evaluated: their models are not needed
+    assert "grpo_base, seed 0: evaluated at T = 0.6, top-p 0.95: --model" in said
+    assert "clip_cov, seed 0: evaluated at greedy in" in said and ", taken" in said
+    assert (stored / runs.METRICS_FILE).stat().st_mtime == mtime
+    figs, infos = figures.load(out / page.STORE)
+    assert (out / page.PAGE).read_text() == page.page(figs, infos, compare.task_text())
+    for name, want in (("grpo_base", both), ("cw_grpo", [(0.6, 0.95)]), ("clip_cov", both)):
+        info = json.loads((out / page.STORE / f"{name}-seed0" / runs.RUN_FILE).read_text())
+        assert sorted(info["evals"]) == sorted(grid.label(s) for s in want), name
 
     other = run_cli("scripts/compare_real.py", *common[:2], "--steps", "3", *common[4:], "--methods", "grpo_base")
     assert other.returncode != 0 and "--fresh" in other.stderr
