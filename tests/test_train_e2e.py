@@ -21,7 +21,19 @@ REQUIRED_METRICS = {
 VLLM = [pytest.mark.vllm, pytest.mark.skipif(not vllm_available(), reason="no vllm")]
 # Every script with the HF engine; with vLLM, grpo_base and edge_grpo (GEC samples through the engine too):
 # the other three run the same rollout lines as grpo_base (tests/test_skeleton.py holds them to it).
-RUNS = [(s, "hf") for s in SCRIPTS] + [pytest.param(s, "vllm", marks=VLLM) for s in ("grpo_base.py", "edge_grpo.py")]
+# grpo_base's vLLM run is one run shared with the console's test (one vLLM start fewer): hence its group.
+SHARED = pytest.mark.xdist_group("grpo_base_on_vllm")
+RUNS = [(s, "hf") for s in SCRIPTS]
+RUNS += [pytest.param("grpo_base.py", "vllm", marks=[*VLLM, SHARED]), pytest.param("edge_grpo.py", "vllm", marks=VLLM)]
+
+
+@pytest.fixture(scope="module")
+def grpo_base_on_vllm(tiny_random_dir, tmp_path_factory):
+    """One two-step grpo_base run on vLLM, evaluated before and after and reported to TensorBoard: its process
+    and output folder, read by test_two_steps and by the console's test."""
+    out = tmp_path_factory.mktemp("grpo-base-vllm")
+    flags = ["--model", str(tiny_random_dir), "--rollout", "vllm", *TWO_STEPS, "--eval_steps", "2"]
+    return run_cli("grpo_base.py", "--output_dir", str(out), *flags, "--report_to", "tensorboard"), out
 
 
 def check_edge(rows, out):
@@ -76,10 +88,16 @@ EXTRA_FLAGS = {"edge_grpo.py": ("--gec_max_new_tokens", "8")}
 
 
 @pytest.mark.parametrize("script, rollout", RUNS)
-def test_two_steps(script, rollout, tiny_random_dir, tmp_path):
+def test_two_steps(script, rollout, tiny_random_dir, tmp_path, request):
     """Two steps as a user runs them: the metrics, a complete checkpoint, the exported model, samples."""
-    flags = ("--model", str(tiny_random_dir), "--rollout", rollout, *TWO_STEPS, *EXTRA_FLAGS.get(script, ()))
-    rows = run_script(script, tmp_path, *flags)
+    if (script, rollout) == ("grpo_base.py", "vllm"):
+        proc, tmp_path = request.getfixturevalue("grpo_base_on_vllm")
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        rows = [r for r in rows if "train/reward" in r]  # its evaluations have rows of their own
+    else:
+        flags = ("--model", str(tiny_random_dir), "--rollout", rollout, *TWO_STEPS, *EXTRA_FLAGS.get(script, ()))
+        rows = run_script(script, tmp_path, *flags)
     assert [r["step"] for r in rows] == [1, 2]
     assert REQUIRED_METRICS <= set(rows[-1]), REQUIRED_METRICS - set(rows[-1])
     assert rows[-1]["train/rollout_logp_gap"] < 1e-3  # the engine samples from the policy being trained
@@ -216,24 +234,23 @@ def test_a_run_without_learning_signal_says_so(tiny_random_dir, tmp_path):
     assert "--temperature" in proc.stderr + proc.stdout
 
 
-def test_a_successful_run_prints_our_lines_only(tiny_random_dir, tmp_path):
+@SHARED
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason="no vllm")
+def test_a_successful_run_prints_our_lines_only(grpo_base_on_vllm):
     """The progress bar, an evaluation line, and one closing line saying where the model is; the one line
     left is torch's own C++ note when vLLM's CPU build binds memory to a NUMA node (printed below Python).
     DeepSpeed is installed in the test environment: its CPU notice must not show either."""
     import importlib.util
 
     assert importlib.util.find_spec("deepspeed") is not None, "the console is tested with deepspeed installed"
-    rollout = "vllm" if vllm_available() else "hf"
-    flags = ["--model", str(tiny_random_dir), "--rollout", rollout, "--steps", "2", "--prompts_per_step", "4"]
-    proc = run_cli(
-        "grpo_base.py", "--output_dir", str(tmp_path), *flags, "--eval_steps", "2", "--report_to", "tensorboard"
-    )
+    proc, tmp_path = grpo_base_on_vllm
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [line for line in (proc.stdout + proc.stderr).replace("\r", "\n").splitlines() if line.strip()]
     # The start lines (how many steps and why; what is loading; the evaluation before training), the bar, the end,
     # and (a random model is always wrong) the first step's word that no group has a signal.
     start = (
-        r"grpo_base: 2 steps \(--steps\), 4 prompts x 8 completions a step|loading .*: the policy and the |evaluating "
+        r"grpo_base: 2 steps \(--steps\), 4 prompts x 4 completions a step|loading .*: the policy and the |evaluating "
         r"|warning: the first step's groups all have equal rewards"
     )
     ours = [line for line in lines if re.match(rf"({start}|{tmp_path.name}:|done: |eval at step \d+: pass@1)", line)]
