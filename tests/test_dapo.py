@@ -136,9 +136,10 @@ KINDS = ["right", "wrong", "wrong", "mixed", "right", "right", "wrong", "mixed",
 ACCURACY = {"right": [1.0] * 4, "wrong": [0.0] * 4, "mixed": [1.0, 0.0, 0.0, 1.0]}
 
 
-def _dynamic_sampling_rank(rank, world, port, model_dir, out_dir, need, max_batches):
+def _dynamic_sampling_rank(rank, world, port, model_dir, out_dir, cases):
     """One rank: the real sampler, the real HF engine (synced over ranks, as under ZeRO-3 / FSDP, so that unequal
-    engine calls would hang), fill_groups with DAPO's filter. Writes what it saw to out_dir/rank<r>.json."""
+    engine calls would hang), fill_groups with DAPO's filter, once for each of `cases` ({name: (need,
+    max_batches)}), each from a fresh sampler. Writes what it saw to out_dir/<name>-rank<r>.json."""
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
@@ -160,8 +161,6 @@ def _dynamic_sampling_rank(rank, world, port, model_dir, out_dir, need, max_batc
     )
     rows = [{"problem": f"What is {i} + 1?", "kind": k} for i, k in enumerate(KINDS)]
     rows = [r | {"prompt_ids": tok.encode(r["problem"])} for r in rows]
-    sampler = PromptSampler(rows, prompts_per_step=need * world, seed=3, rank=rank, world_size=world)
-    calls = []
 
     def rollout(batch):
         calls.append(len(batch))
@@ -172,35 +171,37 @@ def _dynamic_sampling_rank(rank, world, port, model_dir, out_dir, need, max_batc
             {"kind": r["kind"], "accuracy": a, "checked": torch.ones(4, dtype=torch.bool)} for r, a in zip(batch, acc)
         ]
 
-    got = fill_groups(
-        sampler.next_batch,
-        rollout,
-        partial(mixed_groups, G=4),
-        need,
-        max_batches,
-        partial(fewest_over_ranks, accelerator),
-    )
-    kinds = [g["kind"] for g in got.groups]
-    record = {"calls": calls, "kinds": kinds, "kept": got.kept, "batches": got.batches, "gave_up": got.gave_up}
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(record))
+    for name, (need, max_batches) in cases.items():
+        sampler = PromptSampler(rows, prompts_per_step=need * world, seed=3, rank=rank, world_size=world)
+        calls = []
+        got = fill_groups(
+            sampler.next_batch,
+            rollout,
+            partial(mixed_groups, G=4),
+            need,
+            max_batches,
+            partial(fewest_over_ranks, accelerator),
+        )
+        kinds = [g["kind"] for g in got.groups]
+        record = {"calls": calls, "kinds": kinds, "kept": got.kept, "batches": got.batches, "gave_up": got.gave_up}
+        (out_dir / f"{name}-rank{rank}.json").write_text(json.dumps(record))
     accelerator.wait_for_everyone()
     if world > 1:
         torch.distributed.destroy_process_group()
 
 
-def sample_dynamically(tmp_path, model_dir, world, need, max_batches):
+def sample_dynamically(tmp_path, model_dir, world, cases: dict) -> dict:
+    """Each of `cases` ({name: (need, max_batches)}) on `world` spawned ranks, one after another in one process
+    group: {name: [what each rank saw]}."""
     import socket
 
     import torch.multiprocessing as mp
 
-    tmp_path.mkdir(parents=True, exist_ok=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(
-        _dynamic_sampling_rank, args=(world, port, model_dir, tmp_path, need, max_batches), nprocs=world, join=True
-    )
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    mp.spawn(_dynamic_sampling_rank, args=(world, port, model_dir, tmp_path, cases), nprocs=world, join=True)
+    return {name: [json.loads((tmp_path / f"{name}-rank{r}.json").read_text()) for r in range(world)] for name in cases}
 
 
 def check_ranks_agree(ranks, need):
@@ -211,7 +212,7 @@ def check_ranks_agree(ranks, need):
 
 
 def test_dynamic_sampling_keeps_only_mixed_groups_on_one_process(tiny_random_dir, tmp_path):
-    (rank,) = sample_dynamically(tmp_path, tiny_random_dir, world=1, need=2, max_batches=0)
+    (rank,) = sample_dynamically(tmp_path, tiny_random_dir, world=1, cases={"fill": (2, 0)})["fill"]
     assert rank["kinds"] == ["mixed", "mixed"] and rank["kept"] == 2 and not rank["gave_up"]
     assert rank["batches"] > 1 and all(n == 2 for n in rank["calls"])  # it had to draw more than one batch
 
@@ -220,11 +221,11 @@ def test_dynamic_sampling_keeps_only_mixed_groups_on_one_process(tiny_random_dir
 def test_dynamic_sampling_on_two_processes_makes_equal_engine_calls(tiny_random_dir, tmp_path):
     """gloo, 2 ranks of 2 prompts a generation batch: each ends with only mixed groups; a rank that fills first
     keeps calling the engine with no prompts until the other is full; the cap stops both alike and says so."""
-    ranks = sample_dynamically(tmp_path / "fill", tiny_random_dir, world=2, need=2, max_batches=0)
+    seen = sample_dynamically(tmp_path, tiny_random_dir, world=2, cases={"fill": (2, 0), "cap": (2, 2)})
+    ranks, capped = seen["fill"], seen["cap"]
     check_ranks_agree(ranks, 2)
     assert all(r["kinds"] == ["mixed", "mixed"] and r["kept"] == 2 and not r["gave_up"] for r in ranks)
     assert any(0 in r["calls"] for r in ranks), "one rank filled first (seed 3's order): it must have made empty calls"
-    capped = sample_dynamically(tmp_path / "cap", tiny_random_dir, world=2, need=2, max_batches=2)
     check_ranks_agree(capped, 2)
     assert all(r["gave_up"] and r["batches"] == 2 for r in capped)
     assert all(r["kinds"][: r["kept"]] == ["mixed"] * r["kept"] for r in capped)  # kept first, then dropped
