@@ -6,6 +6,7 @@ external_launcher, TRL's colocate mode). Stop strings are applied inside vLLM wh
 detokenizer, given the model's tokenizer only then), and each completion is cut as `cut_at_stop` says.
 """
 
+import contextlib
 import logging
 import math
 import os
@@ -62,6 +63,14 @@ def kv_cache_note(
         return line + "raise --vllm_gpu_memory_utilization (with --vllm_sleep on one GPU) to sample a step at once"
     gib = math.ceil(cpu_gib * need / capacity)
     return line + f"set VLLM_CPU_KVCACHE_SPACE={gib} (GiB; now {cpu_gib:g}) to sample a step at once"
+
+
+def sampling_context(gpu: bool) -> contextlib.AbstractContextManager:
+    """Where vLLM samples. On CPU, torch.compile off: vLLM compiles its sampler's count of the vocabulary at or
+    above each sampled token (`batched_count_greater_than`, the log-prob's rank) at a process's first sampling
+    call, to spare a GPU a [tokens, vocab] copy; on CPU that compile takes seconds of every run, and eager
+    counts the same."""
+    return contextlib.nullcontext() if gpu else torch._dynamo.config.patch(disable=True)
 
 
 def vllm_engine_args(
@@ -156,6 +165,7 @@ class VLLMEngine:
         self.weight_dtype = None if dtype == "auto" else getattr(torch, dtype)  # what load_weights is best given
         self.per_prompt_seeds = per_prompt_seeds
         self.sleep_mode = enable_sleep_mode and torch.cuda.is_available()
+        self.gpu = torch.cuda.is_available()
         self.asleep: set[str] = set()  # the parts released by sleep() and not woken yet
 
     def generate(
@@ -226,7 +236,8 @@ class VLLMEngine:
             )
             for s in seeds
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        with sampling_context(self.gpu):
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [
             [
                 Completion(

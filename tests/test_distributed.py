@@ -340,6 +340,26 @@ def test_vllm_engine_arguments_on_a_gpu_and_on_cpu():
 
 
 @needs_vllm
+def test_vllm_samples_without_torch_compile_on_cpu_only():
+    """vLLM's sampler compiles its rank count at a process's first sampling call (seconds on CPU): off on CPU,
+    vLLM's own way on a GPU."""
+    import torch
+    from vllm.v1.sample.ops import logprobs
+
+    from common.vllm_engine import sampling_context
+
+    assert hasattr(logprobs.batched_count_greater_than, "_torchdynamo_orig_callable")  # what is compiled
+    before = torch._dynamo.config.disable
+    with sampling_context(gpu=False):
+        assert torch._dynamo.config.disable
+        x, v = torch.tensor([[0.1, 0.5, 0.3], [0.2, 0.2, 0.9]]), torch.tensor([[0.3], [0.2]])
+        assert logprobs.batched_count_greater_than(x, v).tolist() == [2, 3]  # ranks, eagerly: no compile here
+    with sampling_context(gpu=True):
+        assert torch._dynamo.config.disable is before
+    assert torch._dynamo.config.disable is before
+
+
+@needs_vllm
 def test_vllm_takes_every_engine_argument(tiny_random_dir):
     """Each name is one vllm.LLM (0.32) passes on to its EngineArgs, or one of LLM's own; EngineArgs builds from
     them (no engine is started)."""
