@@ -342,7 +342,7 @@ def test_vllm_engine_arguments_on_a_gpu_and_on_cpu():
 @needs_vllm
 def test_vllm_samples_without_torch_compile_on_cpu_only():
     """vLLM's sampler compiles its rank count at a process's first sampling call (seconds on CPU): off on CPU,
-    vLLM's own way on a GPU."""
+    vLLM's own way on a GPU. That a real engine then compiles nothing: tests/test_rollout.py."""
     import torch
     from vllm.v1.sample.ops import logprobs
 
@@ -351,9 +351,7 @@ def test_vllm_samples_without_torch_compile_on_cpu_only():
     assert hasattr(logprobs.batched_count_greater_than, "_torchdynamo_orig_callable")  # what is compiled
     before = torch._dynamo.config.disable
     with sampling_context(gpu=False):
-        assert torch._dynamo.config.disable
-        x, v = torch.tensor([[0.1, 0.5, 0.3], [0.2, 0.2, 0.9]]), torch.tensor([[0.3], [0.2]])
-        assert logprobs.batched_count_greater_than(x, v).tolist() == [2, 3]  # ranks, eagerly: no compile here
+        assert torch._dynamo.config.disable  # not called here: a skipped function stays skipped in its process
     with sampling_context(gpu=True):
         assert torch._dynamo.config.disable is before
     assert torch._dynamo.config.disable is before

@@ -229,7 +229,7 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
     assert "cw_grpo, seed 0: trained again; its evaluation at T = 1.0: the same answers, right and wrong" in said
     assert said.count("trained again;") == 1  # the others were evaluated: their models are not needed
     assert "grpo_base, seed 0: evaluated at T = 0.6, top-p 0.95: --model" in said
-    assert "clip_cov, seed 0: evaluated at greedy in" in said and ", taken" in said
+    assert f"clip_cov, seed 0: evaluated at greedy in {run_dirs / 'clip_cov-seed0' / 'eval-T0.0-p1.0'}, taken" in said
     assert (stored / runs.METRICS_FILE).stat().st_mtime == mtime
     figs, infos = figures.load(out / page.STORE)
     assert (out / page.PAGE).read_text() == page.page(figs, infos, compare.task_text())

@@ -170,12 +170,17 @@ def test_sleep_mode_wakes_weights_for_the_sync_and_the_kv_cache_for_sampling():
 @pytest.mark.vllm
 def test_vllm_engine_runs_in_process_whatever_the_environment_says(tiny_random_dir, monkeypatch, closing):
     """VLLM_ENABLE_V1_MULTIPROCESSING=1 would put the engine in a subprocess (CUDA tensors sent to it on
-    one GPU, vLLM's own assertion under the external launcher): the engine overrides it, saying so."""
+    one GPU, vLLM's own assertion under the external launcher): the engine overrides it, saying so. On CPU it
+    samples without compiling a graph (common.vllm_engine.sampling_context)."""
+    from torch._dynamo.utils import counters
+
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     engine = closing(VLLMEngine(str(tiny_random_dir), [0], max_model_len=64, seed=0, dtype="float32"))
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    graphs = counters["stats"]["unique_graphs"]
     [[c]] = engine.generate([[5, 6, 7]], 1, 4, 1.0)
     assert 0 < len(c.token_ids) <= 4
+    assert counters["stats"]["unique_graphs"] == graphs  # vLLM's rank count ran eagerly
     del engine
 
 

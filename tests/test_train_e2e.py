@@ -29,10 +29,11 @@ RUNS += [pytest.param("grpo_base.py", "vllm", marks=[*VLLM, SHARED]), pytest.par
 
 @pytest.fixture(scope="module")
 def grpo_base_on_vllm(tiny_random_dir, tmp_path_factory):
-    """One two-step grpo_base run on vLLM, evaluated before and after and reported to TensorBoard: its process
-    and output folder, read by test_two_steps and by the console's test."""
+    """One two-step grpo_base run on vLLM (HF where vLLM is not installed), evaluated before and after and
+    reported to TensorBoard: its process and output folder, read by test_two_steps and by the console's test."""
     out = tmp_path_factory.mktemp("grpo-base-vllm")
-    flags = ["--model", str(tiny_random_dir), "--rollout", "vllm", *TWO_STEPS, "--eval_steps", "2"]
+    rollout = "vllm" if vllm_available() else "hf"
+    flags = ["--model", str(tiny_random_dir), "--rollout", rollout, *TWO_STEPS, "--eval_steps", "2"]
     return run_cli("grpo_base.py", "--output_dir", str(out), *flags, "--report_to", "tensorboard"), out
 
 
@@ -235,8 +236,6 @@ def test_a_run_without_learning_signal_says_so(tiny_random_dir, tmp_path):
 
 
 @SHARED
-@pytest.mark.vllm
-@pytest.mark.skipif(not vllm_available(), reason="no vllm")
 def test_a_successful_run_prints_our_lines_only(grpo_base_on_vllm):
     """The progress bar, an evaluation line, and one closing line saying where the model is; the one line
     left is torch's own C++ note when vLLM's CPU build binds memory to a NUMA node (printed below Python).
