@@ -144,8 +144,9 @@ class VLLMEngine:
                 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
             )
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.gpu = torch.cuda.is_available()  # what each device needs is decided from it
         # vLLM's CPU KV cache (GiB): its default takes far more RAM than small runs need.
-        if not torch.cuda.is_available():
+        if not self.gpu:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = cpu_kv_cache_gib(os.environ.get("VLLM_CPU_KVCACHE_SPACE", ""))
         quiet_libraries()  # before vLLM is imported: its log lines go through our filter
         from vllm import LLM
@@ -157,15 +158,14 @@ class VLLMEngine:
         )
 
         self.llm = LLM(**vllm_engine_args(
-            model_path, max_model_len=max_model_len, seed=seed, dtype=dtype, gpu=torch.cuda.is_available(),
+            model_path, max_model_len=max_model_len, seed=seed, dtype=dtype, gpu=self.gpu,
             gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode, distributed=distributed,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, detokenize=bool(self.stop),
         ))  # fmt: skip
         self.stop_token_ids = list(stop_token_ids)
         self.weight_dtype = None if dtype == "auto" else getattr(torch, dtype)  # what load_weights is best given
         self.per_prompt_seeds = per_prompt_seeds
-        self.sleep_mode = enable_sleep_mode and torch.cuda.is_available()
-        self.gpu = torch.cuda.is_available()
+        self.sleep_mode = enable_sleep_mode and self.gpu
         self.asleep: set[str] = set()  # the parts released by sleep() and not woken yet
 
     def generate(
@@ -284,7 +284,7 @@ class VLLMEngine:
     def kv_cache_note(self, prompt_lens: list[int], prompts: int, group_size: int, added_len: int) -> str | None:
         """`kv_cache_note` for this engine: its capacity, its concurrent sequences, its CPU KV cache size."""
         config = self.llm.llm_engine.vllm_config
-        cpu_bytes = None if torch.cuda.is_available() else config.cache_config.kv_cache_memory_bytes
+        cpu_bytes = None if self.gpu else config.cache_config.kv_cache_memory_bytes
         return kv_cache_note(
             self.kv_cache_tokens, prompt_lens, prompts, group_size, added_len, config.scheduler_config.max_num_seqs,
             None if cpu_bytes is None else cpu_bytes / 2**30,
