@@ -22,14 +22,14 @@ import torch
 from common.completion import Completion, cut_at_stop, cut_groups, stop_at, stop_token_ids
 from common.hf_engine import HFEngine, _RowSampler
 from common.seeds import SEED_STRIDE, completion_seed, prompt_seeds
-from common.vllm_engine import CPU_KV_CACHE_GIB, VLLMEngine, cpu_kv_cache_gib, kv_cache_note, vllm_engine_args
+from common.vllm_engine import CPU_KV_CACHE_GIB, VLLMEngine, cpu_kv_cache_space, kv_cache_note, vllm_engine_args
 from common.vllm_sync import tensor_batches
 
 _batches = tensor_batches  # its name before the split (tests/test_distributed.py)
 
 __all__ = [
     "CPU_KV_CACHE_GIB", "SEED_STRIDE", "Completion", "HFEngine", "RolloutEngine", "VLLMEngine", "_RowSampler",
-    "_batches", "completion_seed", "cpu_kv_cache_gib", "cut_at_stop", "cut_groups", "kv_cache_note", "make_engine",
+    "_batches", "completion_seed", "cpu_kv_cache_space", "cut_at_stop", "cut_groups", "kv_cache_note", "make_engine",
     "prompt_seeds", "stop_at", "stop_token_ids", "tensor_batches", "vllm_engine_args",
 ]  # fmt: skip
 

@@ -19,19 +19,63 @@ from common.completion import Completion, cut_groups, stop_at
 from common.console import quiet_libraries
 from common.vllm_sync import push_weights
 
-CPU_KV_CACHE_GIB = 2  # vLLM's KV cache on CPU unless VLLM_CPU_KVCACHE_SPACE says otherwise (docs/EVALUATION.md)
+CPU_KV_CACHE_GIB = 2  # the most a run's own sizing gives vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE: any size)
+VLLM_CPU_MAX_NUM_SEQS = 256  # vLLM 0.32's CPU default for `LLM` (engine/arg_utils.py, default_max_num_seqs)
+KV_BLOCK_SLACK = 256  # tokens per sequence for its last, part-filled block (vLLM 0.32 CPU blocks: 128, or 256)
 
 
-def cpu_kv_cache_gib(value: str, default: str = str(CPU_KV_CACHE_GIB)) -> str:
-    """VLLM_CPU_KVCACHE_SPACE checked (`default` when unset or empty). vLLM 0.32 reads it with int() deep
-    inside its config (a pydantic traceback for "0.5") and 0 leaves no room for the cache: one line instead."""
-    value = value.strip() or default
+def cpu_kv_cache_space(value: str) -> str | None:
+    """VLLM_CPU_KVCACHE_SPACE checked; None when unset or empty (the engine sizes the cache itself). vLLM 0.32
+    reads it with int() deep inside its config (a pydantic traceback for "0.5") and 0 leaves no room for the
+    cache: one line instead."""
+    value = value.strip()
+    if not value:
+        return None
     require(
         value.isascii() and value.isdigit() and int(value) > 0,
         f"VLLM_CPU_KVCACHE_SPACE={value}: vLLM's CPU KV cache is sized in whole GiB; set a whole number >= 1 "
-        f"(e.g. VLLM_CPU_KVCACHE_SPACE={default})",
+        f"(e.g. VLLM_CPU_KVCACHE_SPACE={CPU_KV_CACHE_GIB}), or unset it for a cache sized to the run",
     )
     return value
+
+
+def kv_bytes_per_token(config, dtype: str) -> int | None:
+    """Bytes of K and V one token takes in a transformers `config`'s model: 2 x layers x KV heads x head dim x
+    the element size of `dtype` ("auto": 4, the most vLLM may pick on CPU). None for a config without those
+    fields (the cache then gets CPU_KV_CACHE_GIB)."""
+    text = config.get_text_config()
+    heads = getattr(text, "num_attention_heads", None)
+    layers, hidden = getattr(text, "num_hidden_layers", None), getattr(text, "hidden_size", None)
+    if not (heads and layers and hidden):
+        return None
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    size = 4 if dtype == "auto" else getattr(torch, dtype).itemsize
+    return 2 * layers * kv_heads * head_dim * size
+
+
+def cpu_kv_cache_bytes(bytes_per_token: int | None, max_model_len: int, max_num_seqs: int | None) -> int:
+    """vLLM's CPU KV cache for a run: every sequence it decodes at once (`max_num_seqs`, None: vLLM's CPU
+    default) at its longest, a block's slack each, whole MiB; at most CPU_KV_CACHE_GIB. vLLM fills what it is
+    given (zeroed at start-up: seconds per GiB here), so a tiny model's tests start in megabytes."""
+    cap = CPU_KV_CACHE_GIB * 2**30
+    if bytes_per_token is None:
+        return cap
+    need = (max_num_seqs or VLLM_CPU_MAX_NUM_SEQS) * (max_model_len + KV_BLOCK_SLACK) * bytes_per_token
+    return min(cap, math.ceil(need / 2**20) * 2**20)
+
+
+def engine_kv_cache_bytes(
+    space: str, model_path: str, dtype: str, max_model_len: int, max_num_seqs: int | None
+) -> int | None:
+    """What the engine hands vLLM on CPU for its KV cache: None when VLLM_CPU_KVCACHE_SPACE (`space`, checked)
+    sets the size, else `cpu_kv_cache_bytes` of the model at `model_path` in `dtype`."""
+    if cpu_kv_cache_space(space) is not None:
+        return None
+    from transformers import AutoConfig
+
+    per_token = kv_bytes_per_token(AutoConfig.from_pretrained(model_path), dtype)
+    return cpu_kv_cache_bytes(per_token, max_model_len, max_num_seqs)
 
 
 def kv_cache_note(
@@ -76,11 +120,12 @@ def sampling_context(gpu: bool) -> contextlib.AbstractContextManager:
 def vllm_engine_args(
     model_path: str, *, max_model_len: int, seed: int, dtype: str, gpu: bool, gpu_memory_utilization: float = 0.3,
     enable_sleep_mode: bool = False, distributed: bool = False, max_num_seqs: int | None = None,
-    max_num_batched_tokens: int | None = None, detokenize: bool = False,
+    max_num_batched_tokens: int | None = None, detokenize: bool = False, kv_cache_bytes: int | None = None,
 ) -> dict:  # fmt: skip
     """The arguments of `vllm.LLM` for the colocated engine, on a GPU or not (`gpu`): what each device needs
     is decided here, so a CPU test can check the GPU's (tests/test_distributed.py) without starting vLLM.
-    `detokenize`: vLLM loads the model's tokenizer (stop strings need its detokenizer); else it runs without."""
+    `detokenize`: vLLM loads the model's tokenizer (stop strings need its detokenizer); else it runs without.
+    `kv_cache_bytes`: the KV cache's size on CPU (`cpu_kv_cache_bytes`; None: VLLM_CPU_KVCACHE_SPACE's)."""
     kwargs = {}
     if distributed:  # one engine per accelerate rank, TRL's colocate mode
         kwargs["distributed_executor_backend"] = "external_launcher"
@@ -96,6 +141,8 @@ def vllm_engine_args(
         # differently on another CPU shifts every other sequence's samples. Whole prompts only, then.
         kwargs["enable_chunked_prefill"] = False
         kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens or 0, max_model_len, 2048)
+        if kv_cache_bytes:
+            kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
     return dict(
         model=model_path,
         skip_tokenizer_init=not detokenize,  # we tokenise and detokenise ourselves
@@ -145,9 +192,10 @@ class VLLMEngine:
             )
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.gpu = torch.cuda.is_available()  # what each device needs is decided from it
-        # vLLM's CPU KV cache (GiB): its default takes far more RAM than small runs need.
-        if not self.gpu:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = cpu_kv_cache_gib(os.environ.get("VLLM_CPU_KVCACHE_SPACE", ""))
+        kv_cache_bytes = None
+        if not self.gpu:  # vLLM alone would take 90% of the machine's memory
+            space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+            kv_cache_bytes = engine_kv_cache_bytes(space, model_path, dtype, max_model_len, max_num_seqs)
         quiet_libraries()  # before vLLM is imported: its log lines go through our filter
         from vllm import LLM
 
@@ -161,6 +209,7 @@ class VLLMEngine:
             model_path, max_model_len=max_model_len, seed=seed, dtype=dtype, gpu=self.gpu,
             gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode, distributed=distributed,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, detokenize=bool(self.stop),
+            kv_cache_bytes=kv_cache_bytes,
         ))  # fmt: skip
         self.stop_token_ids = list(stop_token_ids)
         self.weight_dtype = None if dtype == "auto" else getattr(torch, dtype)  # what load_weights is best given

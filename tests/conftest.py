@@ -4,8 +4,6 @@ import os
 
 import pytest
 
-# vLLM on CPU: a small KV cache is plenty for the tiny models and keeps memory low.
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # Tests run side by side (pyproject.toml): one OpenMP thread per process, tests and the scripts they start,
 # instead of each spinning a thread per core against the others. Same results, about a quarter less CPU time.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

