@@ -204,8 +204,12 @@ def test_launch_timeout_kills_every_process(tmp_path):
     )
     pids = tmp_path / "pids"
     pids.mkdir()
+
+    def both_up() -> bool:  # then the kill: no need to wait the timeout out
+        return len(list(pids.iterdir())) == 2
+
     start = time.monotonic()
-    rc, out = launch(CONFIGS / "ddp_8gpu.yaml", script, str(pids), timeout=20)
+    rc, out = launch(CONFIGS / "ddp_8gpu.yaml", script, str(pids), timeout=50, stop_when=both_up)
     assert rc == TIMEOUT_RC and "[launch] TIMEOUT" in out
     assert time.monotonic() - start < 60
     workers = [int(p.name) for p in pids.iterdir()]

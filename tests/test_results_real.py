@@ -167,7 +167,7 @@ def test_a_rerun_says_whether_its_answers_are_the_stored_runs_and_how_far_confid
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
+def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path, monkeypatch):
     """GRPO, CW-GRPO and the baseline its paper compares with (Clip-Cov), one seed, two steps: the runs, each
     evaluated where it is read (Clip-Cov greedy and at CW-GRPO's setting, GRPO at both), the stored results, the
     page, the figure and the README's block; --render_only gives the same page. A second call keeps what is
@@ -237,8 +237,11 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path):
         info = json.loads((out / page.STORE / f"{name}-seed0" / runs.RUN_FILE).read_text())
         assert sorted(info["evals"]) == sorted(grid.label(s) for s in want), name
 
-    other = run_cli("scripts/compare_real.py", *common[:2], "--steps", "3", *common[4:], "--methods", "grpo_base")
-    assert other.returncode != 0 and "--fresh" in other.stderr
+    monkeypatch.setattr(
+        "sys.argv", ["compare_real.py", *common[:2], "--steps", "3", *common[4:], "--methods", "grpo_base"]
+    )
+    with pytest.raises(SystemExit, match="--fresh"):  # other settings than the stored runs': refused
+        compare.main()
 
 
 @pytest.mark.vllm

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -41,12 +42,14 @@ def launch(
     num_processes: int = 2,
     timeout: float = 180,
     env: dict[str, str] | None = None,
+    stop_when: Callable[[], bool] | None = None,
 ) -> tuple[int, str]:
     """Run `script args` on `num_processes` CPU ranks with the engine `config_yaml` selects.
 
     Returns (return code, stdout+stderr of the launcher and all ranks). On timeout every
     process of the launch is killed and the code is 124 (the output so far is returned,
-    ending with a `[launch] TIMEOUT` line). Never raises for a failing script.
+    ending with a `[launch] TIMEOUT` line). Never raises for a failing script. `stop_when`, polled every 0.1 s,
+    ends the launch as a timeout does once it is true (a test of the kill itself need not wait the timeout out).
     """
     full_env = {
         **os.environ,
@@ -81,7 +84,7 @@ def launch(
         )
         start = time.monotonic()
         try:
-            rc = proc.wait(timeout=timeout)
+            rc = _wait(proc, timeout, stop_when)
         except subprocess.TimeoutExpired:
             _kill_tree(proc)
             rc = TIMEOUT_RC
@@ -95,6 +98,19 @@ def launch(
     if rc == TIMEOUT_RC:
         out += f"\n[launch] TIMEOUT after {time.monotonic() - start:.0f}s: all processes killed\n"
     return rc, out
+
+
+def _wait(proc: subprocess.Popen, timeout: float, stop_when: Callable[[], bool] | None) -> int:
+    """proc's return code; TimeoutExpired after `timeout` seconds or once stop_when() is true."""
+    if stop_when is None:
+        return proc.wait(timeout=timeout)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and not stop_when():
+        try:
+            return proc.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            pass
+    raise subprocess.TimeoutExpired(proc.args, timeout)
 
 
 def _has_gpu() -> bool:
