@@ -318,11 +318,7 @@ def wandb_ready() -> bool:
 NO_EFFECT = (
     ("vllm_sleep", "cpu", "vLLM's sleep mode frees GPU memory"),
     ("vllm_sleep", "hf", "no vLLM engine to put to sleep"),
-    (
-        "vllm_gpu_memory_utilization",
-        "cpu",
-        "vLLM on CPU sizes its KV cache to the run, or takes VLLM_CPU_KVCACHE_SPACE GiB",
-    ),
+    ("vllm_gpu_memory_utilization", "cpu", "vLLM on CPU sizes its KV cache to the run, or to VLLM_CPU_KVCACHE_SPACE"),
     ("vllm_gpu_memory_utilization", "hf", "no vLLM engine"),
     ("vllm_max_num_seqs", "hf", "no vLLM engine; the hf engine samples a step in batches of 256 rows"),
     ("vllm_max_num_batched_tokens", "hf", "no vLLM engine"),

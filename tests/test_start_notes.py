@@ -92,7 +92,7 @@ def test_a_real_start_says_it_before_anything_loads(tmp_path):
     lines = proc.stdout.splitlines()
     assert (  # named under the first reason that holds (any machine with vLLM or not: --rollout hf)
         "note: on CPU (no GPU here), these flags do nothing: --vllm_sleep true (vLLM's sleep mode frees GPU memory); "
-        "--vllm_gpu_memory_utilization 0.45 (vLLM on CPU sizes its KV cache to the run, or takes VLLM_CPU_KVCACHE_SPACE GiB)"
+        "--vllm_gpu_memory_utilization 0.45 (vLLM on CPU sizes its KV cache to the run, or to VLLM_CPU_KVCACHE_SPACE)"
     ) in lines, lines
     assert not [x for x in lines if x.startswith("note: with --rollout hf")], lines  # each flag once
     [line] = [x for x in lines if x.startswith(f"note: {recipe} is sized for")]
