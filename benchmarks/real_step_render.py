@@ -1,7 +1,6 @@
 """benchmarks/real_step.py's stored runs as docs/SCALING.md's tables, and its memory breakdown (one process, a
 step's parts added one at a time). Everything printed is read from the stored run: nothing is typed by hand."""
 
-import os
 from pathlib import Path
 
 from benchmarks import stored_run
@@ -124,7 +123,8 @@ def step_memory(a, data: Path, prompts_and_model) -> dict:
     mark("gradients + AdamW moments")
     max_len = max(len(r["prompt_ids"]) for r in rows) + a.max_completion_len
     engine = make_engine("vllm", path, tok, max_model_len=max_len, max_num_seqs=a.prompts * a.group)
-    mark(f"vLLM engine: its weights + KV cache (VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE')} GiB)")
+    kv_gib = engine.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes / 2**30
+    mark(f"vLLM engine: its weights + KV cache ({kv_gib:.2f} GiB)")
     groups = engine.generate([r["prompt_ids"] for r in rows], a.group, a.max_completion_len, 1.0, seed=0)
     mark("rollout")
     prompts = [r["prompt_ids"] for r in rows for _ in range(a.group)]

@@ -21,11 +21,11 @@ from common.vllm_sync import push_weights
 
 CPU_KV_CACHE_GIB = 2  # the most a run's own sizing gives vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE: any size)
 VLLM_CPU_MAX_NUM_SEQS = 256  # vLLM 0.32's CPU default for `LLM` (engine/arg_utils.py, default_max_num_seqs)
-KV_BLOCK_SLACK = 256  # tokens per sequence for its last, part-filled block (vLLM 0.32 CPU blocks: 128, or 256)
+VLLM_CPU_BLOCK = 128  # tokens per KV block, vLLM 0.32 on CPU for attention that is K and V (platforms/cpu.py)
 
 
 def cpu_kv_cache_space(value: str) -> str | None:
-    """VLLM_CPU_KVCACHE_SPACE checked; None when unset or empty (the engine sizes the cache itself). vLLM 0.32
+    """VLLM_CPU_KVCACHE_SPACE checked; None when unset or blank (the engine sizes the cache itself). vLLM 0.32
     reads it with int() deep inside its config (a pydantic traceback for "0.5") and 0 leaves no room for the
     cache: one line instead."""
     value = value.strip()
@@ -41,40 +41,64 @@ def cpu_kv_cache_space(value: str) -> str | None:
 
 def kv_bytes_per_token(config, dtype: str) -> int | None:
     """Bytes of K and V one token takes in a transformers `config`'s model: 2 x layers x KV heads x head dim x
-    the element size of `dtype` ("auto": 4, the most vLLM may pick on CPU). None for a config without those
-    fields (the cache then gets CPU_KV_CACHE_GIB)."""
-    text = config.get_text_config()
-    heads = getattr(text, "num_attention_heads", None)
-    layers, hidden = getattr(text, "num_hidden_layers", None), getattr(text, "hidden_size", None)
-    if not (heads and layers and hidden):
+    the element size of `dtype` ("auto": 4, the most vLLM may pick on CPU). None where the cache is not that
+    (latent attention, state-space or linear-attention layers, per-layer head sizes) or the config lacks the
+    fields: such a model gets CPU_KV_CACHE_GIB."""
+    try:
+        text = config.get_text_config()
+        heads, layers, hidden = (
+            getattr(text, k, None) for k in ("num_attention_heads", "num_hidden_layers", "hidden_size")
+        )
+        kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        head_dim = getattr(text, "head_dim", None) or hidden // heads
+        other_layers = set(getattr(text, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
+    except Exception:  # e.g. a per-layer attribute read as one (transformers' heterogeneous configs)
         return None
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    if not (heads and layers and hidden) or other_layers or getattr(text, "kv_lora_rank", None):
+        return None
     size = 4 if dtype == "auto" else getattr(torch, dtype).itemsize
     return 2 * layers * kv_heads * head_dim * size
 
 
 def cpu_kv_cache_bytes(bytes_per_token: int | None, max_model_len: int, max_num_seqs: int | None) -> int:
     """vLLM's CPU KV cache for a run: every sequence it decodes at once (`max_num_seqs`, None: vLLM's CPU
-    default) at its longest, a block's slack each, whole MiB; at most CPU_KV_CACHE_GIB. vLLM fills what it is
-    given (zeroed at start-up: seconds per GiB here), so a tiny model's tests start in megabytes."""
+    default) at its longest (`kv_tokens`), in whole MiB, at most CPU_KV_CACHE_GIB. vLLM zeroes what it is given
+    at start-up (seconds per GiB on this project's machines), so a tiny model's engine starts in megabytes."""
     cap = CPU_KV_CACHE_GIB * 2**30
     if bytes_per_token is None:
         return cap
-    need = (max_num_seqs or VLLM_CPU_MAX_NUM_SEQS) * (max_model_len + KV_BLOCK_SLACK) * bytes_per_token
-    return min(cap, math.ceil(need / 2**20) * 2**20)
+    need = kv_tokens(max_model_len, max_num_seqs or VLLM_CPU_MAX_NUM_SEQS) * bytes_per_token
+    return min(cap, -(-need // 2**20) * 2**20)
+
+
+def kv_tokens(max_model_len: int, sequences: int) -> int:
+    """KV cache tokens that hold `sequences` of `max_model_len` at once: whole blocks each, and a block more
+    (vLLM keeps one block empty)."""
+    return sequences * (-(-max_model_len // VLLM_CPU_BLOCK) + 1) * VLLM_CPU_BLOCK
 
 
 def engine_kv_cache_bytes(
-    space: str, model_path: str, dtype: str, max_model_len: int, max_num_seqs: int | None
+    environ: dict, model_path: str, dtype: str, max_model_len: int, max_num_seqs: int | None
 ) -> int | None:
-    """What the engine hands vLLM on CPU for its KV cache: None when VLLM_CPU_KVCACHE_SPACE (`space`, checked)
-    sets the size, else `cpu_kv_cache_bytes` of the model at `model_path` in `dtype`."""
-    if cpu_kv_cache_space(space) is not None:
+    """What the engine hands vLLM on CPU for its KV cache: None when VLLM_CPU_KVCACHE_SPACE in `environ`
+    (checked) sets the size, else `cpu_kv_cache_bytes` of the model at `model_path` in `dtype` (a blank value
+    is removed: vLLM would int() it). One sequence of `max_model_len` that the cap cannot hold is one line."""
+    if cpu_kv_cache_space(environ.get("VLLM_CPU_KVCACHE_SPACE", "")) is not None:
         return None
+    environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
     from transformers import AutoConfig
 
-    per_token = kv_bytes_per_token(AutoConfig.from_pretrained(model_path), dtype)
+    try:
+        per_token = kv_bytes_per_token(AutoConfig.from_pretrained(model_path), dtype)
+    except Exception:  # a model vLLM reads and transformers does not: vLLM says what is wrong, if anything
+        per_token = None
+    one = kv_tokens(max_model_len, 1) * (per_token or 0)
+    require(
+        one <= CPU_KV_CACHE_GIB * 2**30,
+        f"one sequence of {max_model_len:,} tokens needs {one / 2**30:.1f} GiB of KV cache, more than the "
+        f"{CPU_KV_CACHE_GIB} GiB vLLM gets on CPU by default: set VLLM_CPU_KVCACHE_SPACE (whole GiB), e.g. "
+        f"VLLM_CPU_KVCACHE_SPACE={math.ceil(one / 2**30)}",
+    )
     return cpu_kv_cache_bytes(per_token, max_model_len, max_num_seqs)
 
 
@@ -193,9 +217,8 @@ class VLLMEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.gpu = torch.cuda.is_available()  # what each device needs is decided from it
         kv_cache_bytes = None
-        if not self.gpu:  # vLLM alone would take 90% of the machine's memory
-            space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
-            kv_cache_bytes = engine_kv_cache_bytes(space, model_path, dtype, max_model_len, max_num_seqs)
+        if not self.gpu:  # vLLM alone would reserve 92% of the machine's memory
+            kv_cache_bytes = engine_kv_cache_bytes(os.environ, model_path, dtype, max_model_len, max_num_seqs)
         quiet_libraries()  # before vLLM is imported: its log lines go through our filter
         from vllm import LLM
 

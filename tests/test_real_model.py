@@ -205,7 +205,7 @@ def test_vllm_logprobs_match_the_trainer_before_and_after_a_sync(smollm2_dir):
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir).eval()
     stops = stop_token_ids(tok, str(smollm2_dir))
     assert tok.convert_tokens_to_ids("<|im_end|>") in stops
-    engine = VLLMEngine(str(smollm2_dir), stops, max_model_len=512, seed=0, dtype="float32")
+    engine = VLLMEngine(str(smollm2_dir), stops, max_model_len=512, seed=0, dtype="float32", max_num_seqs=8)
     try:
         shots = [("What is 12 + 5?", "12 + 5 = 17. The answer is \\boxed{17}.")]  # so that answers end
         prompts = [

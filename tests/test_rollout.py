@@ -54,7 +54,8 @@ def test_hf_engine_logprobs_and_stop(tiny_random_model, prompts):
 @pytest.fixture(scope="module")
 def vllm_engine(tiny_random_dir, tiny_random_model):
     _, tok = tiny_random_model
-    engine = VLLMEngine(str(tiny_random_dir), [tok.eos_token_id], max_model_len=1024, seed=0, dtype="float32")
+    # 16 sequences at once, the most a test here samples together: a KV cache of MiB (common/vllm_engine.py).
+    engine = VLLMEngine(str(tiny_random_dir), [tok.eos_token_id], 1024, seed=0, dtype="float32", max_num_seqs=16)
     yield engine
     engine.close()  # an engine left open leaves vLLM's parallel groups to the next test's (tests/conftest.py)
 
@@ -228,17 +229,18 @@ def test_vllm_engine_sizes_the_kv_cache_line_from_its_own_config(vllm_engine):
 @needs_vllm
 @pytest.mark.vllm
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU KV cache's size")
+@pytest.mark.skipif("VLLM_CPU_KVCACHE_SPACE" in os.environ, reason="VLLM_CPU_KVCACHE_SPACE set: vLLM's size")
 def test_vllm_on_cpu_holds_every_sequence_at_its_longest_in_the_cache_it_is_given(vllm_engine):
     """The engine sizes vLLM's CPU KV cache itself (VLLM_CPU_KVCACHE_SPACE unset): vLLM takes the size, and the
-    cache holds what the size promises, vLLM's default sequences at once (the fixture gives no max_num_seqs) each
-    at max_model_len; megabytes for the tiny model, where the 1 GiB once given took seconds to zero."""
-    from common.vllm_engine import VLLM_CPU_MAX_NUM_SEQS
+    cache holds what the size promises, the engine's sequences at once each at max_model_len, with vLLM's empty
+    block; megabytes for the tiny model, where the 1 GiB the tests once gave took seconds to zero."""
+    from common.vllm_engine import VLLM_CPU_BLOCK
 
     config = vllm_engine.llm.llm_engine.vllm_config
-    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # a user's default: the engine's own size
-    assert config.scheduler_config.max_num_seqs == VLLM_CPU_MAX_NUM_SEQS  # vLLM's default, as the size assumes
-    assert vllm_engine.kv_cache_tokens >= VLLM_CPU_MAX_NUM_SEQS * config.model_config.max_model_len
-    assert config.cache_config.kv_cache_memory_bytes < 2**30
+    sequences, length = config.scheduler_config.max_num_seqs, config.model_config.max_model_len
+    assert config.cache_config.block_size == VLLM_CPU_BLOCK  # what the size is counted in
+    assert vllm_engine.kv_cache_tokens - VLLM_CPU_BLOCK >= sequences * length
+    assert config.cache_config.kv_cache_memory_bytes == 16 * (1024 + 128) * 2048 // 2**20 * 2**20  # 36 MiB
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="VLLM_CPU_KVCACHE_SPACE is read on CPU only")
@@ -257,47 +259,38 @@ def test_a_cpu_kv_cache_size_vllm_cannot_read_is_one_line_before_the_engine_is_b
 
 def test_the_cpu_kv_cache_is_what_the_engine_decodes_at_once_in_the_model_s_dtype_at_most_the_cap(tiny_random_dir):
     """K and V per token from the config (SmolLM2-135M's and Qwen2.5-Math-7B's shapes), times every sequence at
-    once at its longest plus a block's slack, in whole MiB, at most CPU_KV_CACHE_GIB; VLLM_CPU_KVCACHE_SPACE set
-    means vLLM's size (None from the engine)."""
-    from transformers import LlamaConfig, Qwen2Config
+    once in whole blocks and one more, in whole MiB, at most CPU_KV_CACHE_GIB; the cap for caches that are not
+    K and V per layer (latent attention, linear attention, per-layer head sizes) and for configs transformers
+    cannot read; VLLM_CPU_KVCACHE_SPACE set means vLLM's size, blank means none; one sequence the cap cannot
+    hold is one line naming the fix."""
+    from transformers import DeepseekV3Config, Gemma4Config, LlamaConfig, Qwen2Config, Qwen3NextConfig
 
     from common.vllm_engine import (
         CPU_KV_CACHE_GIB,
-        KV_BLOCK_SLACK,
         VLLM_CPU_MAX_NUM_SEQS,
         cpu_kv_cache_bytes,
         engine_kv_cache_bytes,
         kv_bytes_per_token,
-    )  # fmt: skip
+        kv_tokens,
+    )
 
     smollm2 = LlamaConfig(num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3)
     qwen_7b = Qwen2Config(num_hidden_layers=28, hidden_size=3584, num_attention_heads=28, num_key_value_heads=4)
     assert kv_bytes_per_token(smollm2, "float32") == kv_bytes_per_token(smollm2, "auto") == 2 * 30 * 3 * 64 * 4
     assert kv_bytes_per_token(qwen_7b, "bfloat16") == 2 * 28 * 4 * 128 * 2  # 56 KiB a token
-    assert kv_bytes_per_token(LlamaConfig(num_hidden_layers=0), "float32") is None
+    for other in (LlamaConfig(num_hidden_layers=0), DeepseekV3Config(), Qwen3NextConfig(), Gemma4Config()):
+        assert kv_bytes_per_token(other, "bfloat16") is None, type(other).__name__
     mib, cap = 2**20, CPU_KV_CACHE_GIB * 2**30
-    assert cpu_kv_cache_bytes(2048, 100, 16) == 16 * (100 + KV_BLOCK_SLACK) * 2048 // mib * mib + mib
+    assert kv_tokens(100, 16) == 16 * 256 and kv_tokens(128, 1) == 256 and kv_tokens(129, 1) == 384
+    assert cpu_kv_cache_bytes(2048, 100, 16) == 8 * mib  # 16 x 256 tokens x 2 KiB
     assert cpu_kv_cache_bytes(2048, 100, None) == cpu_kv_cache_bytes(2048, 100, VLLM_CPU_MAX_NUM_SEQS)
     assert cpu_kv_cache_bytes(57_344, 8192, 64) == cpu_kv_cache_bytes(None, 100, 1) == cap  # a 7B's long rollout
-    assert cpu_kv_cache_bytes(46_080, 544, 48) == 1_688 * mib  # SmolLM2, 48 sequences of 544 tokens: under the cap
-    assert engine_kv_cache_bytes("3", "no/such/model", "float32", 100, 16) is None  # not even read: vLLM's 3 GiB
-    tiny = engine_kv_cache_bytes("", str(tiny_random_dir), "float32", 100, 16)
-    assert tiny == cpu_kv_cache_bytes(2 * 4 * 2 * 32 * 4, 100, 16) == 12 * mib  # the tiny model: 4 layers, 2 x 32
-
-
-@needs_vllm
-@pytest.mark.vllm
-def test_vllm_without_per_prompt_seeds_is_reproducible_for_the_same_layout(tiny_random_dir, prompts):
-    """--per_prompt_seeds false: the requests go unseeded, and the engine's own seed (given at construction,
-    per rank) makes a run sample the same completions again; the stream moves on (a second call differs).
-    With the flag (the default), each prompt samples from its own seed: the test above."""
-    runs = []
-    for _ in range(2):
-        engine = VLLMEngine(
-            str(tiny_random_dir), [0], max_model_len=512, seed=3, dtype="float32", per_prompt_seeds=False
-        )
-        runs.append([engine.generate(prompts, 4, 12, 1.0, seed=[7, 8]) for _ in range(2)])
-        engine.close()
-    tokens = [[[c.token_ids for c in g] for g in call] for call in (runs[0][0], runs[0][1], runs[1][0], runs[1][1])]
-    assert tokens[0] == tokens[2] and tokens[1] == tokens[3]  # the same engine seed: the same samples
-    assert tokens[0] != tokens[1]  # sampled, not fixed
+    assert cpu_kv_cache_bytes(46_080, 544, 48) == 1_620 * mib  # SmolLM2, 48 sequences of 544 tokens: 6 blocks
+    tiny = str(tiny_random_dir)
+    assert engine_kv_cache_bytes({"VLLM_CPU_KVCACHE_SPACE": "3"}, "no/such/model", "float32", 100, 16) is None
+    environ = {"VLLM_CPU_KVCACHE_SPACE": "  "}  # blank: the engine's size, and vLLM must not read it
+    assert engine_kv_cache_bytes(environ, tiny, "float32", 100, 16) == 8 * mib and environ == {}
+    assert engine_kv_cache_bytes({}, tiny, "float32", 100, 16) == cpu_kv_cache_bytes(2 * 4 * 2 * 32 * 4, 100, 16)
+    assert engine_kv_cache_bytes({}, str(tiny_random_dir.parent), "float32", 100, 16) == cap  # no config there
+    with pytest.raises(SystemExit, match=r"^error: one sequence of 1,280,000 tokens needs 2\.4 GiB .*=3$"):
+        engine_kv_cache_bytes({}, tiny, "float32", 1_280_000, 1)  # 2 KiB a token
