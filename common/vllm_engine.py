@@ -39,25 +39,22 @@ def cpu_kv_cache_space(value: str) -> str | None:
     return value
 
 
-def kv_bytes_per_token(config, dtype: str) -> int | None:
-    """Bytes of K and V one token takes in a transformers `config`'s model: 2 x layers x KV heads x head dim x
-    the element size of `dtype` ("auto": 4, the most vLLM may pick on CPU). None where the cache is not that
-    (latent attention, state-space or linear-attention layers, per-layer head sizes) or the config lacks the
-    fields: such a model gets CPU_KV_CACHE_GIB."""
+def kv_cache_per_token(config, dtype: str) -> int | None:
+    """Bytes of K and V one token takes in a transformers `config`'s model (`common.preflight.kv_bytes_per_token`)
+    in `dtype` ("auto": 4, the most vLLM may pick on CPU). None where the cache is not that (latent attention,
+    state-space or linear-attention layers, per-layer head sizes) or the config lacks the fields: such a model
+    gets CPU_KV_CACHE_GIB."""
+    from common.preflight import kv_bytes_per_token, model_shape
+
     try:
         text = config.get_text_config()
-        heads, layers, hidden = (
-            getattr(text, k, None) for k in ("num_attention_heads", "num_hidden_layers", "hidden_size")
-        )
-        kv_heads = getattr(text, "num_key_value_heads", None) or heads
-        head_dim = getattr(text, "head_dim", None) or hidden // heads
+        shape = model_shape(text)
         other_layers = set(getattr(text, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
-    except Exception:  # e.g. a per-layer attribute read as one (transformers' heterogeneous configs)
+    except Exception:  # a field missing, or a per-layer one read as one (transformers' heterogeneous configs)
         return None
-    if not (heads and layers and hidden) or other_layers or getattr(text, "kv_lora_rank", None):
+    if not shape.layers or other_layers or getattr(text, "kv_lora_rank", None):
         return None
-    size = 4 if dtype == "auto" else getattr(torch, dtype).itemsize
-    return 2 * layers * kv_heads * head_dim * size
+    return kv_bytes_per_token(shape, 4 if dtype == "auto" else getattr(torch, dtype).itemsize)
 
 
 def cpu_kv_cache_bytes(bytes_per_token: int | None, max_model_len: int, max_num_seqs: int | None) -> int:
@@ -89,7 +86,7 @@ def engine_kv_cache_bytes(
     from transformers import AutoConfig
 
     try:
-        per_token = kv_bytes_per_token(AutoConfig.from_pretrained(model_path), dtype)
+        per_token = kv_cache_per_token(AutoConfig.from_pretrained(model_path), dtype)
     except Exception:  # a model vLLM reads and transformers does not: vLLM says what is wrong, if anything
         per_token = None
     one = kv_tokens(max_model_len, 1) * (per_token or 0)

@@ -258,7 +258,7 @@ def test_a_cpu_kv_cache_size_vllm_cannot_read_is_one_line_before_the_engine_is_b
 
 
 def test_the_cpu_kv_cache_is_what_the_engine_decodes_at_once_in_the_model_s_dtype_at_most_the_cap(tiny_random_dir):
-    """K and V per token from the config (SmolLM2-135M's and Qwen2.5-Math-7B's shapes), times every sequence at
+    """K and V per token from the config (SmolLM2-135M's and Qwen2.5-Math-7B's shapes, as the preflight counts them), times every sequence at
     once in whole blocks and one more, in whole MiB, at most CPU_KV_CACHE_GIB; the cap for caches that are not
     K and V per layer (latent attention, linear attention, per-layer head sizes) and for configs transformers
     cannot read; VLLM_CPU_KVCACHE_SPACE set means vLLM's size, blank means none; one sequence the cap cannot
@@ -270,16 +270,16 @@ def test_the_cpu_kv_cache_is_what_the_engine_decodes_at_once_in_the_model_s_dtyp
         VLLM_CPU_MAX_NUM_SEQS,
         cpu_kv_cache_bytes,
         engine_kv_cache_bytes,
-        kv_bytes_per_token,
+        kv_cache_per_token,
         kv_tokens,
     )
 
     smollm2 = LlamaConfig(num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3)
     qwen_7b = Qwen2Config(num_hidden_layers=28, hidden_size=3584, num_attention_heads=28, num_key_value_heads=4)
-    assert kv_bytes_per_token(smollm2, "float32") == kv_bytes_per_token(smollm2, "auto") == 2 * 30 * 3 * 64 * 4
-    assert kv_bytes_per_token(qwen_7b, "bfloat16") == 2 * 28 * 4 * 128 * 2  # 56 KiB a token
+    assert kv_cache_per_token(smollm2, "float32") == kv_cache_per_token(smollm2, "auto") == 2 * 30 * 3 * 64 * 4
+    assert kv_cache_per_token(qwen_7b, "bfloat16") == 2 * 28 * 4 * 128 * 2  # 56 KiB a token
     for other in (LlamaConfig(num_hidden_layers=0), DeepseekV3Config(), Qwen3NextConfig(), Gemma4Config()):
-        assert kv_bytes_per_token(other, "bfloat16") is None, type(other).__name__
+        assert kv_cache_per_token(other, "bfloat16") is None, type(other).__name__
     mib, cap = 2**20, CPU_KV_CACHE_GIB * 2**30
     assert kv_tokens(100, 16) == 16 * 256 and kv_tokens(128, 1) == 256 and kv_tokens(129, 1) == 384
     assert cpu_kv_cache_bytes(2048, 100, 16) == 8 * mib  # 16 x 256 tokens x 2 KiB
