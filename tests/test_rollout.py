@@ -258,11 +258,11 @@ def test_a_cpu_kv_cache_size_vllm_cannot_read_is_one_line_before_the_engine_is_b
 
 
 def test_the_cpu_kv_cache_is_what_the_engine_decodes_at_once_in_the_model_s_dtype_at_most_the_cap(tiny_random_dir):
-    """K and V per token from the config (SmolLM2-135M's and Qwen2.5-Math-7B's shapes, as the preflight counts them), times every sequence at
-    once in whole blocks and one more, in whole MiB, at most CPU_KV_CACHE_GIB; the cap for caches that are not
-    K and V per layer (latent attention, linear attention, per-layer head sizes) and for configs transformers
-    cannot read; VLLM_CPU_KVCACHE_SPACE set means vLLM's size, blank means none; one sequence the cap cannot
-    hold is one line naming the fix."""
+    """K and V per token from the config, as the preflight counts them (SmolLM2-135M's and Qwen2.5-Math-7B's
+    shapes), times every sequence at once in whole blocks and one more, in whole MiB, at most CPU_KV_CACHE_GIB;
+    the cap for caches that are not K and V per layer (latent attention, linear attention, per-layer head sizes)
+    and for configs transformers cannot read; VLLM_CPU_KVCACHE_SPACE set means vLLM's size, blank means none;
+    one sequence the cap cannot hold is one line naming the fix."""
     from transformers import DeepseekV3Config, Gemma4Config, LlamaConfig, Qwen2Config, Qwen3NextConfig
 
     from common.vllm_engine import (
@@ -294,3 +294,21 @@ def test_the_cpu_kv_cache_is_what_the_engine_decodes_at_once_in_the_model_s_dtyp
     assert engine_kv_cache_bytes({}, str(tiny_random_dir.parent), "float32", 100, 16) == cap  # no config there
     with pytest.raises(SystemExit, match=r"^error: one sequence of 1,280,000 tokens needs 2\.4 GiB .*=3$"):
         engine_kv_cache_bytes({}, tiny, "float32", 1_280_000, 1)  # 2 KiB a token
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_vllm_without_per_prompt_seeds_is_reproducible_for_the_same_layout(tiny_random_dir, prompts):
+    """--per_prompt_seeds false: the requests go unseeded, and the engine's own seed (given at construction,
+    per rank) makes a run sample the same completions again; the stream moves on (a second call differs).
+    With the flag (the default), each prompt samples from its own seed: the test above."""
+    runs = []
+    for _ in range(2):
+        engine = VLLMEngine(
+            str(tiny_random_dir), [0], 512, seed=3, dtype="float32", per_prompt_seeds=False, max_num_seqs=8
+        )  # 2 prompts x 4: one batch either way
+        runs.append([engine.generate(prompts, 4, 12, 1.0, seed=[7, 8]) for _ in range(2)])
+        engine.close()
+    tokens = [[[c.token_ids for c in g] for g in call] for call in (runs[0][0], runs[0][1], runs[1][0], runs[1][1])]
+    assert tokens[0] == tokens[2] and tokens[1] == tokens[3]  # the same engine seed: the same samples
+    assert tokens[0] != tokens[1]  # sampled, not fixed
