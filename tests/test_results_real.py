@@ -237,9 +237,8 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path, monkeyp
         info = json.loads((out / page.STORE / f"{name}-seed0" / runs.RUN_FILE).read_text())
         assert sorted(info["evals"]) == sorted(grid.label(s) for s in want), name
 
-    monkeypatch.setattr(
-        "sys.argv", ["compare_real.py", *common[:2], "--steps", "3", *common[4:], "--methods", "grpo_base"]
-    )
+    argv = ["compare_real.py", *common[:2], "--steps", "3", *common[4:], "--methods", "grpo_base", "--readme", ""]
+    monkeypatch.setattr("sys.argv", argv)
     with pytest.raises(SystemExit, match="--fresh"):  # other settings than the stored runs': refused
         compare.main()
 
