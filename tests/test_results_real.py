@@ -18,7 +18,7 @@ SPEC = importlib.util.spec_from_file_location("compare_real", ROOT / "scripts" /
 compare = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(compare)  # puts the repository root on sys.path: scripts.comparison imports below
 
-from scripts.comparison import details, figures, grid, page, runs  # noqa: E402
+from scripts.comparison import details, figures, grid, page, runs, verdicts  # noqa: E402
 
 DOCS = ROOT / "docs"
 STORED = DOCS / page.STORE
@@ -36,6 +36,19 @@ def test_the_stored_runs_give_the_figure_and_their_logged_evaluations():
             before = figs[grid.BASE][seed]["logged_pass1"][0]  # logged by the seed's GRPO run only
             assert f["logged_pass1"][0] in (None, before)
             assert (before, f["logged_pass1"][1]) == pytest.approx((f["pass1_before"], f["pass1_after"]), abs=1e-9)
+
+
+def test_a_run_that_trained_as_grpo_did_is_named_and_one_reward_apart_is_not():
+    """GSPO at one optimiser step per rollout is GRPO (docs/algorithms/gspo.md): the stored runs show it, step for
+    step, and the page says so; a run one step's reward apart from GRPO's on one seed is not said to be GRPO."""
+    import copy
+
+    figs, _ = figures.load(STORED)
+    [line, _] = page.trained_as_grpo(verdicts.Reader(figs))
+    assert line.startswith("**GSPO trained as GRPO did**: on each of its ") and "(algorithms/gspo.md)" in line
+    apart = copy.deepcopy(figs)
+    apart["gspo"][0]["reward_curve"][-1] += 1 / 48  # one more right answer in the last step's 48
+    assert page.trained_as_grpo(verdicts.Reader(apart)) == []
 
 
 def test_readme_names_the_page_the_figure_and_the_command():

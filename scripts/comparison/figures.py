@@ -76,6 +76,8 @@ def run_figures(rows: list[dict], samples: list[dict], info: dict) -> dict:
         "entropy": entropy,
         "zero_adv_curve": zero_adv,
         "adv_var_curve": [r["train/adv_var_within_group"] for r in train],
+        "reward_curve": [r["train/reward"] for r in train],
+        "grad_norm_curve": [r["train/grad_norm"] for r in train],
         "acc_mean": mean(acc),
         "entropy_late": late,
         "entropy_drift": abs(late - early) / early if early else None,

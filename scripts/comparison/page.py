@@ -103,6 +103,25 @@ def summary_line(reader: Reader) -> str:
     )
 
 
+def trained_as_grpo(reader: Reader) -> list[str]:
+    """A sentence for each run that trained exactly as GRPO did on every seed they share: the same reward at every
+    step (a method whose gradient equals GRPO's at this budget, e.g. GSPO with one optimiser step per rollout)."""
+    L = []
+    for m in runs_of(reader.figures):
+        seeds = sorted(set(reader.figures[m]) & set(reader.figures[BASE])) if m != BASE else []
+        pairs = [(reader.figures[m][s], reader.figures[BASE][s]) for s in seeds]
+        if not pairs or any(a["reward_curve"] != b["reward_curve"] for a, b in pairs):
+            continue
+        apart = max(abs(x - y) / y for a, b in pairs for x, y in zip(a["grad_norm_curve"], b["grad_norm_curve"]))
+        L += [
+            f"**{NAMES[m]} trained as GRPO did**: on each of its {len(seeds)} seeds, the same reward as GRPO's at "
+            f"every step and gradient norms within {apart:.0e} of GRPO's: at this budget its gradient is GRPO's "
+            f"([why](algorithms/{m}.md)).",
+            "",
+        ]
+    return L
+
+
 def split_by_ablation(reader: Reader) -> list[tuple[str, tuple[Estimate, Estimate]]]:
     """(method, (the method against its whole ablation, that ablation against GRPO)) at T = EVAL_TEMPERATURE, for
     each method told apart from GRPO whose two halves are both compared."""
@@ -348,6 +367,7 @@ def page(figures: dict, infos: dict, task: str) -> str:
         "",
         summary_line(reader),
         "",
+        *trained_as_grpo(reader),
         *own_setting_table(reader),
         "",
         rule_line(reader),
