@@ -40,15 +40,21 @@ def test_the_stored_runs_give_the_figure_and_their_logged_evaluations():
 
 def test_a_run_that_trained_as_grpo_did_is_named_and_one_reward_apart_is_not():
     """GSPO at one optimiser step per rollout is GRPO (docs/algorithms/gspo.md): the stored runs show it, step for
-    step, and the page says so; a run one step's reward apart from GRPO's on one seed is not said to be GRPO."""
+    step, and the page says so; a run one step's reward or gradient norm apart from GRPO's on one seed is not said to
+    be GRPO, nor runs whose gradients were all zero (the tiny model's: nothing learned)."""
     import copy
 
     figs, _ = figures.load(STORED)
     [line, _] = page.trained_as_grpo(verdicts.Reader(figs))
     assert line.startswith("**GSPO trained as GRPO did**: on each of its ") and "(algorithms/gspo.md)" in line
-    apart = copy.deepcopy(figs)
-    apart["gspo"][0]["reward_curve"][-1] += 1 / 48  # one more right answer in the last step's 48
-    assert page.trained_as_grpo(verdicts.Reader(apart)) == []
+    for key, change in (("reward_curve", 1 / 48), ("grad_norm_curve", 1e-3)):  # one more right answer of 48
+        apart = copy.deepcopy(figs)
+        apart["gspo"][0][key][-1] += change
+        assert page.trained_as_grpo(verdicts.Reader(apart)) == [], key
+    still = copy.deepcopy(figs)  # no gradient at all: the same rewards say nothing
+    for f in (*still["gspo"].values(), *still["grpo_base"].values()):
+        f["grad_norm_curve"] = [0.0] * len(f["grad_norm_curve"])
+    assert page.trained_as_grpo(verdicts.Reader(still)) == []
 
 
 def test_readme_names_the_page_the_figure_and_the_command():

@@ -110,9 +110,12 @@ def trained_as_grpo(reader: Reader) -> list[str]:
     for m in runs_of(reader.figures):
         seeds = sorted(set(reader.figures[m]) & set(reader.figures[BASE])) if m != BASE else []
         pairs = [(reader.figures[m][s], reader.figures[BASE][s]) for s in seeds]
-        if not pairs or any(a["reward_curve"] != b["reward_curve"] for a, b in pairs):
+        norms = [(x, y) for a, b in pairs for x, y in zip(a["grad_norm_curve"], b["grad_norm_curve"])]
+        if not pairs or any(a["reward_curve"] != b["reward_curve"] for a, b in pairs) or not any(y for _, y in norms):
+            continue  # the same rewards and no gradient (nothing learned) say nothing
+        apart = max(abs(x - y) / max(y, 1e-12) for x, y in norms)
+        if apart > 1e-4:  # the same rewards, other updates
             continue
-        apart = max(abs(x - y) / y for a, b in pairs for x, y in zip(a["grad_norm_curve"], b["grad_norm_curve"]))
         L += [
             f"**{NAMES[m]} trained as GRPO did**: on each of its {len(seeds)} seeds, the same reward as GRPO's at "
             f"every step and gradient norms within {apart:.0e} of GRPO's: at this budget its gradient is GRPO's "
