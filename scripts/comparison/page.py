@@ -104,24 +104,23 @@ def summary_line(reader: Reader) -> str:
 
 
 def trained_as_grpo(reader: Reader) -> list[str]:
-    """A sentence for each run that trained exactly as GRPO did on every seed they share: the same reward at every
-    step (a method whose gradient equals GRPO's at this budget, e.g. GSPO with one optimiser step per rollout)."""
+    """A sentence for each run that trained as GRPO did on every seed they share: the same reward at every step and
+    gradient norms within 1e-4 of GRPO's, some of them above zero (a method whose gradient equals GRPO's at this
+    budget, e.g. GSPO with one optimiser step per rollout; no gradient at all says nothing)."""
     L = []
-    for m in runs_of(reader.figures):
-        seeds = sorted(set(reader.figures[m]) & set(reader.figures[BASE])) if m != BASE else []
+    for m in [m for m in runs_of(reader.figures) if m != BASE]:
+        seeds = sorted(set(reader.figures[m]) & set(reader.figures[BASE]))
         pairs = [(reader.figures[m][s], reader.figures[BASE][s]) for s in seeds]
         norms = [(x, y) for a, b in pairs for x, y in zip(a["grad_norm_curve"], b["grad_norm_curve"])]
-        if not pairs or any(a["reward_curve"] != b["reward_curve"] for a, b in pairs) or not any(y for _, y in norms):
-            continue  # the same rewards and no gradient (nothing learned) say nothing
-        apart = max(abs(x - y) / max(y, 1e-12) for x, y in norms)
-        if apart > 1e-4:  # the same rewards, other updates
-            continue
-        L += [
-            f"**{NAMES[m]} trained as GRPO did**: on each of its {len(seeds)} seeds, the same reward as GRPO's at "
-            f"every step and gradient norms within {apart:.0e} of GRPO's: at this budget its gradient is GRPO's "
-            f"([why](algorithms/{m}.md)).",
-            "",
-        ]
+        same = pairs and all(a["reward_curve"] == b["reward_curve"] for a, b in pairs) and any(y for _, y in norms)
+        apart = max((abs(x - y) / max(y, 1e-12) for x, y in norms), default=0.0)
+        if same and apart <= 1e-4:
+            L += [
+                f"**{NAMES[m]} trained as GRPO did**: on each of its {len(seeds)} seeds, the same reward as GRPO's at "
+                f"every step and gradient norms within {apart:.0e} of GRPO's: at this budget its gradient is GRPO's "
+                f"([why](algorithms/{m}.md)).",
+                "",
+            ]
     return L
 
 
