@@ -73,3 +73,23 @@ def test_the_ratio_is_one_per_response_and_length_normalised():
 @pytest.mark.slow
 def test_demo_learns_and_smollm2_runs(tmp_path):
     demo_learns_and_smollm2_runs("baselines/gspo.py", tmp_path)
+
+
+@pytest.mark.parametrize(("G", "C"), [(4, 9), (8, 20)])
+def test_on_policy_gspo_is_grpo(G, C):
+    """At pi_theta = pi_old (one optimiser step per rollout) every s_i is 1 and nothing is clipped: GSPO's loss and
+    gradient are grpo_base's under the same --loss_agg seq-mean-token-mean (docs/algorithms/gspo.md)."""
+    import grpo_base
+
+    g = torch.Generator().manual_seed(G * C)
+    lengths = torch.randint(1, C + 1, (3 * G,), generator=g)
+    mask = (torch.arange(C)[None] < lengths[:, None]).double()
+    old = -torch.rand(3 * G, C, generator=g, dtype=torch.float64) * 3
+    adv = torch.randn(3 * G, generator=g, dtype=torch.float64)
+    out = []
+    for policy_loss_of, args in ((policy_loss, Args()), (grpo_base.policy_loss, grpo_base.Args())):
+        logp = old.clone().requires_grad_()
+        loss, _ = policy_loss_of(logp, old, adv, mask, args, num_seqs=len(adv), num_tokens=mask.sum())
+        loss.backward()
+        out.append((loss.detach(), logp.grad))
+    torch.testing.assert_close(out[0], out[1], rtol=1e-12, atol=0)

@@ -156,3 +156,19 @@ def test_demo_learns(variant, tmp_path):
     rows = demo_learns_and_smollm2_runs("baselines/kl_cov.py", tmp_path, "--variant", variant, smollm2=False)
     if variant == "kl_cov":  # at least one token per micro-batch (Clip-Cov's band may be empty on the demo)
         assert all(r["kl_cov/chosen_frac"] > 0 for r in rows if r["train/skipped_rows"] < 16 * 8)
+
+
+@pytest.mark.parametrize(("G", "C"), [(4, 9), (8, 20)])
+def test_on_policy_kl_cov_is_grpo_under_token_mean(G, C):
+    """At pi_theta = pi_old (one optimiser step per rollout) the penalty and its gradient are 0 and nothing is clipped:
+    KL-Cov's loss and gradient are grpo_base's under --loss_agg token-mean (docs/algorithms/kl_cov.md)."""
+    import grpo_base
+
+    adv, mask, old, _ = random_batch(3, G, C, seed=G + C)
+    grads = []
+    for policy_loss_of, args in ((policy_loss, Args()), (grpo_base.policy_loss, grpo_base.Args(loss_agg="token-mean"))):
+        logp = old.clone().requires_grad_()
+        loss, _ = policy_loss_of(logp, old, adv, mask, args, num_seqs=len(adv), num_tokens=mask.sum())
+        loss.backward()
+        grads.append((loss.detach(), logp.grad))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=0)

@@ -18,7 +18,7 @@ SPEC = importlib.util.spec_from_file_location("compare_real", ROOT / "scripts" /
 compare = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(compare)  # puts the repository root on sys.path: scripts.comparison imports below
 
-from scripts.comparison import details, figures, grid, page, runs, verdicts  # noqa: E402
+from scripts.comparison import alike, details, figures, grid, page, runs, verdicts  # noqa: E402
 
 DOCS = ROOT / "docs"
 STORED = DOCS / page.STORE
@@ -38,23 +38,48 @@ def test_the_stored_runs_give_the_figure_and_their_logged_evaluations():
             assert (before, f["logged_pass1"][1]) == pytest.approx((f["pass1_before"], f["pass1_after"]), abs=1e-9)
 
 
-def test_a_run_that_trained_as_grpo_did_is_named_and_one_reward_apart_is_not():
-    """GSPO at one optimiser step per rollout is GRPO (docs/algorithms/gspo.md): the stored runs show it, step for
-    step, and the page says so; a run one step's reward or gradient norm apart from GRPO's on one seed is not said to
-    be GRPO, nor runs whose gradients were all zero (the tiny model's: nothing learned)."""
+def test_runs_that_trained_alike_are_named_and_one_reward_apart_are_not():
+    """On-policy, GSPO is GRPO, and KL-Cov and Pro-GRPO's and EGPO's ablations are one run (the page's "Runs that
+    trained alike"): the stored runs show it, step for step, and the page names both groups; a run one step's reward
+    or gradient norm apart on one seed leaves its group, and runs whose gradients were all zero (the tiny model's:
+    nothing learned) are in none."""
     import copy
 
-    figs, _ = figures.load(STORED)
-    [line, _] = page.trained_as_grpo(verdicts.Reader(figs))
-    assert line.startswith("**GSPO trained as GRPO did**: on each of its ") and "(algorithms/gspo.md)" in line
+    figs, infos = figures.load(STORED)
+    found = [group for group, _ in alike.groups(verdicts.Reader(figs))]
+    assert found == [["grpo_base", "gspo"], ["kl_cov", "pro_grpo-off", "egpo-off"]]
+    grpo, three = alike.lines(verdicts.Reader(figs), infos, page.BOOKKEEPING)[::2]
+    assert grpo.startswith("**GSPO trained as GRPO did.** On each of the ") and "(#runs-that-trained-alike)" in grpo
+    assert (
+        three.startswith("**Three runs trained alike:** KL-Cov; ") and "they share `--loss_agg token-mean` (" in three
+    )
     for key, change in (("reward_curve", 1 / 48), ("grad_norm_curve", 1e-3)):  # one more right answer of 48
         apart = copy.deepcopy(figs)
-        apart["gspo"][0][key][-1] += change
-        assert page.trained_as_grpo(verdicts.Reader(apart)) == [], key
+        for run in ("gspo", "kl_cov"):
+            apart[run][0][key][-1] += change
+        assert [g for g, _ in alike.groups(verdicts.Reader(apart))] == [["pro_grpo-off", "egpo-off"]], key
     still = copy.deepcopy(figs)  # no gradient at all: the same rewards say nothing
-    for f in (*still["gspo"].values(), *still["grpo_base"].values()):
+    for f in (f for seeds in still.values() for f in seeds.values()):
         f["grad_norm_curve"] = [0.0] * len(f["grad_norm_curve"])
-    assert page.trained_as_grpo(verdicts.Reader(still)) == []
+    assert alike.groups(verdicts.Reader(still)) == [] and alike.section(verdicts.Reader(still), infos) == []
+
+
+def test_why_runs_trained_alike_is_read_from_their_flags():
+    """The on-policy reason is given only when every run took one optimiser step per rollout, and the weight decay
+    only when a group's runs decay their weights differently."""
+    import copy
+
+    figs, infos = figures.load(STORED)
+    reader = verdicts.Reader(figs)
+    [_, _, why, _] = alike.section(reader, infos)
+    assert why.startswith("Every run here takes one optimiser step per rollout") and "A weight decay of 0.01 " in why
+    same_decay = copy.deepcopy(infos)
+    for r in same_decay["kl_cov"].values():
+        r["script_flags"]["weight_decay"] = 0.01
+    assert "weight decay" not in alike.section(reader, same_decay)[2]
+    several = copy.deepcopy(infos)
+    several["dapo"][0]["script_flags"]["num_minibatches"] = 4
+    assert "by the data" in alike.section(reader, several)[2]
 
 
 def test_readme_names_the_page_the_figure_and_the_command():

@@ -2,7 +2,7 @@
 method against its ablations and its paper's baselines, the mechanisms' figures, the details, and how it was run
 and read. The README's block and each method page's block are parts of it. Nothing here is typed by hand."""
 
-from scripts.comparison import details
+from scripts.comparison import alike, details
 from scripts.comparison.grid import (
     ABLATIONS,
     BASE,
@@ -101,27 +101,6 @@ def summary_line(reader: Reader) -> str:
     return line + (
         f" Why, from each method's ablation (the difference to GRPO split in two): {'; '.join(why)}." if why else ""
     )
-
-
-def trained_as_grpo(reader: Reader) -> list[str]:
-    """A sentence for each run that trained as GRPO did on every seed they share: the same reward at every step and
-    gradient norms within 1e-4 of GRPO's, some of them above zero (a method whose gradient equals GRPO's at this
-    budget, e.g. GSPO with one optimiser step per rollout; no gradient at all says nothing)."""
-    L = []
-    for m in [m for m in runs_of(reader.figures) if m != BASE]:
-        seeds = sorted(set(reader.figures[m]) & set(reader.figures[BASE]))
-        pairs = [(reader.figures[m][s], reader.figures[BASE][s]) for s in seeds]
-        norms = [(x, y) for a, b in pairs for x, y in zip(a["grad_norm_curve"], b["grad_norm_curve"])]
-        same = pairs and all(a["reward_curve"] == b["reward_curve"] for a, b in pairs) and any(y for _, y in norms)
-        apart = max((abs(x - y) / max(y, 1e-12) for x, y in norms), default=0.0)
-        if same and apart <= 1e-4:
-            L += [
-                f"**{NAMES[m]} trained as GRPO did**: on each of its {len(seeds)} seeds, the same reward as GRPO's at "
-                f"every step and gradient norms within {apart:.0e} of GRPO's: at this budget its gradient is GRPO's "
-                f"([why](algorithms/{m}.md)).",
-                "",
-            ]
-    return L
 
 
 def split_by_ablation(reader: Reader) -> list[tuple[str, tuple[Estimate, Estimate]]]:
@@ -369,7 +348,7 @@ def page(figures: dict, infos: dict, task: str) -> str:
         "",
         summary_line(reader),
         "",
-        *trained_as_grpo(reader),
+        *alike.lines(reader, infos, BOOKKEEPING),
         *own_setting_table(reader),
         "",
         rule_line(reader),
@@ -382,6 +361,7 @@ def page(figures: dict, infos: dict, task: str) -> str:
         *details.mechanism_sections(reader, infos),
         *details.detail_sections(reader, infos),
         *setup_section(reader, infos, task),
+        *alike.section(reader, infos),
         *statistics_section(reader),
         *details.scale_section(reader, infos),
     ]

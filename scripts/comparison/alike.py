@@ -1,0 +1,105 @@
+"""Runs that trained alike: the same reward at every step and gradient norms a rounding apart, on every seed they
+share. With one optimiser step per rollout every ratio is 1, so runs whose advantages and loss aggregation agree
+train step for step alike whatever their ideas off-policy (GSPO is GRPO; KL-Cov's penalty has no gradient). The page
+names such runs from the stored curves and says why from the runs' flags."""
+
+from scripts.comparison.grid import BASE, NAMES
+from scripts.comparison.verdicts import Reader
+
+NORM_GAP = 1e-4  # relative gap between two runs' gradient norms, step by step, still read as rounding
+ANCHOR = "runs-that-trained-alike"  # the page's section below
+COUNTS = {2: "Two", 3: "Three", 4: "Four", 5: "Five"}
+
+
+def norm_gap(reader: Reader, a: str, b: str) -> float | None:
+    """The largest relative gap between a's and b's gradient norms when they trained alike on every seed they share
+    (the same reward at every step, norms within NORM_GAP, some above zero: no gradient at all says nothing); else
+    None."""
+    seeds = sorted(set(reader.figures[a]) & set(reader.figures[b]))
+    pairs = [(reader.figures[a][s], reader.figures[b][s]) for s in seeds]
+    norms = [(x, y) for f, g in pairs for x, y in zip(f["grad_norm_curve"], g["grad_norm_curve"])]
+    if not pairs or any(f["reward_curve"] != g["reward_curve"] for f, g in pairs) or not any(y for _, y in norms):
+        return None
+    gap = max(abs(x - y) / max(abs(x), abs(y), 1e-12) for x, y in norms)
+    return gap if gap <= NORM_GAP else None
+
+
+def groups(reader: Reader) -> list[tuple[list[str], float]]:
+    """Each set of two or more runs of which every two trained alike, in the grid's order (GRPO's first), with the
+    largest gap between two of its members' gradient norms."""
+    found, left = [], list(reader.figures)
+    while left:
+        group, gap = [left[0]], 0.0
+        for m in left[1:]:
+            gaps = [norm_gap(reader, m, g) for g in group]
+            if None not in gaps:
+                group, gap = group + [m], max(gap, *gaps)
+        left = [m for m in left if m not in group]
+        found += [(group, gap)] if len(group) > 1 else []
+    return found
+
+
+def shared_flags(group: list[str], infos: dict, bookkeeping: set) -> list[str]:
+    """The flags every run of the group sets alike and GRPO sets otherwise (not the comparison's `bookkeeping`)."""
+    base = infos[BASE][min(infos[BASE])]["script_flags"]
+    flags = [infos[m][min(infos[m])]["script_flags"] for m in group]
+    return [
+        f"`--{k} {v}`"
+        for k, v in flags[0].items()
+        if k in base and k not in bookkeeping and v != base[k] and all(f.get(k) == v for f in flags)
+    ]
+
+
+def lines(reader: Reader, infos: dict, bookkeeping: set) -> list[str]:
+    """One sentence for each group of runs that trained alike."""
+    L = []
+    for group, gap in groups(reader):
+        seeds = set.intersection(*(set(reader.figures[m]) for m in group))
+        others = [NAMES[m] for m in group if m != BASE]
+        names = "; ".join(others[:-1]) + ("; and " if len(others) > 2 else " and ") + others[-1]
+        same = f"On each of the {len(seeds)} seeds they share, the same reward at every step and gradient norms within {gap:.0e}"
+        if BASE in group:
+            who = others[0] if len(others) == 1 else names
+            L.append(f"**{who} trained as GRPO did.** {same} of GRPO's ([why](#{ANCHOR})).")
+        else:
+            also = shared_flags(group, infos, bookkeeping)
+            flags = f"; besides GRPO's flags they share {', '.join(also)}" if also else ""
+            L.append(
+                f"**{COUNTS.get(len(group), len(group))} runs trained alike:** {names}. {same} of one another{flags} ([why](#{ANCHOR}))."
+            )
+        L.append("")
+    return L
+
+
+def section(reader: Reader, infos: dict) -> list[str]:
+    """Why runs train alike, read from the runs' flags; nothing when none did."""
+    if not (found := groups(reader)):
+        return []
+    flags = [f["script_flags"] for runs in infos.values() for f in runs.values()]
+    on_policy = all(f.get("mu") == 1 and f.get("num_minibatches") == 1 for f in flags)
+    L = ["### Runs that trained alike", ""]
+    if not on_policy:
+        return L + [
+            "Some runs take several optimiser steps per rollout: runs that trained alike did so by the data.",
+            "",
+        ]
+    base = infos[BASE][min(infos[BASE])]
+    lr, steps = base["script_flags"]["lr"], base["steps"]
+    decays = [{r["script_flags"].get("weight_decay", 0.0) for m in g for r in infos[m].values()} for g, _ in found]
+    decays = sorted(max(d) for d in decays if len(d) > 1)  # a group whose runs decay their weights differently
+    decay = (
+        f" A weight decay of {decays[-1]} at `--lr {lr}` shrinks a weight by {lr * decays[-1]:.0e} of itself a step, "
+        f"too little to change a sample in {steps} steps."
+        if decays
+        else ""
+    )
+    return L + [
+        "Every run here takes one optimiser step per rollout (`--mu 1 --num_minibatches 1`, each script's default): "
+        "the policy trained is the one that sampled, so every ratio pi_theta / pi_old is 1 to rounding. No clip range "
+        "then acts, and a penalty on |log pi_theta - log pi_old| (KL-Cov's) is zero, its gradient too. What is left "
+        "of a run is its rewards, its sampling, its advantage and its loss aggregation: runs that agree in these train "
+        "alike, whatever their ideas do off-policy ([algorithms/gspo.md](algorithms/gspo.md) works GSPO's case out)."
+        f"{decay} The ideas part from the second optimiser step of a rollout on: `--num_minibatches 4` (GSPO's "
+        "paper's split) compares them.",
+        "",
+    ]
