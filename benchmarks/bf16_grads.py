@@ -151,7 +151,7 @@ def worker(out: Path, seed: int, zero_defaults: bool) -> None:
     from transformers import AutoModelForCausalLM
 
     import common.distributed as dist_utils
-    from common.distributed import make_accelerator, micro_batch, parallel_mode
+    from common.distributed import end_rank, make_accelerator, micro_batch, parallel_mode
 
     if zero_defaults:  # DeepSpeed's own bf16 dtypes, as before
         dist_utils.ZERO_BF16_GRADIENTS = {}
@@ -213,6 +213,7 @@ def worker(out: Path, seed: int, zero_defaults: bool) -> None:
         print(RESULT + json.dumps(facts), flush=True)
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    end_rank(0, accelerator.num_processes)  # gloo's threads outlive the process group (common/distributed.py)
 
 
 def run_engine(engine: str, model_dir: Path, seed: int, zero_defaults: bool = False, timeout: float = 300) -> dict:

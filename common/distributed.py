@@ -14,8 +14,10 @@ one device: the rollout engine takes the pieces in bounded batches.
 import atexit
 import contextlib
 import functools
+import os
 import resource
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -62,11 +64,31 @@ def check_launch(env: dict, argv: list[str]) -> None:
 
 
 def end_process_group() -> None:
-    """Destroy the default process group if it is still up. Left to the interpreter's own teardown, gloo's threads
-    can abort a rank that has already done its work ("terminate called without an active exception", exit -6: seen
-    once in three suite runs, under FSDP2); `Accelerator.end_training` destroys it on a run's normal end."""
+    """Destroy the default process group if it is still up: on an error's way out (a run's normal end destroys it
+    in `Accelerator.end_training`, then ends the rank in `end_rank`)."""
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def end_rank(code: int, num_processes: int) -> None:
+    """End a rank of a multi-process run whose work is closed and flushed with exit status `code`, skipping the
+    interpreter's teardown; with one process, return.
+
+    DDP, FSDP2 and ZeRO keep gloo's threads (two `pt_gloo_runloop`, one `gloo_tcp_loop`) running past
+    `destroy_process_group`: the engine holds the backend from C++ (pytorch#107298; plain DDP does it, and every
+    engine here, measured at exit). Tearing the interpreter and C++ statics down around them aborted a rank that
+    had finished ("terminate called without an active exception", exit -6: twice in the suite's launches). So
+    what the teardown does for a script is done here while the interpreter is whole: non-daemon threads joined,
+    atexit handlers run (trackers, logging, multiprocessing's children), streams flushed; then os._exit."""
+    if num_processes <= 1:
+        return
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def make_accelerator(

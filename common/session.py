@@ -128,8 +128,10 @@ class Session:
         """Close the log, the trackers and the verifier; print one closing line (the final figures and
         where the model is, or how to resume a stopped run); exit non-zero if a signal stopped it."""
         from common.checkpoint import ensure_export
+        from common.distributed import end_rank
 
         io, accelerator = self.io, self.trainer.accelerator
+        ranks = accelerator.num_processes
         if accelerator.is_main_process and not io.stop.stopped:
             ensure_export(io.run_dir, io.total_steps)  # a resume of a finished run whose export was cut short
         accelerator.wait_for_everyone()  # the last collective: the engine's teardown may end the process group
@@ -138,8 +140,10 @@ class Session:
         accelerator.end_training()  # the trackers' last writes
         io.logger.close(io.last_metrics, stopped=io.stop.message(io.checkpoints.saved_step))
         io.lock.release()
+        code = io.stop.exit_code if io.stop.stopped else 0
+        end_rank(code, ranks)  # several processes: each ends here (its docstring says why)
         if io.stop.stopped:
-            raise SystemExit(io.stop.exit_code)
+            raise SystemExit(code)
 
 
 def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict, set[str]]) -> Session:

@@ -229,6 +229,7 @@ import json, sys
 from pathlib import Path
 from accelerate import Accelerator
 import common.checkpoint as ck
+from common.distributed import end_rank
 
 root, out = Path(sys.argv[1]), Path(sys.argv[2])
 acc = Accelerator()
@@ -248,6 +249,7 @@ report["flipped"] = ck.manifest_problem(root, accelerator=acc)
 (out / f"rank{acc.process_index}.json").write_text(json.dumps(report))
 acc.wait_for_everyone()
 acc.end_training()
+end_rank(0, acc.num_processes)
 """
 
 

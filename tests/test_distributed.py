@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -261,6 +262,54 @@ def test_check_launch_lets_real_launches_through():
     check_launch(accelerate | {"MASTER_ADDR": "127.0.0.1", "OMPI_COMM_WORLD_SIZE": "2"}, ["grpo_base.py"])  # mpirun
     with pytest.raises(SystemExit, match="started one"):
         check_launch(accelerate | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, ["grpo_base.py"])
+
+
+RANK_END = """
+import atexit, os, sys, threading, time
+from pathlib import Path
+import torch, torch.distributed as dist
+from common.distributed import end_rank
+
+out, code, rank = Path(sys.argv[1]), int(sys.argv[2]), os.environ.get("RANK", "0")
+if os.environ.get("WORLD_SIZE"):  # under torchrun; alone: only the ending
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    model(torch.ones(2, 4)).sum().backward()
+    del model
+    dist.destroy_process_group()
+threads = [Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")]
+(out / f"threads{rank}").write_text(" ".join(sorted(threads)))
+atexit.register(lambda: (out / f"atexit{rank}").write_text("ran"))
+threading.Thread(target=lambda: time.sleep(0.3) or (out / f"joined{rank}").write_text("yes")).start()
+print(f"rank {rank} unflushed", end="")
+end_rank(code, 2)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are listed from /proc")
+def test_a_rank_ends_with_its_work_done_though_gloo_threads_outlive_the_process_group(tmp_path):
+    """Why `end_rank` exists, and that it ends a rank as the interpreter would: after DDP, gloo's threads still run
+    once the process group is destroyed (torch's; if this assertion fails, a torch upgrade has fixed it and end_rank
+    may go); the rank then ends with its exit status, its atexit handlers run, its threads joined and its output
+    flushed. With one process end_rank returns."""
+    from common.distributed import end_rank
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port())]
+    script = tmp_path / "rank_end.py"
+    script.write_text(RANK_END)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([*cmd, str(script), str(tmp_path), "0"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in "01":
+        assert "gloo_tcp_loop" in (tmp_path / f"threads{rank}").read_text().split()
+        assert (tmp_path / f"atexit{rank}").read_text() == "ran" and (tmp_path / f"joined{rank}").read_text() == "yes"
+        assert f"rank {rank} unflushed" in proc.stdout
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    proc = subprocess.run([sys.executable, str(script), str(alone), "3"], env=env, capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout) == (3, "rank 0 unflushed")  # the exit status the run asked for
+    assert (alone / "atexit0").read_text() == "ran" and (alone / "joined0").read_text() == "yes"
+    assert end_rank(0, 1) is None
 
 
 # --- The batch split: checked per rank, before anything loads -------------------------------------

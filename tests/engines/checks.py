@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM
 from common.checkpoint import weights_are_finite
 from common.distributed import (
     confine_zero3_linear,
+    end_rank,
     make_accelerator,
     micro_batch,
     parallel_mode,
@@ -118,3 +119,4 @@ except SystemExit as stop:
 write_facts(out_dir, accelerator.process_index, facts)
 accelerator.wait_for_everyone()
 accelerator.end_training()
+end_rank(0, accelerator.num_processes)  # gloo's threads outlive the process group (common/distributed.py)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from transformers.integrations import is_deepspeed_zero3_enabled
 
+from common.distributed import end_rank
 from common.models import precision_for
 from common.preflight import count_parameters
 from common.run_flags import RunFlags
@@ -56,3 +57,4 @@ facts["zero3_hook_after"] = is_deepspeed_zero3_enabled()
 (run_dir / f"preflight-rank{accelerator.process_index}.json").write_text(json.dumps(facts))
 accelerator.wait_for_everyone()
 accelerator.end_training()
+end_rank(0, accelerator.num_processes)  # gloo's threads outlive the process group (common/distributed.py)

@@ -184,6 +184,8 @@ def main():
     from accelerate.utils import DistributedType, InitProcessGroupKwargs
     from transformers import AutoModelForCausalLM
 
+    from common.distributed import end_rank
+
     handlers = []
     if args.collective_timeout:
         handlers.append(InitProcessGroupKwargs(timeout=timedelta(seconds=args.collective_timeout)))
@@ -339,6 +341,7 @@ def main():
     write_facts(out, accelerator.process_index, f)
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    end_rank(0, accelerator.num_processes)  # gloo's threads outlive the process group (common/distributed.py)
 
 
 if __name__ == "__main__":
