@@ -56,6 +56,7 @@ def launch(
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
         "OMP_NUM_THREADS": "1",  # 2 ranks on 2 cores
+        "PYTHONFAULTHANDLER": "1",  # a rank that aborts or segfaults prints every thread's Python stack
         "TOKENIZERS_PARALLELISM": "false",
         **(env or {}),
     }
