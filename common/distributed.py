@@ -13,6 +13,7 @@ one device: the rollout engine takes the pieces in bounded batches.
 
 import atexit
 import contextlib
+import ctypes
 import functools
 import os
 import resource
@@ -78,16 +79,18 @@ def end_rank(code: int, num_processes: int) -> None:
     `destroy_process_group`: the engine holds the backend from C++ (pytorch#107298; plain DDP does it, and every
     engine here, measured at exit). Tearing the interpreter and C++ statics down around them aborted a rank that
     had finished ("terminate called without an active exception", exit -6: twice in the suite's launches). So
-    what the teardown does for a script is done here while the interpreter is whole: non-daemon threads joined,
-    atexit handlers run (trackers, logging, multiprocessing's children), streams flushed; then os._exit."""
+    what the teardown does for a script is done here while the interpreter is whole: threads ended as at exit
+    (`threading._shutdown`: idle thread pools told to stop, then non-daemon threads joined), atexit handlers run
+    (trackers, logging, multiprocessing's children, weakref finalizers), Python's and C's streams flushed; then
+    os._exit."""
     if num_processes <= 1:
         return
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    threading._shutdown()  # what Py_Finalize does first; a bare join would wait forever on an idle pool's worker
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+    with contextlib.suppress(Exception):  # a closed pipe must not turn the exit into a teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        ctypes.CDLL(None).fflush(None)  # C libraries' buffered stdio
     os._exit(code)
 
 

@@ -266,6 +266,7 @@ def test_check_launch_lets_real_launches_through():
 
 RANK_END = """
 import atexit, os, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import torch, torch.distributed as dist
 from common.distributed import end_rank
@@ -281,6 +282,8 @@ threads = [Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.lis
 (out / f"threads{rank}").write_text(" ".join(sorted(threads)))
 atexit.register(lambda: (out / f"atexit{rank}").write_text("ran"))
 threading.Thread(target=lambda: time.sleep(0.3) or (out / f"joined{rank}").write_text("yes")).start()
+pool = ThreadPoolExecutor(2)  # left open, as torch.compile's is: its idle workers must not hold the exit
+pool.submit(time.sleep, 0.1)
 print(f"rank {rank} unflushed", end="")
 end_rank(code, 2)
 """
@@ -291,7 +294,7 @@ def test_a_rank_ends_with_its_work_done_though_gloo_threads_outlive_the_process_
     """Why `end_rank` exists, and that it ends a rank as the interpreter would: after DDP, gloo's threads still run
     once the process group is destroyed (torch's; if this assertion fails, a torch upgrade has fixed it and end_rank
     may go); the rank then ends with its exit status, its atexit handlers run, its threads joined and its output
-    flushed. With one process end_rank returns."""
+    flushed, an idle thread pool's workers stopped. With one process end_rank returns."""
     from common.distributed import end_rank
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port())]
