@@ -49,10 +49,18 @@ def test_runs_that_trained_alike_are_named_and_one_reward_apart_are_not():
     found = [group for group, _ in alike.groups(verdicts.Reader(figs))]
     assert found == [["grpo_base", "gspo"], ["kl_cov", "pro_grpo-off", "egpo-off"]]
     grpo, three = alike.lines(verdicts.Reader(figs), infos, page.BOOKKEEPING)[::2]
-    assert grpo.startswith("**GSPO trained as GRPO did.** On each of the ") and "(#runs-that-trained-alike)" in grpo
-    assert (
-        three.startswith("**Three runs trained alike:** KL-Cov; ") and "they share `--loss_agg token-mean` (" in three
+    assert grpo.startswith("**GSPO trained as GRPO did**: on each of the ") and "(#runs-that-trained-alike)" in grpo
+    assert grpo.endswith("So here GSPO's row and claims compare GRPO with itself.")
+    assert three.startswith("**Three runs trained alike**, *KL-Cov*, *Pro-GRPO, the re-weighting off (alpha 0)* and ")
+    assert "all of them change one: `--loss_agg token-mean` (" in three
+    assert three.endswith(
+        "So here KL-Cov's rows and claims read that setting, not its own idea; Pro-GRPO against KL-Cov is Pro-GRPO "
+        "against its own ablation."
     )
+    reader = verdicts.Reader(figs)
+    tags = [alike.tag(reader, m) for m in ("gspo", "kl_cov", "grpo_base", "dapo")]
+    assert tags == [" (trained as GRPO did)", " (trained as 2 other runs did)", "", ""]
+    assert alike.alike_claims(reader, ["gspo", "kl_cov", "kl_cov", "dapo"]).startswith(" 3 of them are claims of runs")
     for key, change in (("reward_curve", 1 / 48), ("grad_norm_curve", 1e-3)):  # one more right answer of 48
         apart = copy.deepcopy(figs)
         for run in ("gspo", "kl_cov"):

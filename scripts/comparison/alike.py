@@ -3,7 +3,7 @@ share. With one optimiser step per rollout every ratio is 1, so runs whose advan
 train step for step alike whatever their ideas off-policy (GSPO is GRPO; KL-Cov's penalty has no gradient). The page
 names such runs from the stored curves and says why from the runs' flags."""
 
-from scripts.comparison.grid import BASE, NAMES
+from scripts.comparison.grid import BASE, BASELINES, COMPARED_WITH, NAMES
 from scripts.comparison.verdicts import Reader
 
 NORM_GAP = 1e-4  # relative gap between two runs' gradient norms, step by step, still read as rounding
@@ -13,12 +13,16 @@ COUNTS = {2: "Two", 3: "Three", 4: "Four", 5: "Five"}
 
 def norm_gap(reader: Reader, a: str, b: str) -> float | None:
     """The largest relative gap between a's and b's gradient norms when they trained alike on every seed they share
-    (the same reward at every step, norms within NORM_GAP, some above zero: no gradient at all says nothing); else
-    None."""
+    (the same reward at every step, norms within NORM_GAP, some above zero: no gradient at all, or no curves as in
+    synthetic figures, says nothing); else None."""
     seeds = sorted(set(reader.figures[a]) & set(reader.figures[b]))
     pairs = [(reader.figures[a][s], reader.figures[b][s]) for s in seeds]
-    norms = [(x, y) for f, g in pairs for x, y in zip(f["grad_norm_curve"], g["grad_norm_curve"])]
-    if not pairs or any(f["reward_curve"] != g["reward_curve"] for f, g in pairs) or not any(y for _, y in norms):
+    norms = [(x, y) for f, g in pairs for x, y in zip(f.get("grad_norm_curve", []), g.get("grad_norm_curve", []))]
+    if (
+        not pairs
+        or any(f.get("reward_curve") != g.get("reward_curve") for f, g in pairs)
+        or not any(y for _, y in norms)
+    ):
         return None
     gap = max(abs(x - y) / max(abs(x), abs(y), 1e-12) for x, y in norms)
     return gap if gap <= NORM_GAP else None
@@ -50,25 +54,71 @@ def shared_flags(group: list[str], infos: dict, bookkeeping: set) -> list[str]:
     ]
 
 
+def listed(names: list[str]) -> str:
+    """'a', '*a* and *b*', '*a*, *b* and *c*': italics keep apart names that hold commas."""
+    if len(names) == 1:
+        return names[0]
+    names = [f"*{n}*" for n in names]
+    return ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def consequences(group: list[str]) -> str:
+    """What the page's comparisons of these runs then read: a baseline's rows its group's shared setting, not its
+    idea; a method against that baseline, the method against its own ablation."""
+    if BASE in group:
+        return f"So here {listed([NAMES[m] for m in group if m != BASE])}'s row and claims compare GRPO with itself."
+    said = [f"{NAMES[b]}'s rows and claims read that setting, not its own idea" for b in group if b in BASELINES]
+    said += [
+        f"{NAMES[m]} against {NAMES[b]} is {NAMES[m]} against its own ablation"
+        for b in group
+        for m, against in COMPARED_WITH.items()
+        if b in against and f"{m}-off" in group
+    ]
+    return f"So here {'; '.join(said)}." if said else ""
+
+
 def lines(reader: Reader, infos: dict, bookkeeping: set) -> list[str]:
-    """One sentence for each group of runs that trained alike."""
+    """One paragraph for each group of runs that trained alike: who, how close, and what follows."""
     L = []
     for group, gap in groups(reader):
         seeds = set.intersection(*(set(reader.figures[m]) for m in group))
         others = [NAMES[m] for m in group if m != BASE]
-        names = "; ".join(others[:-1]) + ("; and " if len(others) > 2 else " and ") + others[-1]
-        same = f"On each of the {len(seeds)} seeds they share, the same reward at every step and gradient norms within {gap:.0e}"
+        same = f"on each of the {len(seeds)} seeds they share, the same reward at every step and gradient norms within {gap:.0e} (relative)"
         if BASE in group:
-            who = others[0] if len(others) == 1 else names
-            L.append(f"**{who} trained as GRPO did.** {same} of GRPO's ([why](#{ANCHOR})).")
+            head = f"**{listed(others)} trained as GRPO did**: {same} of GRPO's ([why](#{ANCHOR}))."
         else:
             also = shared_flags(group, infos, bookkeeping)
-            flags = f"; besides GRPO's flags they share {', '.join(also)}" if also else ""
-            L.append(
-                f"**{COUNTS.get(len(group), len(group))} runs trained alike:** {names}. {same} of one another{flags} ([why](#{ANCHOR}))."
+            setting = (
+                f"; of GRPO's settings all of them change {'these' if len(also) > 1 else 'one'}: {', '.join(also)}"
+                if also
+                else ""
             )
-        L.append("")
+            head = (
+                f"**{COUNTS.get(len(group), len(group))} runs trained alike**, {listed(others)}: {same} of one "
+                f"another{setting} ([why](#{ANCHOR}))."
+            )
+        L += [f"{head} {consequences(group)}".rstrip(), ""]
     return L
+
+
+def tag(reader: Reader, m: str) -> str:
+    """A verdict's note for a run that trained as another did ('' for none)."""
+    for group, _ in groups(reader):
+        if m in group and m != BASE:
+            return " (trained as GRPO did)" if BASE in group else f" (trained as {len(group) - 1} other runs did)"
+    return ""
+
+
+def alike_claims(reader: Reader, claimed: list[str]) -> str:
+    """The claims count's note: the `claimed` runs' claims that are of runs trained as another did."""
+    runs = [m for group, _ in groups(reader) for m in group if m != BASE and m in claimed]
+    n = sum(claimed.count(m) for m in runs)
+    return (
+        f" {n} of them are claims of runs that trained as another did ({', '.join(NAMES[m] for m in runs)}): "
+        f"they test the setting those runs share, not their idea ([why](#{ANCHOR}))."
+        if n
+        else ""
+    )
 
 
 def section(reader: Reader, infos: dict) -> list[str]:
@@ -96,10 +146,11 @@ def section(reader: Reader, infos: dict) -> list[str]:
     return L + [
         "Every run here takes one optimiser step per rollout (`--mu 1 --num_minibatches 1`, each script's default): "
         "the policy trained is the one that sampled, so every ratio pi_theta / pi_old is 1 to rounding. No clip range "
-        "then acts, and a penalty on |log pi_theta - log pi_old| (KL-Cov's) is zero, its gradient too. What is left "
+        "then acts, and a penalty on |log pi_theta - log pi_old| (KL-Cov's) is zero, its gradient too; a cut of "
+        "chosen tokens' gradients (Clip-Cov's) still acts. What is left "
         "of a run is its rewards, its sampling, its advantage and its loss aggregation: runs that agree in these train "
         "alike, whatever their ideas do off-policy ([algorithms/gspo.md](algorithms/gspo.md) works GSPO's case out)."
-        f"{decay} The ideas part from the second optimiser step of a rollout on: `--num_minibatches 4` (GSPO's "
-        "paper's split) compares them.",
+        f"{decay} Where such ideas differ is off-policy, from a rollout's second optimiser step on: runs with "
+        "`--num_minibatches 4` (GSPO's paper's split) would compare them, and this grid has none.",
         "",
     ]

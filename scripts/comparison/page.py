@@ -83,9 +83,14 @@ def verdict_table(reader: Reader, infos: dict) -> list[str]:
         L.append(
             f"| {NAMES[m]} | T = {t} | {len(reader.figures[m])} | {pct(reader.level(m))} | "
             f"{'-' if m == BASE else diff_cell(e, reader.gap(m, BASE))} | {'-' if m == BASE else improve_cell(e)} | "
-            f"{'(the yardstick)' if m == BASE else word(e)} |"
+            f"{'(the yardstick)' if m == BASE else word(e) + alike.tag(reader, m)} |"
         )
-    return L
+    return L + [
+        "",
+        "A difference is paired over the seeds both runs have (the seeds column counts a run's own). P(beats GRPO): "
+        "rliable's probability of improvement, the chance that a run of it beats a run of GRPO on a held-out "
+        "problem, ties 1/2.",
+    ]
 
 
 def summary_line(reader: Reader) -> str:
@@ -188,7 +193,8 @@ def claim_lines(reader: Reader) -> list[str]:
     L += [
         "",
         f"Of {len(claims(reader))} claims, {len(tested)} tested: {counts[SUPPORTED]} supported, "
-        f"{counts[CONTRADICTED]} contradicted, {counts[UNDECIDED]} not told apart from GRPO.",
+        f"{counts[CONTRADICTED]} contradicted, {counts[UNDECIDED]} not told apart from GRPO."
+        + alike.alike_claims(reader, [c[0] for c in tested]),
     ]
     return L
 
@@ -263,7 +269,8 @@ def setup_section(reader: Reader, infos: dict, task: str) -> list[str]:
         f"{base['data']['held_out']} held-out problems never trained on (`scripts/real_model_demo.py`'s data)."
     )
     L.append(
-        f"- Every run: `{' '.join(flags)}`: the same data, seeds and budget for all. The seeds: {seeds_text(infos)}."
+        f"- Every run: `{' '.join(flags)}`: the same data and budget for all, and the same seeds as far as each "
+        f"has them. The seeds: {seeds_text(infos)}."
     )
     L.append("- Each run keeps its own defaults otherwise; where they differ from GRPO's (GRPO's in brackets):")
     L += ["  " + line for line in details.method_defaults(infos, BOOKKEEPING)]
