@@ -180,3 +180,17 @@ def test_the_short_answer_splits_a_methods_difference_by_its_ablation():
     line = page.summary_line(verdicts.Reader(figs))
     assert "better: none; worse: CW-GRPO." in line
     assert "CW-GRPO's idea -0." in line and ", its other defaults -0." in line
+
+
+def test_a_figure_prints_alike_however_it_was_summed():
+    """The verdict table's mean and the details' mean of the same per-seed numbers, summed in another order, differ
+    in the 16th digit (0.5425 against 0.5425000000000001): both print half up, as one number."""
+    from scripts.comparison.stats import shown
+
+    assert shown(0.5425) == shown(sum([0.5975, 0.52875, 0.57125, 0.4725]) / 4) == "0.543"
+    assert [shown(0.6375), shown(-0.0075, 3, "+"), shown(0.0, 3, "+"), shown(0.1 + 0.2, 1)] == [
+        "0.638",
+        "-0.008",
+        "+0.000",
+        "0.3",
+    ]

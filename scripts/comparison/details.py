@@ -5,6 +5,7 @@ from collections import Counter
 
 from scripts.comparison.figures import mean
 from scripts.comparison.grid import ABLATIONS, BASE, EVAL_TEMPERATURE, NAMES, SCRIPT
+from scripts.comparison.stats import shown
 from scripts.comparison.verdicts import Reader, ablation_groups, fell
 
 DASH, ARROW = "–", "→"
@@ -23,7 +24,7 @@ def key_name(key: str) -> str:
 
 
 def fmt(v, digits: int = 3) -> str:
-    return "undefined" if v is None else f"{v:.{digits}f}"
+    return "undefined" if v is None else shown(v, digits)
 
 
 def seeds_of(runs: dict, key: str) -> list:

@@ -19,7 +19,7 @@ from scripts.comparison.grid import (
     setting_text,
     whose_setting,
 )
-from scripts.comparison.stats import CONFIDENCE, METHOD, N_RESAMPLES, RNG_SEED, Estimate
+from scripts.comparison.stats import CONFIDENCE, METHOD, N_RESAMPLES, RNG_SEED, Estimate, shown
 from scripts.comparison.verdicts import (
     CONTRADICTED,
     MIN_SEEDS,
@@ -44,7 +44,8 @@ def pct(e: Estimate | None) -> str:
     """A run's figure with its interval: '0.536 [0.49, 0.58]'."""
     if e is None:
         return "-"
-    return f"{e.value:.3f} [{e.low:.3f}, {e.high:.3f}]" + (" (1 seed: over problems only)" if e.seeds == 1 else "")
+    level = f"{shown(e.value)} [{shown(e.low)}, {shown(e.high)}]"
+    return level + (" (1 seed: over problems only)" if e.seeds == 1 else "")
 
 
 def diff_cell(e: Estimate | None, gap: tuple[float, int] | None = None) -> str:
@@ -54,7 +55,7 @@ def diff_cell(e: Estimate | None, gap: tuple[float, int] | None = None) -> str:
     if gap is None:
         return "not compared (no seed run by both)"
     value, n = gap
-    return f"{value:+.3f} over {n} seed{'s' * (n != 1)} both ran (no interval: a verdict needs {MIN_SEEDS})"
+    return f"{shown(value, 3, '+')} over {n} seed{'s' * (n != 1)} both ran (no interval: a verdict needs {MIN_SEEDS})"
 
 
 def improve_cell(e: Estimate | None) -> str:

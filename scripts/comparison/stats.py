@@ -12,6 +12,7 @@ same data order: two runs' figures are paired by seed, and a held-out figure by 
 A difference is told apart from zero when its interval excludes zero."""
 
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
 
 import numpy as np
 
@@ -20,6 +21,13 @@ CONFIDENCE = 0.95
 METHOD = "percentile"  # rliable's default; BCa's jackknife degenerates on a handful of seeds
 RNG_SEED = 0  # the page's figures repeat to the digit on any machine
 HIGHER, LOWER, TIED = "higher", "lower", "not told apart"
+
+
+def shown(v: float, digits: int = 3, sign: str = "") -> str:
+    """`v` to `digits` places, half up, alike however it was summed: float noise is rounded off first, so the mean
+    of the same numbers taken in another order prints the same (0.5425 and 0.5425000000000001 both as 0.543)."""
+    exact = Decimal(repr(round(v, 9))).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
+    return f"{exact:{sign}.{digits}f}"
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,7 @@ class Estimate:
 
     def text(self, digits: int = 3) -> str:
         """'-0.112 [-0.169, -0.050]'."""
-        return f"{self.value:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
+        return f"{shown(self.value, digits, '+')} [{shown(self.low, digits, '+')}, {shown(self.high, digits, '+')}]"
 
 
 def _bootstrap(samples: tuple, statistic, paired: bool = False) -> tuple[float, float]:
