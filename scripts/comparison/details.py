@@ -241,7 +241,7 @@ def scale_section(reader: Reader, infos: dict) -> list[str]:
     down = fell(reader, ran)
     total_runs = sum(len(r) for r in reader.figures.values())
     if down:
-        where = ", ".join(f"{NAMES[m]} seed {s} ({b:.3f} {ARROW} {a:.3f})" for m, s, b, a in down)
+        where = ", ".join(f"{NAMES[m]} seed {s} ({shown(b)} {ARROW} {shown(a)})" for m, s, b, a in down)
         fell_line = f"Held-out pass@1 ended below its start in {len(down)} of {total_runs} runs: {where}."
     else:
         fell_line = f"No run's held-out pass@1 ended below its start ({total_runs} runs)."

@@ -59,7 +59,7 @@ def diff_cell(e: Estimate | None, gap: tuple[float, int] | None = None) -> str:
 
 
 def improve_cell(e: Estimate | None) -> str:
-    return "-" if e is None or e.improve is None else f"{e.improve:.2f}"
+    return "-" if e is None or e.improve is None else shown(e.improve, 2)
 
 
 def word(e: Estimate | None) -> str:
@@ -156,7 +156,7 @@ def rule_line(reader: Reader) -> str:
     if told:
         line += (
             f" This design tells a difference in pass@1 from GRPO's when it exceeds the interval's half-width: "
-            f"{told[0]:.3f} at the median of the comparisons with GRPO ({told[1]:.3f} to {told[2]:.3f})."
+            f"{shown(told[0])} at the median of the comparisons with GRPO ({shown(told[1])} to {shown(told[2])})."
         )
     return line
 
