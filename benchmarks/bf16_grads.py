@@ -213,7 +213,7 @@ def worker(out: Path, seed: int, zero_defaults: bool) -> None:
         print(RESULT + json.dumps(facts), flush=True)
     accelerator.wait_for_everyone()
     accelerator.end_training()
-    end_rank(0, accelerator.num_processes)  # gloo's threads outlive the process group (common/distributed.py)
+    end_rank(0, accelerator.num_processes)
 
 
 def run_engine(engine: str, model_dir: Path, seed: int, zero_defaults: bool = False, timeout: float = 300) -> dict:

@@ -58,9 +58,11 @@ def test_runs_that_trained_alike_are_named_and_one_reward_apart_are_not():
         "against its own ablation."
     )
     reader = verdicts.Reader(figs)
-    tags = [alike.tag(reader, m) for m in ("gspo", "kl_cov", "grpo_base", "dapo")]
+    tags = [alike.tag(alike.groups(reader), m) for m in ("gspo", "kl_cov", "grpo_base", "dapo")]
     assert tags == [" (trained as GRPO did)", " (trained as 2 other runs did)", "", ""]
-    assert alike.alike_claims(reader, ["gspo", "kl_cov", "kl_cov", "dapo"]).startswith(" 3 of them are claims of runs")
+    assert alike.alike_claims(alike.groups(reader), ["gspo", "kl_cov", "kl_cov", "dapo"]).startswith(
+        " 3 of them are claims of runs"
+    )
     for key, change in (("reward_curve", 1 / 48), ("grad_norm_curve", 1e-3)):  # one more right answer of 48
         apart = copy.deepcopy(figs)
         for run in ("gspo", "kl_cov"):

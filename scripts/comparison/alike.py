@@ -101,17 +101,18 @@ def lines(reader: Reader, infos: dict, bookkeeping: set) -> list[str]:
     return L
 
 
-def tag(reader: Reader, m: str) -> str:
-    """A verdict's note for a run that trained as another did ('' for none)."""
-    for group, _ in groups(reader):
+def tag(found: list[tuple[list[str], float]], m: str) -> str:
+    """A verdict's note for a run that trained as another did ('' for none); `found`: `groups(reader)`."""
+    for group, _ in found:
         if m in group and m != BASE:
             return " (trained as GRPO did)" if BASE in group else f" (trained as {len(group) - 1} other runs did)"
     return ""
 
 
-def alike_claims(reader: Reader, claimed: list[str]) -> str:
-    """The claims count's note: the `claimed` runs' claims that are of runs trained as another did."""
-    runs = [m for group, _ in groups(reader) for m in group if m != BASE and m in claimed]
+def alike_claims(found: list[tuple[list[str], float]], claimed: list[str]) -> str:
+    """The claims count's note: the `claimed` runs' claims that are of runs trained as another did; `found`:
+    `groups(reader)`."""
+    runs = [m for group, _ in found for m in group if m != BASE and m in claimed]
     n = sum(claimed.count(m) for m in runs)
     return (
         f" {n} of them are claims of runs that trained as another did ({', '.join(NAMES[m] for m in runs)}): "

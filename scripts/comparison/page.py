@@ -78,13 +78,14 @@ def verdict_table(reader: Reader, infos: dict) -> list[str]:
         "| run | trained at | seeds | held-out pass@1 [95% CI] | minus GRPO's [95% CI] | P(beats GRPO) | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
+    found = alike.groups(reader)  # runs that trained as another did: noted in their verdicts
     for m in runs_of(reader.figures):
         t = infos[m][min(infos[m])]["script_flags"]["temperature"]
         e = None if m == BASE else reader.diff(m, BASE)
         L.append(
             f"| {NAMES[m]} | T = {t} | {len(reader.figures[m])} | {pct(reader.level(m))} | "
             f"{'-' if m == BASE else diff_cell(e, reader.gap(m, BASE))} | {'-' if m == BASE else improve_cell(e)} | "
-            f"{'(the yardstick)' if m == BASE else word(e) + alike.tag(reader, m)} |"
+            f"{'(the yardstick)' if m == BASE else word(e) + alike.tag(found, m)} |"
         )
     return L + [
         "",
@@ -195,7 +196,7 @@ def claim_lines(reader: Reader) -> list[str]:
         "",
         f"Of {len(claims(reader))} claims, {len(tested)} tested: {counts[SUPPORTED]} supported, "
         f"{counts[CONTRADICTED]} contradicted, {counts[UNDECIDED]} not told apart from GRPO."
-        + alike.alike_claims(reader, [c[0] for c in tested]),
+        + alike.alike_claims(alike.groups(reader), [c[0] for c in tested]),
     ]
     return L
 

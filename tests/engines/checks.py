@@ -119,4 +119,4 @@ except SystemExit as stop:
 write_facts(out_dir, accelerator.process_index, facts)
 accelerator.wait_for_everyone()
 accelerator.end_training()
-end_rank(0, accelerator.num_processes)  # gloo's threads outlive the process group (common/distributed.py)
+end_rank(0, accelerator.num_processes)

@@ -341,7 +341,7 @@ def main():
     write_facts(out, accelerator.process_index, f)
     accelerator.wait_for_everyone()
     accelerator.end_training()
-    end_rank(0, accelerator.num_processes)  # gloo's threads outlive the process group (common/distributed.py)
+    end_rank(0, accelerator.num_processes)
 
 
 if __name__ == "__main__":
