@@ -223,6 +223,15 @@ def guided_error_correction(rollout, rows: list[dict], completions: list, accura
     return edited, branches
 
 
+def gec_rollout(s, rows: list[dict], completions: list, texts: list[str], step: int, args: Args):
+    """Step 2b: (completions, texts, branch or None each, accuracy before GEC); --gec off: unchanged, None."""
+    if args.gec == "off":
+        return completions, texts, [None] * len(completions), None
+    accuracy = accuracy_reward(texts, [row["answer"] for row in rows], s.rewards.verifier)
+    completions, branches = guided_error_correction(s.rollout, rows, completions, accuracy, step, args)
+    return completions, s.rollout.texts(completions), branches, accuracy
+
+
 def gec_metrics(branches, rollout_accuracy, accuracy) -> dict:
     """Per-step counts (per rank): completions edited by each branch; edits correct afterwards (all, and reflections:
     the policy's own corrections); the policy's own accuracy before GEC."""
@@ -419,14 +428,8 @@ def main(args: Args, run: RunFlags) -> None:
             texts = s.rollout.texts(completions)
 
             # 2b. GEC: edit the incorrect completions; everything below scores and trains on the edited ones.
-            branches, rollout_acc = [None] * len(completions), None
-            if args.gec != "off":
-                with timer("gec"):
-                    rollout_acc = accuracy_reward(texts, [row["answer"] for row in rollout_rows], s.rewards.verifier)
-                    completions, branches = guided_error_correction(
-                        s.rollout, rollout_rows, completions, rollout_acc, step, args
-                    )
-                    texts = s.rollout.texts(completions)
+            with timer("gec"):
+                completions, texts, branches, rollout_acc = gec_rollout(s, rollout_rows, completions, texts, step, args)
 
             # 3. Rewards.
             with timer("scoring"):
