@@ -112,6 +112,17 @@ def figures_of(p1: dict, problems: int = 20, seed: int = 0) -> dict:
     return out
 
 
+def test_the_smallest_difference_told_leaves_out_runs_that_answered_alike():
+    """A run identical to GRPO (GSPO on-policy) has a zero-width interval: it says nothing of the design's reach."""
+    figs = figures_of({BASE: [0.5] * 5, "egpo": [0.45] * 5, "cw_grpo": [0.3] * 5})
+    figs["gspo"] = {s: dict(f) for s, f in figs[BASE].items()}
+    reader = verdicts.Reader(figs)
+    assert reader.diff("gspo", BASE).half_width == 0
+    widths = [reader.diff(m, BASE).half_width for m in ("egpo", "cw_grpo")]
+    told = verdicts.smallest_told(reader, [(m, BASE, P1) for m in ("egpo", "cw_grpo", "gspo")])
+    assert told == (pytest.approx(np.median(widths)), min(widths), max(widths)) and min(widths) > 0
+
+
 def test_a_run_is_compared_on_the_seeds_both_have_and_needs_three():
     figs = figures_of({BASE: [0.5, 0.5, 0.5, 0.5], "egpo": [0.2, 0.2, 0.2, 0.2]})
     reader = verdicts.Reader(figs)

@@ -171,8 +171,10 @@ def fell(reader: Reader, runs: list) -> list[tuple[str, int, float, float]]:
 
 def smallest_told(reader: Reader, pairs: list[tuple[str, str, str]]) -> tuple[float, float, float] | None:
     """(median, lowest, highest) half-width of the 95% intervals of held-out pass@1 differences among `pairs`
-    ((a, b, key)): a difference smaller than its half-width is not told from zero by this design."""
-    widths = sorted(e.half_width for a, b, k in pairs if (e := reader.diff(a, b, k)) is not None)
+    ((a, b, key)): a difference smaller than its half-width is not told from zero by this design. A pair that
+    answered every problem alike on every seed (runs that trained alike) has a zero-width interval that says
+    nothing of the design: left out."""
+    widths = sorted(e.half_width for a, b, k in pairs if (e := reader.diff(a, b, k)) is not None and e.half_width)
     if not widths:
         return None
     return float(np.median(widths)), widths[0], widths[-1]
