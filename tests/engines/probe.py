@@ -26,6 +26,16 @@ from launch import write_facts  # tests/engines/ is on the path of the launched 
 
 T0 = time.monotonic()
 VOCAB, SEQ, ROWS = 512, 16, 2
+LAUNCH_ENV = (  # what accelerate's launcher tells the engine through the environment
+    "ACCELERATE_USE_FSDP",
+    "FSDP_VERSION",
+    "FSDP_RESHARD_AFTER_FORWARD",
+    "ACCELERATE_USE_DEEPSPEED",
+    "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+    "ACCELERATE_DEEPSPEED_CONFIG_FILE",
+    "ACCELERATE_DEEPSPEED_ZERO3_INIT",
+    "ACCELERATE_USE_CPU",
+)
 
 
 def parse_args():
@@ -171,26 +181,11 @@ def batch(rank: int, step: int, micro: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (ROWS, SEQ), generator=g)
 
 
-def main():
-    args = parse_args()
-    out = Path(args.out)
-    model_dir = out / "model"
-    rank = int(os.environ.get("RANK", "0"))
-    if rank == 0 and not (model_dir / "READY").exists():
-        build_checkpoint(model_dir, bool(args.tie))
+def engine_facts(accelerator, args) -> dict:
+    """What accelerate built: its distributed type, the process group, the plugin's settings and the environment
+    its launcher set. Under DeepSpeed, its config is also set for this run (batch sizes, clipping)."""
+    from accelerate.utils import DistributedType
 
-    count_collectives()
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedType, InitProcessGroupKwargs
-    from transformers import AutoModelForCausalLM
-
-    from common.distributed import end_rank
-
-    handlers = []
-    if args.collective_timeout:
-        handlers.append(InitProcessGroupKwargs(timeout=timedelta(seconds=args.collective_timeout)))
-    accelerator = Accelerator(mixed_precision=args.mixed_precision, kwargs_handlers=handlers)
-    state = accelerator.state
     dist = torch.distributed
     f: dict = {
         "shim": os.environ.get("ENGINES_CPU_SHIM"),
@@ -205,26 +200,15 @@ def main():
         "dist_backend": str(dist.get_backend()) if dist.is_initialized() else None,
         "is_fsdp2": accelerator.is_fsdp2,
         "mixed_precision": accelerator.mixed_precision,
-        "env": {
-            k: os.environ.get(k)
-            for k in (
-                "ACCELERATE_USE_FSDP",
-                "FSDP_VERSION",
-                "FSDP_RESHARD_AFTER_FORWARD",
-                "ACCELERATE_USE_DEEPSPEED",
-                "ACCELERATE_DEEPSPEED_ZERO_STAGE",
-                "ACCELERATE_DEEPSPEED_CONFIG_FILE",
-                "ACCELERATE_DEEPSPEED_ZERO3_INIT",
-                "ACCELERATE_USE_CPU",
-            )
-        },
+        "env": {k: os.environ.get(k) for k in LAUNCH_ENV},
     }
-    fsdp = getattr(state, "fsdp_plugin", None)
+    fsdp = getattr(accelerator.state, "fsdp_plugin", None)
     if fsdp is not None:
         f["fsdp_version"] = fsdp.fsdp_version
         f["fsdp_reshard_after_forward"] = fsdp.reshard_after_forward
         f["fsdp_cpu_ram_efficient_loading"] = fsdp.cpu_ram_efficient_loading
-    ds = getattr(state, "deepspeed_plugin", None) if accelerator.distributed_type == DistributedType.DEEPSPEED else None
+    deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
+    ds = getattr(accelerator.state, "deepspeed_plugin", None) if deepspeed else None
     if ds is not None:
         f["zero_stage"] = ds.zero_stage  # right after construction, before any config edit
         f["ds_config_stage"] = ds.deepspeed_config["zero_optimization"]["stage"]
@@ -237,33 +221,37 @@ def main():
         config["gradient_clipping"] = args.grad_clip
         if ds.zero_stage == 3:
             config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+    return f
 
-    accelerator.wait_for_everyone()  # rank 0 has written the checkpoint
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+def loaded_facts(model) -> dict:
+    """The embedding as from_pretrained left it under the engine's loading hooks (ZeRO-3: partitioned)."""
     emb = model.get_input_embeddings().weight
-    f["loaded"] = {
+    return {
         "embed": describe(emb),
         "embed_device": str(emb.device),
         "embed_local_abs_sum": local_view(emb).detach().abs().sum().item() if emb.device.type != "meta" else None,
         "tied": model.get_output_embeddings().weight is emb,
     }
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    model, opt = accelerator.prepare(model, opt)
-    module = accelerator.unwrap_model(model)
-    name0 = next(iter(module.named_parameters()))[0]
-    f["wrapper"] = type(model).__name__
+
+
+def prepared_facts(accelerator, model) -> dict:
+    """The prepared model: its wrapper and parameters after prepare, and again after a no-grad forward (a rollout /
+    old log-prob pass), which FSDP2 and ZeRO-3 may leave gathered."""
     from torch.distributed.fsdp import FSDPModule
 
-    f["is_fsdp_module"] = isinstance(model, FSDPModule)
-    f["first_param_name"] = name0
-    f["first_param_after_prepare"] = describe(next(model.parameters()))
-    f["tied_after_prepare"] = module.get_output_embeddings().weight is module.get_input_embeddings().weight
-    f["all_dtensor_after_prepare"] = all(is_dtensor(p) for p in model.parameters())
-    f["all_ds_id_after_prepare"] = all(hasattr(p, "ds_id") for p in model.parameters())
-    f["numel_sum_after_prepare"] = sum(p.numel() for p in model.parameters())
-    f["local_numel_sum"] = sum(local_view(p).numel() for p in model.parameters())
-
-    # A no-grad forward (rollout / old log-probs), then the same questions again.
+    module = accelerator.unwrap_model(model)
+    f = {
+        "wrapper": type(model).__name__,
+        "is_fsdp_module": isinstance(model, FSDPModule),
+        "first_param_name": next(iter(module.named_parameters()))[0],
+        "first_param_after_prepare": describe(next(model.parameters())),
+        "tied_after_prepare": module.get_output_embeddings().weight is module.get_input_embeddings().weight,
+        "all_dtensor_after_prepare": all(is_dtensor(p) for p in model.parameters()),
+        "all_ds_id_after_prepare": all(hasattr(p, "ds_id") for p in model.parameters()),
+        "numel_sum_after_prepare": sum(p.numel() for p in model.parameters()),
+        "local_numel_sum": sum(local_view(p).numel() for p in model.parameters()),
+    }
     model.eval()
     with torch.no_grad():
         model(input_ids=batch(accelerator.process_index, -1, 0))
@@ -273,9 +261,13 @@ def main():
     f["numel_zero_after_nograd_forward"] = sum(p.numel() == 0 for p in model.parameters())
     if accelerator.is_fsdp2:
         f["fsdp_units"] = fsdp_units(model)
+    return f
 
-    f["initial_checksum"] = checksum(full_named_weights(accelerator, model))
-    f["losses"], f["global_losses"], f["grad_norms"], f["collectives"] = [], [], [], []
+
+def train(accelerator, model, opt, args) -> dict:
+    """`args.steps` optimiser steps of `micro_batches` backward passes each (all but the last under no_sync and
+    sync_gradients False): each step's loss (this rank's and the mean over ranks), grad norm and collectives."""
+    f = {"losses": [], "global_losses": [], "grad_norms": [], "collectives": []}
     for step in range(args.steps):
         n = args.micro_batches + (accelerator.process_index == args.extra_micro_batch_rank)
         total, calls = 0.0, []
@@ -299,43 +291,87 @@ def main():
         f["grad_norms"].append(float(norm) if norm is not None else None)
         t = torch.tensor([total], device=accelerator.device)
         f["global_losses"].append(accelerator.reduce(t, reduction="mean").item())
+    return f
 
-    weights = full_named_weights(accelerator, model)
-    f["final_checksum"] = checksum(weights)
-    f["all_finite_local"] = all(torch.isfinite(local_view(p)).all().item() for p in model.parameters())
-    f["all_finite_full"] = all(torch.isfinite(t).all().item() for _, t in weights)
-    f["naive_isfinite_all"] = all(torch.isfinite(p).all().item() for p in model.parameters())
 
+def finiteness_facts(model, weights) -> dict:
+    """Finiteness of the trained weights: local shards, gathered, and as a naive check sees them. Under ZeRO-3, a
+    NaN put into a partition: what a naive check and the partition's own check see."""
+    f = {
+        "all_finite_local": all(torch.isfinite(local_view(p)).all().item() for p in model.parameters()),
+        "all_finite_full": all(torch.isfinite(t).all().item() for _, t in weights),
+        "naive_isfinite_all": all(torch.isfinite(p).all().item() for p in model.parameters()),
+    }
     zero3 = [p for p in model.parameters() if hasattr(p, "ds_tensor")]
-    if zero3:  # a NaN in a ZeRO-3 partition: what a naive finiteness check sees
+    if zero3:
         p = zero3[0]
         saved = p.ds_tensor.data[0].item()
         p.ds_tensor.data[0] = float("nan")
         f["nan_in_partition_naive_isfinite"] = bool(torch.isfinite(p).all().item())
         f["nan_in_partition_ds_tensor_isfinite"] = bool(torch.isfinite(p.ds_tensor).all().item())
         p.ds_tensor.data[0] = saved
+    return f
 
+
+def save_and_reload_facts(accelerator, model, weights, ckpt: Path) -> dict:
+    """save_state's files, get_state_dict against the gathered weights, and load_state restoring perturbed
+    weights (the checksum after it)."""
+    accelerator.save_state(str(ckpt))
+    accelerator.wait_for_everyone()
+    f = {"saved_files": sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file())}
+    sd = accelerator.get_state_dict(model)  # a collective under ZeRO-3 / FSDP2: every rank calls it
+    f["state_dict_returned"] = type(sd).__name__
+    sd = sd or {}
+    f["state_dict_keys"] = len(sd)
+    f["state_dict_has_lm_head"] = "lm_head.weight" in sd
+    f["state_dict_types"] = sorted({type(v).__name__ for v in sd.values()})
+    full = dict(weights)
+    f["state_dict_max_diff"] = max(
+        ((sd[k].float() - full[k].float()).abs().max().item() for k in sd if k in full), default=None
+    )
+    with torch.no_grad():  # perturb: load_state must restore the saved weights
+        for p in model.parameters():
+            local_view(p).add_(1.0)
+    accelerator.load_state(str(ckpt))
+    f["checksum_after_load_state"] = checksum(full_named_weights(accelerator, model))
+    return f
+
+
+def main():
+    args = parse_args()
+    out = Path(args.out)
+    model_dir = out / "model"
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0 and not (model_dir / "READY").exists():
+        build_checkpoint(model_dir, bool(args.tie))
+
+    count_collectives()
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+    from transformers import AutoModelForCausalLM
+
+    from common.distributed import end_rank
+
+    handlers = []
+    if args.collective_timeout:
+        handlers.append(InitProcessGroupKwargs(timeout=timedelta(seconds=args.collective_timeout)))
+    accelerator = Accelerator(mixed_precision=args.mixed_precision, kwargs_handlers=handlers)
+    f = engine_facts(accelerator, args)
+
+    accelerator.wait_for_everyone()  # rank 0 has written the checkpoint
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    f["loaded"] = loaded_facts(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    model, opt = accelerator.prepare(model, opt)
+    f |= prepared_facts(accelerator, model)
+
+    f["initial_checksum"] = checksum(full_named_weights(accelerator, model))
+    f |= train(accelerator, model, opt, args)
+    weights = full_named_weights(accelerator, model)
+    f["final_checksum"] = checksum(weights)
+    f |= finiteness_facts(model, weights)
     if not args.no_save:
-        ckpt = out / "ckpt"
-        accelerator.save_state(str(ckpt))
-        accelerator.wait_for_everyone()
-        f["saved_files"] = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file())
-        sd = accelerator.get_state_dict(model)  # a collective under ZeRO-3 / FSDP2: every rank calls it
-        f["state_dict_returned"] = type(sd).__name__
-        sd = sd or {}
-        f["state_dict_keys"] = len(sd)
-        f["state_dict_has_lm_head"] = "lm_head.weight" in sd
-        f["state_dict_types"] = sorted({type(v).__name__ for v in sd.values()})
-        full = dict(weights)
-        f["state_dict_max_diff"] = max(
-            ((sd[k].float() - full[k].float()).abs().max().item() for k in sd if k in full), default=None
-        )
-        # Perturb, then load_state must restore the saved weights.
-        with torch.no_grad():
-            for p in model.parameters():
-                local_view(p).add_(1.0)
-        accelerator.load_state(str(ckpt))
-        f["checksum_after_load_state"] = checksum(full_named_weights(accelerator, model))
+        f |= save_and_reload_facts(accelerator, model, weights, out / "ckpt")
 
     f["seconds"] = round(time.monotonic() - T0, 1)
     write_facts(out, accelerator.process_index, f)
