@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny models built on the spot (no hub access here)."""
+"""Shared fixtures: tiny models and tokenizers built on the spot (no hub access here), the stand-in data formats."""
 
 import os
 
@@ -34,6 +34,28 @@ def closing():
     yield lambda engine: opened.append(engine) or engine
     for engine in opened:
         engine.close()
+
+
+@pytest.fixture(params=["jsonl", "parquet"])
+def fmt(request):
+    """A stand-in dataset file's format (tests/dataset_standins.py `save`): each test runs on both."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_path(tmp_path_factory):
+    """A word-level tokenizer of a few words, saved: data.prepare's token-length filters."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(
+        ["Problem solve it long please reason step"], trainers.WordLevelTrainer(special_tokens=["[UNK]"])
+    )
+    path = tmp_path_factory.mktemp("tok")
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(path)
+    return str(path)
 
 
 def pytest_collection_modifyitems(config, items):
