@@ -1,6 +1,6 @@
 """Local stand-ins of each paper's dataset in its real schema, for tests/test_math_data.py and
-tests/test_data_prepare.py: rows, files in both formats (the `fmt` fixture), a tiny tokenizer, and
-`python -m data.prepare` run in process."""
+tests/test_data_prepare.py: rows, files in either format (`save`; the `fmt` fixture in conftest.py gives both),
+and `python -m data.prepare` run in process."""
 
 import random
 
