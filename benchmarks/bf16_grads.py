@@ -151,7 +151,7 @@ def worker(out: Path, seed: int, zero_defaults: bool) -> None:
     from transformers import AutoModelForCausalLM
 
     import common.distributed as dist_utils
-    from common.distributed import end_rank, make_accelerator, micro_batch, parallel_mode
+    from common.distributed import end_run, make_accelerator, micro_batch, parallel_mode
 
     if zero_defaults:  # DeepSpeed's own bf16 dtypes, as before
         dist_utils.ZERO_BF16_GRADIENTS = {}
@@ -211,9 +211,7 @@ def worker(out: Path, seed: int, zero_defaults: bool) -> None:
     if rank == 0:
         torch.save(grads, out / "grads.pt")
         print(RESULT + json.dumps(facts), flush=True)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    end_rank(0, accelerator.num_processes)
+    end_run(accelerator)
 
 
 def run_engine(engine: str, model_dir: Path, seed: int, zero_defaults: bool = False, timeout: float = 300) -> dict:

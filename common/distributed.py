@@ -94,6 +94,14 @@ def end_rank(code: int, num_processes: int) -> None:
     os._exit(code)
 
 
+def end_run(accelerator) -> None:
+    """The end of a harness's or a benchmark's run under accelerate: every rank done, `end_training` (the trackers'
+    last writes; it destroys the process group), then `end_rank`. A training script ends in `Session.close`."""
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    end_rank(0, accelerator.num_processes)
+
+
 def make_accelerator(
     mixed_precision: str = "no",
     grad_clip: float | None = None,

@@ -229,7 +229,7 @@ import json, sys
 from pathlib import Path
 from accelerate import Accelerator
 import common.checkpoint as ck
-from common.distributed import end_rank
+from common.distributed import end_run
 
 root, out = Path(sys.argv[1]), Path(sys.argv[2])
 acc = Accelerator()
@@ -247,9 +247,7 @@ if acc.is_main_process:  # a flipped byte in the file rank 1 hashes: every rank 
 acc.wait_for_everyone()
 report["flipped"] = ck.manifest_problem(root, accelerator=acc)
 (out / f"rank{acc.process_index}.json").write_text(json.dumps(report))
-acc.wait_for_everyone()
-acc.end_training()
-end_rank(0, acc.num_processes)
+end_run(acc)
 """
 
 

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 from common.checkpoint import weights_are_finite
 from common.distributed import (
     confine_zero3_linear,
-    end_rank,
+    end_run,
     make_accelerator,
     micro_batch,
     parallel_mode,
@@ -117,6 +117,4 @@ try:
 except SystemExit as stop:
     facts["shared"] = str(stop)
 write_facts(out_dir, accelerator.process_index, facts)
-accelerator.wait_for_everyone()
-accelerator.end_training()
-end_rank(0, accelerator.num_processes)
+end_run(accelerator)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from transformers.integrations import is_deepspeed_zero3_enabled
 
-from common.distributed import end_rank
+from common.distributed import end_run
 from common.models import precision_for
 from common.preflight import count_parameters
 from common.run_flags import RunFlags
@@ -55,6 +55,4 @@ for name, plan in plans.items():
 facts["zero3_hook_after"] = is_deepspeed_zero3_enabled()
 # A file per rank, not a line on stdout: the ranks share the launcher's output, where lines can interleave.
 (run_dir / f"preflight-rank{accelerator.process_index}.json").write_text(json.dumps(facts))
-accelerator.wait_for_everyone()
-accelerator.end_training()
-end_rank(0, accelerator.num_processes)
+end_run(accelerator)

@@ -350,7 +350,7 @@ def main():
     from accelerate.utils import InitProcessGroupKwargs
     from transformers import AutoModelForCausalLM
 
-    from common.distributed import end_rank
+    from common.distributed import end_run
 
     handlers = []
     if args.collective_timeout:
@@ -375,9 +375,7 @@ def main():
 
     f["seconds"] = round(time.monotonic() - T0, 1)
     write_facts(out, accelerator.process_index, f)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    end_rank(0, accelerator.num_processes)
+    end_run(accelerator)
 
 
 if __name__ == "__main__":
