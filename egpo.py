@@ -275,7 +275,7 @@ def update(trainer, batch: dict, old: dict, advantages: torch.Tensor, is_weight,
     micro-batches; the denominators still count it. Statistics stay on the device until the optimiser step."""
     n = len(batch["input_ids"])
     size = n // args.num_minibatches
-    live = rows_with_loss(advantages, batch["completion_mask"], every_row=args.beta > 0)
+    live = rows_with_loss(advantages, batch["completion_mask"], args.beta > 0, is_weight)
     sums = Counter(skipped_rows=n - sum(live))
     trainer.model.train()
     for _ in range(args.mu):

@@ -177,15 +177,19 @@ def sliding(config) -> bool:
     return getattr(config, "sliding_window", None) is not None
 
 
-def rows_with_loss(advantages: torch.Tensor, mask: torch.Tensor, every_row: bool) -> list[bool]:
-    """Per row of the batch: may its loss be non-zero? False where the advantage ([N] or [N, C]) is 0
-    at every completion token and no other term (`every_row`: e.g. a KL penalty) acts on it: the
-    clipped surrogate of such a row, and its gradient, are identically 0, so the update can leave it
-    out of its micro-batches (the loss denominators still count it). One host read per call."""
+def rows_with_loss(advantages: torch.Tensor, mask: torch.Tensor, every_row: bool, weight=None) -> list[bool]:
+    """Per row of the batch: may its loss be non-zero? False where the advantage ([N] or [N, C]) or the
+    rollout correction's `weight` ([N, C], None: 1) is 0 at every completion token and no other term
+    (`every_row`: e.g. a KL penalty) acts on it: the clipped surrogate of such a row, and its gradient,
+    are identically 0, so the update can leave it out of its micro-batches (the loss denominators still
+    count it). One host read per call."""
     if every_row:
         return [True] * len(mask)
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
-    return ((adv != 0) & (mask > 0)).any(-1).tolist()  # NaN != 0: a NaN row is trained and shows up
+    acts = (adv != 0) & (mask > 0)  # NaN != 0: a NaN row is trained and shows up
+    if weight is not None:  # a completion the correction rejects at every token (sequence / geometric masks)
+        acts = acts & (weight != 0)
+    return acts.any(-1).tolist()
 
 
 @dataclass

@@ -72,14 +72,13 @@ class RolloutCorrection:
         else:
             weight = raw
         weight = torch.where(sampled, weight, 1.0).detach()
-        gap = torch.where(sampled, d.abs(), torch.nan)
         stats = {
             "tokens": sampled.sum(),
-            "gap": gap.nan_to_num().sum(),
+            "gap": (d.abs() * sampled).sum(),
             "raw": (raw * sampled).sum(),
             "weight": (weight * sampled).sum() if self.mode != "none" else sampled.sum(),
             "changed": (((weight == 0) if action == "reject" else (weight != raw)) & sampled).sum(),
-            "gap_p99": gap.flatten().nanquantile(0.99),  # this rank's; over ranks, the largest
+            "gap_p99": percentile(d.abs(), sampled, 0.99),  # this rank's; over ranks, the largest
             "raw_max": torch.where(sampled, raw, -torch.inf).max(),
         }
         return (None if self.mode == "none" else weight), stats
@@ -100,6 +99,19 @@ class RolloutCorrection:
             "train/rollout_is_weight_mean": sums["weight"] / tokens,
             "train/rollout_is_corrected_frac": sums["changed"] / tokens,
         }
+
+
+def percentile(values, valid, q: float):
+    """The q-quantile of `values` where `valid` (linear interpolation, as torch.quantile; NaN if none), on the
+    device: a sort, not torch.quantile, which refuses more than 2^24 elements (a rollout of 2,049 x 8,192)."""
+    import torch
+
+    ordered = torch.where(valid, values, torch.inf).flatten().sort().values  # the valid ones first
+    n = valid.sum()
+    pos = q * (n - 1).clamp(min=0)
+    low, high = ordered.gather(0, torch.stack([pos.floor(), pos.ceil()]).long())  # gather: a tensor index would sync
+    value = low + (high - low) * (pos - pos.floor())
+    return torch.where(n > 0, value, torch.nan)
 
 
 def ratio_at(d, sampled, level: str):

@@ -1,14 +1,18 @@
 """--rollout_correction (common/rollout_correction.py): each mode's weights against its formula, hand-computed;
 the weights in the loss; auto's choice; the flags' checks in every script."""
 
+import ast
 import math
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from common.batching import rows_with_loss
 from common.cli import parse_args
 from common.models import precision_for
-from common.rollout_correction import MODES, RolloutCorrection, rollout_correction
+from common.rollout_correction import MODES, RolloutCorrection, percentile, rollout_correction
 from common.run_flags import RunFlags
 
 # Two completions of 3 tokens. Row 0: pi_old / pi_rollout = 0.5, 1.5, 3 per token. Row 1: 2, then a token the engine
@@ -73,6 +77,39 @@ def test_the_figures_measure_before_correcting_and_count_what_changed():
     assert figures["train/rollout_is_weight_mean"] == 1.0
     _, stats = RolloutCorrection("geometric_mask", 0.999, 1.001).weights(OLD, BATCH)
     assert float(corr.figures(one, stats)["train/rollout_is_corrected_frac"]) == 1.0  # every sampled token rejected
+
+
+def test_the_p99_holds_above_the_2_to_the_24_cells_torch_quantile_refuses():
+    """A rank's [N, C] rollout past 2^24 cells (DAPO's 8,192 x 3,072 on one GPU): torch.quantile raises there."""
+    values = torch.rand(2049, 8192)
+    valid = torch.rand(2049, 8192) > 0.5
+    with pytest.raises(RuntimeError, match="too large"):
+        values.flatten().quantile(0.99)
+    want = np.quantile(values.numpy()[valid.numpy()], 0.99)  # numpy: the same interpolation, no size limit
+    assert percentile(values, valid, 0.99).item() == pytest.approx(want, rel=1e-6)
+    assert percentile(values, torch.zeros_like(valid), 0.99).isnan()
+
+
+def test_no_torch_quantile_on_the_training_path():
+    """The class of the p99's crash: torch.quantile / nanquantile anywhere a step runs."""
+    root = Path(__file__).resolve().parents[1]
+    sources = [*root.glob("*.py"), *root.glob("baselines/*.py"), *root.glob("common/*.py")]
+    calls = [
+        f"{path.name}:{node.lineno}"
+        for path in sources
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in ("quantile", "nanquantile")
+    ]
+    assert calls == []
+
+
+def test_rows_the_correction_rejects_whole_are_not_trained():
+    """sequence_mask under 2.1 weighs row 0 (ratio 2.25) 0 at every token: its loss and gradient are 0."""
+    w, _ = weights("sequence_mask", None, 2.1)
+    advantages = torch.tensor([1.0, -1.0])
+    assert rows_with_loss(advantages, MASK, False, w) == [False, True]
+    assert rows_with_loss(advantages, MASK, False, None) == [True, True]
+    assert rows_with_loss(advantages, MASK, True, w) == [True, True]  # a KL term acts on it still
 
 
 def test_auto_corrects_where_a_run_computes_in_bf16_and_not_in_fp32():
