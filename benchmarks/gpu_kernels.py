@@ -71,7 +71,7 @@ def fp32_accumulation(f: Findings, device, dry: bool) -> None:
         bf16 += a.T @ b
     rel = lambda x: ((x.double() - exact).norm() / exact.norm()).item()
     native = _fp32_out_addmm(device.type)
-    f.figure("addmm with out_dtype=float32 on this device (`_fp32_out_addmm`)", native)
+    f.figure("addmm with out_dtype=float32 taken here (`_fp32_out_addmm`, decided from the build)", native)
     f.figure(f"sum of {chunks} chunks' V x D products, relative error: fp32 buffer", rel(acc))
     f.figure(f"sum of {chunks} chunks' V x D products, relative error: bf16 running sum", rel(bf16))
     f.check("the fp32 buffer's sum is at least 4x closer to fp64 than the bf16 sum", rel(acc) * 4 < rel(bf16))

@@ -9,10 +9,12 @@ The demo table of the README is fp32's: a bf16 figure moves with the CPU's bf16 
 
 import json
 import shutil
+from collections import Counter
 
 import pytest
 import torch
 from engines.launch import CONFIGS, launch
+from test_grpo_base import flat_groups_batch
 from train_utils import BASELINES, ONE_STEP, ROOT, SCRIPTS, TWO_STEPS, run_cli, run_script
 
 from common.run_flags import vllm_available
@@ -24,6 +26,70 @@ RECORD = {"weights": "float32", "autocast": "bf16", "engine": "bfloat16"}  # run
 # round otherwise, so the bound leaves 15x. Stale weights after a sync differ by tenths to whole nats (the MoE
 # bug of issue 40: 0.1-0.25 mean): far above it. Below 1e-5 the engine would not be computing in bf16 at all.
 GAP_LOW, GAP_HIGH = 1e-5, 0.02
+
+
+class TorchCalls(torch.overrides.TorchFunctionMode):
+    """Records the torch functions called (tensors made, ops run) while it is on."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def bf16_accelerator():
+    """A one-process accelerator under bf16 autocast; accelerate's shared state reset before and after, as it keeps
+    the first mixed-precision mode a process asked for."""
+    from accelerate.state import AcceleratorState
+
+    from common.distributed import make_accelerator
+
+    AcceleratorState._reset_state()
+    yield make_accelerator("bf16", grad_clip=1e9)
+    AcceleratorState._reset_state()
+
+
+def test_the_first_update_decides_the_fp32_sum_without_running_anything(bf16_accelerator, tiny_random_dir, monkeypatch):
+    """A bf16-mixed update() of grpo_base (fp32 weights, bf16 autocast, the chunked head's fp32 weight-gradient sum):
+    the head's backward asks `_fp32_out_addmm` whether addmm sums bf16 factors into fp32, and that first ask
+    is inside the update. A trial run there would make the first update wait for the GPU (its result read back),
+    so the answer must come without a tensor made or an op run."""
+    from transformers import AutoModelForCausalLM
+
+    import common.logprobs as lp
+    import grpo_base
+    from common.distributed import parallel_mode
+    from common.health import UpdateGuard
+    from common.trainer import Trainer
+
+    asked, ran = [], Counter()
+    decide = lp._fp32_out_addmm.__wrapped__  # uncached: decided afresh, as in a new process
+
+    def watched(device_type):
+        with TorchCalls() as calls:
+            answer = decide(device_type)
+        asked.append(device_type)
+        ran.update(calls.calls)
+        return answer
+
+    monkeypatch.setattr(lp, "_fp32_out_addmm", watched)
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_dir)  # its own copy: prepare() wraps its forward
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    model, opt = bf16_accelerator.prepare(model, opt)
+    trainer = Trainer(
+        bf16_accelerator, parallel_mode(bf16_accelerator), model, opt,
+        torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), UpdateGuard(0), grad_clip=1e9, micro_batch_size=4,
+    )  # fmt: skip
+    batch, old = flat_groups_batch(model, G=2, groups=2)
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    sums = grpo_base.update(trainer, batch, old, adv, None, grpo_base.Args(group_size=2), step=0)
+    assert sums["tokens"] > 0
+    assert asked and set(asked) == {"cpu"}  # the backward asked, for this device
+    assert not ran, dict(ran)
 
 
 def precision_record(run) -> dict:
