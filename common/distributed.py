@@ -65,10 +65,12 @@ def check_launch(env: dict, argv: list[str]) -> None:
 
 
 def end_process_group() -> None:
-    """Destroy the default process group if it is still up: on an error's way out (a run's normal end destroys it
-    in `Accelerator.end_training`, then ends the rank in `end_rank`)."""
+    """At exit with the default process group still up, which only a run that did not end cleanly leaves (a clean
+    end destroys it in `Accelerator.end_training`, then ends the rank in `end_rank`): abort it. A graceful destroy
+    waits for the collectives in flight (NCCL's `ncclCommFinalize`), and on an error's way out they may never be
+    matched: the rank would wait COLLECTIVE_TIMEOUT instead of exiting for the launcher to stop the others."""
     if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        torch.distributed.distributed_c10d._abort_process_group()
 
 
 def end_rank(code: int, num_processes: int) -> None:

@@ -315,6 +315,49 @@ def test_a_rank_ends_with_its_work_done_though_gloo_threads_outlive_the_process_
     assert end_rank(0, 1) is None
 
 
+GROUP_END = """
+import sys
+from pathlib import Path
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+out, fail = Path(sys.argv[1]), sys.argv[2] == "fail"
+def spy(name, real):  # the real function still runs
+    def call(*args, **kwargs):
+        with (out / "calls").open("a") as f:
+            f.write(name + " ")
+        return real(*args, **kwargs)
+    return call
+for module, name in ((dist, "destroy_process_group"), (c10d, "destroy_process_group"), (c10d, "_abort_process_group")):
+    setattr(module, name, spy(name, getattr(c10d, name)))
+from common.distributed import end_run, make_accelerator
+accelerator = make_accelerator()
+accelerator.wait_for_everyone()
+if fail:
+    raise RuntimeError("a rank's error, its collectives possibly in flight")
+end_run(accelerator)
+"""
+
+
+@pytest.mark.parametrize("fail", [True, False], ids=["error", "clean"])
+def test_a_rank_aborts_its_process_group_on_an_error_and_destroys_it_on_a_clean_end(tmp_path, fail):
+    """On an error's way out a graceful destroy waits for the collectives in flight (under NCCL up to the collective
+    timeout): the exit hook aborts; a clean end destroys the group once, gracefully (2 gloo ranks, torchrun)."""
+    script = tmp_path / "group_end.py"
+    script.write_text(GROUP_END)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port())]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [*cmd, str(script), str(tmp_path), "fail" if fail else "ok"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert (proc.returncode != 0) == fail, proc.stderr[-3000:]
+    want = "_abort_process_group" if fail else "destroy_process_group"
+    assert (tmp_path / "calls").read_text().split() == [want] * 2, proc.stderr[-3000:]  # each rank, once
+
+
 # --- The batch split: checked per rank, before anything loads -------------------------------------
 
 
