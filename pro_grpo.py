@@ -23,11 +23,22 @@ silent or inconsistent: docs/algorithms/pro_grpo.md.
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 
+import torch
+
+from common.advantages import without_unchecked_groups
+from common.batching import pack, rows_with_loss, select
 from common.cli import arg, flag_record, parse_args
+from common.distributed import global_sum
+from common.logprobs import masked_mean, sequence_logprobs
+from common.lowprob import low_prob_mask
 from common.prompts import TEMPLATE_CHOICES
 from common.rollout_correction import CORRECTIONS
 from common.run_flags import RunFlags, check_batch_split, check_correction, check_rollout_sampling, launch_world
+from common.session import start_session
+from common.train_spec import spec_from
 
 
 @dataclass
@@ -100,24 +111,6 @@ def validate(args: Args, run: RunFlags) -> None:
     check_correction(args.rollout_correction, args.rollout_correction_min, args.rollout_correction_max, args.top_p)
     check_rollout_sampling(run.rollout, args.temperature, args.group_size)
     run.validate()
-
-
-if __name__ == "__main__":  # --help and a bad flag's one-line error, before torch and the libraries load (seconds)
-    CLI = parse_args(Args, RunFlags, description=__doc__)
-    validate(*CLI)
-
-from functools import partial  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import torch  # noqa: E402
-
-from common.advantages import without_unchecked_groups  # noqa: E402
-from common.batching import pack, rows_with_loss, select  # noqa: E402
-from common.distributed import global_sum  # noqa: E402
-from common.logprobs import masked_mean, sequence_logprobs  # noqa: E402
-from common.lowprob import low_prob_mask  # noqa: E402
-from common.session import start_session  # noqa: E402
-from common.train_spec import spec_from  # noqa: E402
 
 
 def group_advantages(rewards: torch.Tensor, G: int, eps: float = 1e-6) -> torch.Tensor:
@@ -390,4 +383,6 @@ def main(args: Args, run: RunFlags) -> None:
 
 
 if __name__ == "__main__":
-    main(*CLI)
+    args, run = parse_args(Args, RunFlags, description=__doc__)
+    validate(args, run)  # a bad flag: one line, before anything loads
+    main(args, run)

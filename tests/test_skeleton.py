@@ -257,18 +257,13 @@ def test_scripts_stay_readable(script):
 @pytest.mark.parametrize("script", BASELINES)
 def test_a_baseline_runs_as_a_file_from_anywhere(script, tmp_path):
     """`python baselines/x.py` (and accelerate launch, which runs it the same way) finds common/ through the
-    script's sys.path line, from any working directory; its --help still loads no heavy library."""
+    script's sys.path line, from any working directory."""
     import subprocess
     import sys
 
-    env = user_env(PYTHONPROFILEIMPORTTIME="1")
-    proc = subprocess.run([sys.executable, str(ROOT / script), "--help"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run([sys.executable, str(ROOT / script), "--help"], cwd=tmp_path, env=user_env(),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-2000:]
-    imported = {
-        line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "import time:" in line
-    }
-    assert "common" in imported and not imported & {"torch", "transformers", "vllm", "accelerate"}, sorted(imported)
 
 
 def _imports(path: Path) -> set[str]:
