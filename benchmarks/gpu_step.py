@@ -18,7 +18,7 @@ appendix B): 6 N S for the body's matrices (N: the parameters less the embedding
 values (the whole S x S matrix, as PaLM counts it; a causal kernel computes about half). Gradient
 checkpointing's recompute is not counted (MFU, not hardware FLOPs). Peak dense bf16: H100 SXM 989
 TFLOP/s, H100 NVL 835, H100 PCIe 756 (NVIDIA H100 datasheet, half its "with sparsity" figures), H200
-989 (NVIDIA H200 datasheet: the same chip); another GPU gets no MFU.
+989 and H200 NVL 835 (NVIDIA H200 datasheet); another GPU gets no MFU.
 
 Predicted peak: the memory preflight's plan for this process (`common.preflight.preflight_memory`, as
 `start_session` calls it: mode single, --precision auto, no reference model, no vLLM share: the training
@@ -51,8 +51,9 @@ TINY = dict(
     vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
     num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
 )  # fmt: skip
-# Peak dense bf16 FLOP/s by the device's name (module docstring).
-PEAK_BF16 = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12)]
+# Peak dense bf16 FLOP/s by the device's name (module docstring). The first name the device's contains wins, so a
+# part's variants (NVL, PCIe) come before its plain name: "NVIDIA H200 NVL" contains "H200".
+PEAK_BF16 = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200 NVL", 835e12), ("H200", 989e12)]
 STATED_GIB = 79.2  # the device the prediction is made for where no GPU is: an 80 GB GPU, as tests/test_preflight.py
 
 
