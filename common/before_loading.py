@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.cli import clear_errors, require
-from common.run_flags import RunFlags, check_batch_split, launch_world, start_notes
+from common.run_flags import RunFlags, check_batch_split, launch_world
 
 
 def check_launch_and_rewards(
@@ -98,8 +98,6 @@ def check_before_loading(script: str, spec, run: RunFlags, values: dict, resumab
 
     quiet_libraries()  # our progress bar and lines; library notices that need no action are filtered
     run_dir, lock, is_main = claim_run_dir(script, run, values, resumable)
-    if is_main:  # flags that do nothing here, a GPU recipe on CPU, the writes a killed run left
-        start_notes(spec, run, run_dir, say=print)
     model_path, tokenizer = open_tokenizer(
         spec.model, spec.max_prompt_len + spec.max_completion_len + spec.extra_context, spec.extra_context_flags
     )

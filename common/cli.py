@@ -28,31 +28,6 @@ import typing
 from contextlib import contextmanager
 from pathlib import Path
 
-# Flags of TRL's GRPOConfig (and open-r1's recipes) that users type by habit -> ours.
-TRL_NAMES = {
-    "num_generations": "group_size",
-    "learning_rate": "lr",
-    "max_steps": "steps",
-    "num_train_epochs": "epochs",
-    "max_completion_length": "max_completion_len",
-    "max_prompt_length": "max_prompt_len",
-    "num_iterations": "mu",
-    "epsilon": "eps_low",
-    "epsilon_high": "eps_high",
-    "loss_type": "loss_agg",
-    "lr_scheduler_type": "lr_schedule",
-    "max_grad_norm": "grad_clip",
-    "model_name_or_path": "model",
-    "dataset_name": "dataset",
-    "per_device_train_batch_size": "micro_batch_size",
-    "save_total_limit": "keep_last",
-    "logging_steps": "log_every",
-    "use_vllm": "rollout",
-    "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization",
-    "resume_from_checkpoint": "resume",
-    "reward_funcs": "rewards",
-}
-
 # Flags that set the same thing two ways: given on the command line, one drops a recipe's value of the
 # other (back to its default), so `--config R.yaml --steps 2` runs 2 steps whatever R says of epochs.
 ALTERNATIVES = {"steps": "epochs", "epochs": "steps"}
@@ -144,7 +119,7 @@ def _sections(cls) -> dict[str, str]:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage block) and a hint for a mistyped or TRL-named flag."""
+    """argparse with one-line errors (no usage block) and a hint for a mistyped flag."""
 
     def __init__(self, *a, flag_names: list[str] = (), **kw):
         super().__init__(*a, **kw)
@@ -157,9 +132,7 @@ class _Parser(argparse.ArgumentParser):
                 if not word.startswith("-"):
                     continue  # a value
                 name = word.split("=")[0].lstrip("-").replace("-", "_")
-                if name in TRL_NAMES:
-                    hints.append(f"--{name}: this project calls it --{TRL_NAMES[name]}")
-                elif close := difflib.get_close_matches(name, self.flag_names, n=1, cutoff=0.6):
+                if close := difflib.get_close_matches(name, self.flag_names, n=1, cutoff=0.6):
                     hints.append(f"--{name}: did you mean --{close[0]}?")
         hint = "".join(f"; {h}" for h in hints)
         self.exit(2, f"error: {message}{hint} (see --help)\n" if _rank0() else None)

@@ -238,40 +238,6 @@ def start_run_dir(
     os.replace(tmp, path / CONFIG)
 
 
-# What the run's own atomic writes leave when a kill cuts one short (each is written under its .tmp name and renamed
-# at the end; a deletion renames to .deleting first): checkpoint-N.tmp and model.tmp (common/checkpoint.py),
-# run_config.json.tmp (start_run_dir), metrics/samples.jsonl.tmp (checkpoint.drop_rows_after), and the evaluation's
-# eval_records.jsonl.tmp (common/jsonl.py write_jsonl) at the top and in eval-step-0/. tests/test_interrupted_writes.py
-# kills a process in each and scans the code for writes this list lacks.
-OWN_LEFTOVERS = (
-    "checkpoint-*.tmp", "model.tmp", CONFIG + ".tmp", "*.jsonl.tmp", "*.deleting", "eval-step-0/*.tmp",
-    "eval_results.json.tmp",
-)  # fmt: skip
-
-
-def interrupted_writes(output_dir: str | Path) -> str | None:
-    """At a start, on rank 0 holding the lock: the writes a killed process left unfinished in the run directory, in
-    one line. The run's own (OWN_LEFTOVERS) are removed: the lock says no process of the run writes now, and each
-    is a copy that never replaced its file. Any other *.tmp there, one level down included (tools.evaluate's
-    eval-*/ folders, which it writes without the lock), is named and kept. None: nothing left."""
-    path = Path(output_dir)
-    if not path.is_dir():
-        return None
-    own = sorted({p for pattern in OWN_LEFTOVERS for p in path.glob(pattern)})
-    other = sorted({*path.glob("*.tmp"), *path.glob("*/*.tmp")} - set(own) - {p for o in own for p in o.glob("*")})
-    for p in own:
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
-    if not own and not other:
-        return None
-    names = lambda ps: ", ".join(str(p.relative_to(path)) for p in ps)  # noqa: E731
-    line = f"note: {path}: writes a killed process left unfinished"
-    if own:
-        line += f": {names(own)} (removed; every finished file is as it was)"
-    if other:
-        line += f"{';' if own else ':'} {names(other)} (kept: not this run's; delete once no evaluation is running)"
-    return line
-
-
 def check_shared(output_dir: str | Path, accelerator) -> None:
     """Multi-node: every rank must see the run directory rank 0 writes (checkpoints hold every rank's
     files). Rank 0 writes a sentinel with a fresh token; a rank that cannot read it stops the run

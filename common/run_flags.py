@@ -12,19 +12,6 @@ from pathlib import Path
 
 from common.cli import arg, require
 
-# Experiment trackers accelerate can log to (`--report_to`), and the package each needs.
-TRACKERS = {
-    "tensorboard": "tensorboard",
-    "wandb": "wandb",
-    "trackio": "trackio",
-    "mlflow": "mlflow",
-    "comet_ml": "comet_ml",
-    "aim": "aim",
-    "clearml": "clearml",
-    "dvclive": "dvclive",
-    "swanlab": "swanlab",
-}
-
 
 def vllm_available() -> bool:
     """Is vLLM installed? (Checked without importing it: that takes seconds.)"""
@@ -72,7 +59,10 @@ class RunFlags:
         at_least=0,
     )
     # Logging.
-    report_to: str = arg("none", f"experiment trackers beside metrics.jsonl, comma-separated: {', '.join(TRACKERS)}")
+    report_to: str = arg(
+        "none",
+        "experiment trackers beside metrics.jsonl, comma-separated, as accelerate names them: tensorboard, wandb, ...",
+    )
     project: str = arg("grpo-zoo", "tracker project name (W&B project, TensorBoard top directory, ...)")
     run_name: str | None = arg(None, "tracker run name (default: the name of --output_dir)")
     log_every: int = arg(0, "print a line of the step's figures every N steps (0: the progress bar only)", at_least=0)
@@ -214,14 +204,10 @@ class RunFlags:
             "--rollout vllm: vLLM is not installed here (CPU: bash scripts/setup_cpu.sh; GPU: pip install -r "
             "requirements.txt); or sample with --rollout hf (a resume may change it)",
         )
-        for name in filter(None, self.report_to.split(",")) if self.report_to != "none" else []:
+        for name in filter(None, self.report_to.split(",")) if self.report_to != "none" else []:  # accelerate's names
             require(
-                name in TRACKERS, f"--report_to: unknown tracker {name!r}; choose from {', '.join(TRACKERS)} (or none)"
-            )
-            package = TRACKERS[name]
-            require(
-                importlib.util.find_spec(package) is not None,
-                f"--report_to {name}: the {package} package is not installed (pip install {package})",
+                importlib.util.find_spec(name) is not None,
+                f"--report_to {name}: no package {name} is installed (pip install {name})",
             )
         package = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}.get(
             self.attn_implementation
@@ -230,11 +216,6 @@ class RunFlags:
             package is None or importlib.util.find_spec(package) is not None,
             f"--attn_implementation {self.attn_implementation}: the {package} package is not installed "
             "(pip install flash-attn --no-build-isolation on a CUDA machine), or use flex_attention or sdpa",
-        )
-        require(
-            "wandb" not in self.report_to.split(",") or wandb_ready(),
-            "--report_to wandb: not logged in to Weights & Biases; run `wandb login`, set WANDB_API_KEY, "
-            "or log offline with WANDB_MODE=offline",
         )
         if self.eval_steps:  # sampling the rollout engine would refuse at the first evaluation, or change
             from common.evaluation import sampling_problem
@@ -301,120 +282,3 @@ def check_correction(mode: str, low: float | None, high: float | None, top_p: fl
         if low is not None and high is not None
         else "",
     )
-
-
-def wandb_ready() -> bool:
-    """Can W&B log without asking for a key? (Offline or disabled mode, an API key, or a stored login.)"""
-    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
-        return True
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
-
-
-# Flags that do nothing under a condition of the hardware, the engine or the other flags: (flag, condition, why).
-# A run names each one set (to other than its default) under its condition at start, one line per condition
-# (`no_effect_notes`); tests/test_start_notes.py sets every row under its condition. A new flag that can do nothing
-# somewhere gets its row here.
-NO_EFFECT = (
-    ("vllm_sleep", "cpu", "vLLM's sleep mode frees GPU memory"),
-    ("vllm_sleep", "hf", "no vLLM engine to put to sleep"),
-    ("vllm_gpu_memory_utilization", "cpu", "vLLM on CPU sizes its KV cache to the run, or to VLLM_CPU_KVCACHE_SPACE"),
-    ("vllm_gpu_memory_utilization", "hf", "no vLLM engine"),
-    ("vllm_max_num_seqs", "hf", "no vLLM engine; the hf engine samples a step in batches of 256 rows"),
-    ("vllm_max_num_batched_tokens", "hf", "no vLLM engine"),
-    ("per_prompt_seeds", "hf", "the hf engine seeds every prompt from its place in the batch, always"),
-    ("micro_batch_memory_gb", "token_budget", "--max_tokens_per_micro_batch sizes the micro-batches"),
-    ("share_prompts", "packed", "--padding_free on packs the real tokens, prompts included, into one row"),
-    ("eval_before", "no_eval", "there is no evaluation during training"),
-    ("eval_benchmarks", "no_eval", "there is no evaluation during training"),
-    ("eval_n", "no_eval", "there is no evaluation during training"),
-    ("eval_temperature", "no_eval", "there is no evaluation during training"),
-)
-# Each condition: when it holds, given (run flags, a GPU here), and how its line opens.
-CONDITIONS = {
-    "cpu": (lambda run, gpu: not gpu, "on CPU (no GPU here)"),
-    "hf": (lambda run, gpu: run.rollout == "hf", "with --rollout hf"),
-    "token_budget": (lambda run, gpu: run.max_tokens_per_micro_batch > 0, "with --max_tokens_per_micro_batch"),
-    "packed": (lambda run, gpu: run.padding_free == "on", "with --padding_free on"),
-    "no_eval": (lambda run, gpu: run.eval_steps == 0, "without --eval_steps"),
-}
-
-
-def no_effect_notes(run: RunFlags, gpu: bool) -> list[str]:
-    """One line per condition of NO_EFFECT that holds, naming the flags set (to other than their default) that
-    do nothing under it, each with its value and why; a flag under two conditions is named under the first."""
-    from dataclasses import fields
-
-    defaults = {f.name: f.default for f in fields(RunFlags)}
-    lines, named = [], set()
-    for condition, (holds, opening) in CONDITIONS.items():
-        if not holds(run, gpu):
-            continue
-        set_here = [
-            (flag, why)
-            for flag, when, why in NO_EFFECT
-            if when == condition and flag not in named and getattr(run, flag) != defaults[flag]
-        ]
-        if set_here:
-            named |= {flag for flag, _ in set_here}
-            listed = "; ".join(f"--{flag} {_shown(getattr(run, flag))} ({why})" for flag, why in set_here)
-            lines.append(f"note: {opening}, these flags do nothing: {listed}")
-    return lines
-
-
-def _shown(value) -> str:
-    return {True: "true", False: "false"}.get(value, str(value)) if isinstance(value, bool) else str(value)
-
-
-RECIPE_GPU_GB = 80  # the GPUs every recipe is sized for (tests/recipe_memory.py plans each on one)
-
-
-def recipe_launch(recipe: str | Path) -> tuple[int, str] | None:
-    """(GPUs, the launch line) a recipe's header gives: `accelerate launch --config_file C [--num_processes N]`, N
-    or C's num_processes; None without such a line."""
-    import yaml
-
-    recipe = Path(recipe)
-    line = next((x for x in recipe.read_text().splitlines() if "accelerate launch" in x), None)
-    if line is None:
-        return None
-    tokens = line.lstrip("# ").split()
-    if "--num_processes" in tokens:
-        return int(tokens[tokens.index("--num_processes") + 1]), " ".join(tokens)
-    config = Path(tokens[tokens.index("--config_file") + 1]) if "--config_file" in tokens else None
-    root = Path(__file__).resolve().parent.parent  # the recipe names its config from the repository root
-    if config is None or not (root / config).is_file():
-        return None
-    return int(yaml.safe_load((root / config).read_text()).get("num_processes", 1)), " ".join(tokens)
-
-
-def recipe_note(recipe: str | None, gpu: bool, model: str, prompts: int, group_size: int, completion_len: int):
-    """On CPU, the line saying a recipe (`--config`) is sized for GPUs and what running it here does; else None."""
-    if not recipe or gpu or (launch := recipe_launch(recipe)) is None:
-        return None
-    gpus, line = launch
-    tokens = prompts * group_size * completion_len
-    return (
-        f"note: {recipe} is sized for {gpus} GPU{'s' * (gpus > 1)} of {RECIPE_GPU_GB} GB ({line.split(' --config ')[0]}"
-        f"); here, on CPU, it runs as one process with {model} in this machine's memory, no GPU memory plan, and "
-        f"{prompts} x {group_size} completions of up to {completion_len:,} tokens to sample each step ({tokens:,} "
-        "tokens, on CPU cores); the demo (no --config) is the CPU run"
-    )
-
-
-def start_notes(spec, run: RunFlags, run_dir: Path, say) -> None:
-    """What rank 0 says at start, before any model loads (`common.before_loading`): the flags that do nothing here
-    (`no_effect_notes`), a recipe sized for GPUs run on CPU (`recipe_note`), and the writes a killed run left in
-    `run_dir` (`common.run_dir.interrupted_writes`, which removes its own)."""
-    import torch
-
-    from common.cli import recipe_of
-    from common.run_dir import interrupted_writes
-
-    gpu = torch.cuda.is_available()
-    recipe = recipe_note(
-        recipe_of(run), gpu, spec.model, spec.prompts_per_step, spec.group_size, spec.max_completion_len
-    )
-    for line in [*no_effect_notes(run, gpu), recipe, interrupted_writes(run_dir)]:
-        if line:
-            say(line)
