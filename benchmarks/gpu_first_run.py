@@ -8,16 +8,18 @@ Parts, each in its own process with its own time budget (a part that fails, cras
 recorded with the last lines of its output, and the others go on; a CUDA error cannot poison the next part):
 
 - grpo_base, edge_grpo, egpo, cw_grpo, pro_grpo: 2 GRPO steps of the script on the shipped demo model, as a
-  user runs it (`--rollout hf --precision auto`: bf16 autocast over fp32 weights on a GPU), through
-  benchmarks/sync_guard.py, which runs its scoring pass and update under `torch.cuda.set_sync_debug_mode`
-  and attributes every host sync (none may be ours). The five run at once on a GPU (one process each).
+  user runs it (`--rollout hf --precision auto`: bf16 autocast over fp32 weights on a GPU; `--group_size 2`, so
+  that the default shared-prompt layout computes less and runs), through benchmarks/sync_guard.py, which runs
+  its scoring pass and update under `torch.cuda.set_sync_debug_mode`, attributes every host sync (none may be
+  ours) and counts the layout each micro-batch ran in. The five run at once on a GPU (one process each).
 - cuda_lines: `device_memory_bytes`, `peak_memory_gb`, `_device_memory` and the chunk rows, `to_device`'s
   pinned copy and `select`'s layouts without a host sync, the run's dtypes, what is not installed
   (benchmarks/gpu_parts.py).
 - kernels: `addmm(..., out_dtype=float32)` in the chunked head, its gradient against the unchunked bf16 pass,
   the SDPA kernel for the shared-prompt mask (never math), shared and packed layouts equal to the padded one,
   the chunk's speed (benchmarks/gpu_kernels.py).
-- logp_gap: the trainer-vs-engine log-prob gap in bf16, mean and p99 per token (benchmarks/gpu_parts.py).
+- logp_gap: the trainer-vs-engine log-prob gap in bf16, mean and p99 per token, padded and shared-prompt
+  (benchmarks/gpu_parts.py).
 - gpu_step: benchmarks/gpu_step.py at Qwen2.5-Math-1.5B's shape (random weights): step time, tokens/s, MFU,
   peak memory against the memory preflight's prediction.
 
@@ -71,7 +73,8 @@ class Part:
 
 
 SCRIPT_PART = (
-    "`{}.py --rollout hf --precision auto`, 2 steps on the demo model, scoring and update under the sync detector"
+    "`{}.py --rollout hf --precision auto --group_size 2`, 2 steps on the demo model, scoring and update under the "
+    "sync detector"
 )
 PARTS = [Part(s, 120, 900, SCRIPT_PART.format(s)) for s in SCRIPTS] + [
     Part("cuda_lines", 30, 300, "the memory reads, the chunk rows, `to_device` and `select` without a host sync"),
@@ -115,8 +118,10 @@ def script_command(name: str, work: Path, dry: bool) -> list[str]:
     run = work / name
     flags = ["--rollout", "hf", "--precision", "auto", "--steps", "2", "--save_minutes", "0", "--log_samples", "0"]
     flags += ["--output_dir", str(run), "--overwrite"]
-    if dry:  # toy sizes; 48 tokens, so that completions reach their boxed answer and the verifier checks them
-        flags += ["--prompts_per_step", "4", "--group_size", "4"]
+    # G = 2: the demo's 36-token prompt is then longer than its completions' share of a shared row (~15-20 tokens
+    # each), so the default shared-prompt layout computes less and runs; at G = 8 `select` falls back to padded.
+    # (Longer prompts, few-shot or a longer system turn, take the demo model off what it learnt: next to no sum right.)
+    flags += ["--group_size", "2", "--prompts_per_step", "8" if dry else "64"]  # 16 rows; 128, as the default 16 x 8
     guard = [sys.executable, str(HERE / "sync_guard.py"), "--report", str(work / f"{name}.syncs.json")]
     return guard + [str(ROOT / f"{name}.py"), *flags]
 
@@ -164,6 +169,9 @@ def sync_figures(f, syncs: dict) -> None:
     ours = [s for s in syncs["syncs"] if s["kind"] in ("ours", "backward")]
     where = "; ".join(f"{s['where']} x {s['count']}" for s in ours)
     f.check("no host sync of ours in scoring or update", not ours, where)
+    f.figure("micro-batches by layout", syncs["layouts"])
+    shared = {phase: syncs["layouts"].get(phase, {}).get("shared", 0) for phase in ("old_logprobs", "update")}
+    f.check("old_logprobs and update ran the shared-prompt layout", all(shared.values()), shared)
     rows = [[s["phase"], s["kind"], s["where"], s["count"]] for s in syncs["syncs"]]
     f.table("Host syncs seen", ["phase", "kind", "where", "count"], rows)
 

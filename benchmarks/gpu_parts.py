@@ -98,9 +98,10 @@ def cuda_lines(dry: bool) -> Findings:
     return f
 
 
-def _trainer_logp(policy, batch: dict, layout: str) -> torch.Tensor:
-    """pi_old's log-probs [N, C] as `old_logprobs` computes them, all rows in one micro-batch of `layout`."""
-    from common.batching import select
+def _trainer_logp(policy, batch: dict, layout: str) -> tuple[torch.Tensor, bool]:
+    """pi_old's log-probs [N, C] as `old_logprobs` computes them, all rows in one micro-batch of `layout`, and
+    whether that layout ran (`select` falls back to padded where "shared" would not compute less)."""
+    from common.batching import SharedPrefix, select
     from common.logprobs import sequence_logprobs
 
     rows = list(range(len(batch["input_ids"])))
@@ -110,7 +111,7 @@ def _trainer_logp(policy, batch: dict, layout: str) -> torch.Tensor:
         logp, _ = sequence_logprobs(
             policy, mb["input_ids"], mb["attention_mask"], 1.0, logits_to_keep=C, layout=mb["layout"]
         )
-    return logp
+    return logp, isinstance(mb["layout"], SharedPrefix) == (layout == "shared")
 
 
 def gap_figures(f: Findings, label: str, engine, policy, prompts: list, G: int, max_tokens: int, pad: int) -> None:
@@ -123,7 +124,9 @@ def gap_figures(f: Findings, label: str, engine, policy, prompts: list, G: int, 
     batch = pack([p for p in prompts for _ in range(G)], completions, pad, device)
     mask = batch["completion_mask"].bool() & batch["rollout_logp"].isfinite()
     for layout in ("padded", "shared"):
-        gap = (_trainer_logp(policy, batch, layout) - batch["rollout_logp"])[mask].abs().double()
+        logp, ran = _trainer_logp(policy, batch, layout)
+        f.check(f"{label}, {layout}: the {layout} layout ran", ran)
+        gap = (logp - batch["rollout_logp"])[mask].abs().double()
         f.figure(f"{label}, {layout}: tokens", gap.numel())
         f.figure(f"{label}, {layout}: mean |gap|", gap.mean().item())
         f.figure(f"{label}, {layout}: p99 |gap|", gap.quantile(0.99).item())
@@ -134,7 +137,9 @@ def gap_figures(f: Findings, label: str, engine, policy, prompts: list, G: int, 
 
 
 def logp_gap(dry: bool) -> Findings:
-    """The demo model's gap (module docstring), 16 prompts x 8 completions of up to 48 tokens (dry: 4 x 4 x 16)."""
+    """The demo model's gap (module docstring), 64 prompts x 2 completions of up to 48 tokens (dry: 8 x 2 x 16):
+    2 a prompt, so that the shared-prompt layout computes less than the padded one and runs (as in the scripts'
+    parts, benchmarks/gpu_first_run.py)."""
     from transformers import AutoTokenizer
 
     from common.distributed import make_accelerator
@@ -152,7 +157,7 @@ def logp_gap(dry: bool) -> Findings:
     accelerator = make_accelerator(precision.mixed)
     policy = accelerator.prepare(load_policy(path, precision.policy))  # fp32 weights; its forward autocasts on GPU
     tokenizer = AutoTokenizer.from_pretrained(path)
-    n, G, max_tokens = (4, 4, 16) if dry else (16, 8, 48)
+    n, G, max_tokens = (8, 2, 16) if dry else (64, 2, 48)
     prompts = [
         tokenizer(format_prompt(r["problem"]), add_special_tokens=False).input_ids for r in synthetic_eval_set()[:n]
     ]

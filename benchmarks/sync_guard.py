@@ -5,8 +5,10 @@
 The script is imported as a module (its `if __name__ == "__main__":` blocks stay out), its flags are parsed
 and checked as its own `__main__` does (`parse_args(Args, RunFlags)`, then `validate`), and its `main` runs
 with two of its functions wrapped, by name: `old_logprobs` (the no-grad scoring pass, pi_old) and `update`
-(the micro-batches' forward and backward and the optimiser steps). Nothing in the script or in common/ is
-edited: `main` looks both names up in the module when it calls them.
+(the micro-batches' forward and backward and the optimiser steps); inside them, each micro-batch's layout is
+counted from the script's `select` (the shared-prompt one is asked by default, and falls back to padded where it
+would not compute less). Nothing in the script or in common/ is edited: `main` and those two functions look
+the names up in the module when they call them.
 
 Inside those two calls `torch.cuda.set_sync_debug_mode("warn")` is on, and each warning ("called a
 synchronizing CUDA operation") is attributed, from the Python stack at the time, to where it came from:
@@ -41,6 +43,7 @@ SYNC_MESSAGE = "called a synchronizing CUDA operation"
 # (file in the repository, function): the host reads docs/SCALING.md "Host syncs" counts as intended.
 INTENDED = {("common/trainer.py", "optimizer_step"), ("common/batching.py", "rows_with_loss")}
 WRAPPED = ("old_logprobs", "update")
+LAYOUTS = {"SharedPrefix": "shared", "Packed": "packed"}  # common.batching's layout classes; "padded" is a string
 
 
 def _where(frame: traceback.FrameSummary) -> tuple[str, bool]:
@@ -82,6 +85,7 @@ class SyncLog:
     def __init__(self, cuda: bool):
         self.cuda = cuda
         self.counts: collections.Counter = collections.Counter()
+        self.layouts: collections.Counter = collections.Counter()  # micro-batches per (phase, layout)
         self.phase: str | None = None  # the CPU stand-in records inside a `watch` block only
         self.patched = False
 
@@ -136,7 +140,10 @@ class SyncLog:
         for r in rows:
             kinds[r["kind"]] += r["count"]
         detector = "torch.cuda.set_sync_debug_mode('warn')" if self.cuda else "benchmarks/host_syncs.py's patches (CPU)"
-        return {"detector": detector, "syncs": rows, "by_kind": dict(kinds)}
+        layouts: dict = {}
+        for (phase, layout), n in sorted(self.layouts.items()):
+            layouts.setdefault(phase, {})[layout] = n
+        return {"detector": detector, "syncs": rows, "by_kind": dict(kinds), "layouts": layouts}
 
 
 def load_script(path: Path):
@@ -149,8 +156,19 @@ def load_script(path: Path):
 
 
 def guard(module, log: SyncLog) -> list[str]:
-    """Wrap the module's `old_logprobs` and `update` (those it has) in `log.watch`; returns the names wrapped."""
+    """Wrap the module's `old_logprobs` and `update` (those it has) in `log.watch`, and its `select` to count the
+    layouts their micro-batches ran in (`select` may fall back from the asked one); returns the names wrapped."""
     wrapped = []
+    if select := getattr(module, "select", None):
+
+        @functools.wraps(select)
+        def counted(*a, **k):
+            mb = select(*a, **k)
+            if log.phase is not None:
+                log.layouts[(log.phase, LAYOUTS.get(type(mb["layout"]).__name__, mb["layout"]))] += 1
+            return mb
+
+        module.select = counted
     for name in WRAPPED:
         fn = getattr(module, name, None)
         if fn is None:

@@ -1,6 +1,7 @@
 """benchmarks/gpu_first_run.py, the first GPU session's one call, kept from rotting: its dry run on CPU (every
-part at toy sizes, each in its own process) must run every part and pass its checks; the sync detector's
-attribution of a host sync to where it came from (intended, library, ours, backward)."""
+part at toy sizes, each in its own process) must run every part and pass its checks, the default shared-prompt
+layout included; the sync detector's attribution of a host sync to where it came from (intended, library, ours,
+backward)."""
 
 import json
 import subprocess
@@ -61,6 +62,7 @@ def test_the_detectors_warnings_are_recorded_not_shown(capsys):
     """torch's detector speaks through Python warnings: inside `watch` each is recorded where it was made (here a
     function in this repository: ours), other warnings pass through, and nothing is recorded outside."""
     log = sync_guard.SyncLog(cuda=False)
+    log.patched = True  # no CPU stand-in: its patches of torch would outlive the test (a model loaded later is noise)
     with pytest.warns(UserWarning, match="another"):
         with log.watch("update"):
             ours_reads()
@@ -74,6 +76,26 @@ def test_the_detectors_warnings_are_recorded_not_shown(capsys):
     assert [(r["phase"], r["where"].rsplit(":", 1)[0]) for r in record["syncs"]] == [
         ("update", "tests/test_gpu_first_run.py:ours_reads")
     ]
+
+
+def test_the_gap_parts_shared_pass_runs_the_shared_layout_at_its_gpu_size(monkeypatch):
+    """logp_gap at its GPU size (here on CPU, fp32): each engine's samples are scored padded, then in the
+    shared-prompt layout, not in `select`'s fallback to padded (at the demo's 16 prompts x 8 completions the
+    "shared" pass was the padded one again), and the two agree."""
+    import gpu_parts
+
+    import common.logprobs as lp
+
+    layouts, score = [], lp.sequence_logprobs
+
+    def recorded(*a, layout="padded", **k):
+        layouts.append(type(layout).__name__)
+        return score(*a, layout=layout, **k)
+
+    monkeypatch.setattr(lp, "sequence_logprobs", recorded)
+    findings = gpu_parts.logp_gap(dry=False).record()
+    assert layouts == ["str", "SharedPrefix"] * 2
+    assert findings["checks"] and all(c["ok"] for c in findings["checks"].values()), findings["checks"]
 
 
 def run_dry(tmp_path: Path, parts: str) -> tuple[subprocess.CompletedProcess, dict, str]:
@@ -107,5 +129,7 @@ def test_the_whole_dry_run(tmp_path):
         if p["name"] in gpu_first_run.SCRIPTS:
             assert p["checks"]["no host sync of ours in scoring or update"]["ok"]
             assert "intended" in p["figures"]["host syncs by kind (old_logprobs + update, 2 steps)"]
+            layouts = p["figures"]["micro-batches by layout"]  # what ran: `select` may fall back to padded
+            assert set(layouts) == {"old_logprobs", "update"} and all(x.get("shared") for x in layouts.values())
     step = next(p for p in report["parts"] if p["name"] == "gpu_step")
     assert step["figures"]["predicted GiB: training state (preflight)"] > 0
