@@ -11,7 +11,8 @@ recorded with the last lines of its output, and the others go on; a CUDA error c
   user runs it (`--rollout hf --precision auto`: bf16 autocast over fp32 weights on a GPU; `--group_size 2`, so
   that the default shared-prompt layout computes less and runs), through benchmarks/sync_guard.py, which runs
   its scoring pass and update under `torch.cuda.set_sync_debug_mode`, attributes every host sync (none may be
-  ours) and counts the layout each micro-batch ran in. The five run at once on a GPU (one process each).
+  ours) and counts the layout each micro-batch ran in; each step's gap and rollout-correction figures are
+  reported. The five run at once on a GPU (one process each).
 - cuda_lines: `device_memory_bytes`, `peak_memory_gb`, `_device_memory` and the chunk rows, `to_device`'s
   pinned copy and `select`'s layouts without a host sync, the run's dtypes, what is not installed
   (benchmarks/gpu_parts.py).
@@ -46,6 +47,7 @@ The report comes back as gpu_first_run.md and .json (commit them under docs/), t
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -82,8 +84,11 @@ PARTS = [Part(s, 120, 900, SCRIPT_PART.format(s)) for s in SCRIPTS] + [
     Part("logp_gap", 45, 300, "trainer-vs-engine log-prob gap per sampled token, demo model, bf16"),
     Part("gpu_step", 120, 300, "benchmarks/gpu_step.py at Qwen2.5-Math-1.5B's shape: time, MFU, peak memory"),
 ]
-# What a script's figures show of each logged step.
-STEP_KEYS = ["train/reward", "train/accuracy", "train/rollout_logp_gap", "train/grad_norm", "time/step_s", "time/peak_mem_gb"]  # fmt: skip
+# What a script's figures show of each logged step: the rollout correction's (common/rollout_correction.py
+# `figures`) say whether it acts (on a GPU --rollout_correction auto truncates: the trainer scores in bf16).
+CORRECTION_KEYS = ["train/rollout_logp_gap", "train/rollout_logp_gap_p99", "train/rollout_is_ratio_max",
+                   "train/rollout_is_weight_mean", "train/rollout_is_corrected_frac"]  # fmt: skip
+STEP_KEYS = ["train/reward", "train/accuracy", *CORRECTION_KEYS, "train/grad_norm", "time/step_s", "time/peak_mem_gb"]
 
 
 def child_env(threads: int) -> dict:
@@ -149,8 +154,8 @@ def run_figures(f, run: Path, cuda: bool) -> None:
     for i, m in enumerate(metrics, 1):
         f.figure(f"step {i}", {k.split("/")[1]: round(m[k], 8) for k in STEP_KEYS if isinstance(m.get(k), int | float)})
     if metrics:
-        gap = metrics[-1].get("train/rollout_logp_gap")
-        f.check("the trainer-vs-engine gap is finite", isinstance(gap, int | float), gap)
+        bad = sorted({k for m in metrics for k in CORRECTION_KEYS if not finite(m.get(k))})
+        f.check("each step logged the gap and the rollout correction's figures, finite", not bad, bad or "")
         # The demo model boxes about half its sums right: none in two steps means it samples noise.
         f.check("the demo model answers some sums right", max(m.get("train/accuracy") or 0 for m in metrics) > 0)
     config = run / "run_config.json"
@@ -159,6 +164,10 @@ def run_figures(f, run: Path, cuda: bool) -> None:
     f.figure("precision the run took", precision)
     if cuda:
         f.check("--precision auto took bf16 autocast", (precision or {}).get("autocast") == "bf16", precision)
+
+
+def finite(v) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v)
 
 
 def sync_figures(f, syncs: dict) -> None:

@@ -1,7 +1,7 @@
 """benchmarks/gpu_first_run.py, the first GPU session's one call, kept from rotting: its dry run on CPU (every
 part at toy sizes, each in its own process) must run every part and pass its checks, the default shared-prompt
-layout included; the sync detector's attribution of a host sync to where it came from (intended, library, ours,
-backward)."""
+layout included, and report the rollout correction's figures; the sync detector's attribution of a host sync to
+where it came from (intended, library, ours, backward)."""
 
 import json
 import subprocess
@@ -78,6 +78,29 @@ def test_the_detectors_warnings_are_recorded_not_shown(capsys):
     ]
 
 
+# What common/rollout_correction.py `figures` logs each step beside the mean gap: whether the correction acts.
+CORRECTION = ["rollout_logp_gap_p99", "rollout_is_ratio_max", "rollout_is_weight_mean", "rollout_is_corrected_frac"]
+
+
+def test_a_scripts_steps_report_the_rollout_corrections_figures(tmp_path):
+    """A script part's figures of each logged step hold the correction's figures (p99 gap, largest ratio, mean
+    weight, corrected share), and a step that logged one as NaN fails its check."""
+    from findings import Findings
+
+    run = tmp_path / "run"
+    run.mkdir()
+    logged = {"train/reward": 0.5, "train/accuracy": 0.5, "train/rollout_logp_gap": 1e-3, "train/grad_norm": 0.4}
+    logged |= {f"train/{k}": v for k, v in zip(CORRECTION, [4e-3, 1.2, 0.99, 0.01])}
+    rows = [logged, logged | {"train/rollout_is_ratio_max": float("nan")}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    f = Findings()
+    gpu_first_run.run_figures(f, run, cuda=False)
+    for step in ("step 1", "step 2"):
+        assert set(CORRECTION) <= set(f.figures[step]), f.figures[step]
+    assert f.figures["step 1"]["rollout_is_weight_mean"] == 0.99
+    assert [ok for ok in (c["ok"] for c in f.checks.values())].count(False) == 1  # step 2's NaN
+
+
 def test_the_gap_parts_shared_pass_runs_the_shared_layout_at_its_gpu_size(monkeypatch):
     """logp_gap at its GPU size (here on CPU, fp32): each engine's samples are scored padded, then in the
     shared-prompt layout, not in `select`'s fallback to padded (at the demo's 16 prompts x 8 completions the
@@ -131,5 +154,6 @@ def test_the_whole_dry_run(tmp_path):
             assert "intended" in p["figures"]["host syncs by kind (old_logprobs + update, 2 steps)"]
             layouts = p["figures"]["micro-batches by layout"]  # what ran: `select` may fall back to padded
             assert set(layouts) == {"old_logprobs", "update"} and all(x.get("shared") for x in layouts.values())
+            assert all(set(CORRECTION) <= set(p["figures"][f"step {i}"]) for i in (1, 2))
     step = next(p for p in report["parts"] if p["name"] == "gpu_step")
     assert step["figures"]["predicted GiB: training state (preflight)"] > 0
