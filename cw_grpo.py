@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 
-from common.advantages import without_unchecked_groups
 from common.batching import pack, rows_with_loss, select
 from common.cli import arg, flag_record, parse_args
 from common.distributed import global_sum
@@ -35,6 +34,7 @@ from common.logprobs import masked_mean, sequence_logprobs
 from common.prompts import TEMPLATE_CHOICES
 from common.rollout_correction import CORRECTIONS
 from common.run_flags import RunFlags, check_batch_split, check_correction, check_rollout_sampling, launch_world
+from common.scoring import without_unchecked_groups
 from common.session import start_session
 from common.train_spec import spec_from
 

@@ -146,7 +146,7 @@ class StopSignal:
     def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
         self.received: int | None = None
         self.stopped = False
-        # The checkpoint being written now and the newest finished one (common.run_io.Checkpoints sets them).
+        # The checkpoint being written now and the newest finished one (common.session.Checkpoints sets them).
         self.saving: str | None = None
         self.saved: int | None = None
         for signum in signals:
@@ -222,6 +222,6 @@ def warn_rollout_gap(step: int, metrics: dict, previous: dict, say: Callable[[st
             f"warning: after the first weight sync the rollout engine's log-probs differ from the trainer's by "
             f"{gap:.3g} nats/token ({before:.3g} before it): the engine is not sampling the trained weights, and "
             "the run trains on samples of another policy. Likely causes: layers the sync does not reach or that the "
-            "engine post-processes after loading (MoE experts, quantized layers: common/vllm_sync.py), or a stale "
+            "engine post-processes after loading (MoE experts, quantized layers: common/vllm_engine.py), or a stale "
             "prefix cache; --rollout hf samples the trained model itself"
         )

