@@ -1,7 +1,2 @@
-"""Shared, non-algorithmic pieces of the five GRPO-family scripts.
-
-Each module holds one concern: `rewards` (answer checking), `logprobs`
-(per-token log-prob / entropy / NLL), `lowprob` (low-probability token
-selection), `rollout` (vLLM and transformers generation + weight sync),
-`data` (prompt templates and datasets), `metrics` (per-step logging).
-"""
+"""What a training step of the scripts executes and what a run needs to keep your work; no method's idea lives
+here. Start at `session.py` (what `main()` opens) and follow its imports."""
