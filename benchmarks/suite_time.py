@@ -1,14 +1,12 @@
-"""The whole test suite's count and wall time, stored in docs/bench/suite.json and written into the README.
+"""The whole test suite's count and wall time, stored in docs/bench/suite.json (no page prints it).
 
-    python benchmarks/suite_time.py                  # `python -m pytest` as the README gives it; stored and written
+    python benchmarks/suite_time.py                  # `python -m pytest` as the README gives it
     python benchmarks/suite_time.py -- -m "not slow" # pytest's own arguments after `--` (stored elsewhere: --out)
-    python benchmarks/suite_time.py --render_only    # the README's line again from the stored run
 
 A timing: run it alone (vLLM's CPU threads spin, and beside another busy process the suite takes several times as
 long; the stored load average says what the cores were doing). The record (benchmarks/stored_run.py) keeps the
 command, the commit, the machine, the load at the start and at the end, pytest's counts, the slowest tests and
-every phase of a test (setup, call, teardown) that took a second or more, where the next cut is looked for;
-tests/test_generated_docs.py renders the README's line again from it.
+every phase of a test (setup, call, teardown) that took a second or more, where the next cut is looked for.
 """
 
 import argparse
@@ -23,10 +21,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import stored_run  # noqa: E402
 
 STORED = stored_run.BENCH / "suite.json"
-README = ROOT / "README.md"
-BEGIN, END, FIND = stored_run.markers("suite time", "benchmarks/suite_time.py", "docs/bench/suite.json")
 OUTCOMES = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed")
-SLOWEST = 5  # in the README's line
+SLOWEST = 5
 MIN_SECONDS = 1.0  # the phases stored
 
 
@@ -45,27 +41,11 @@ def parse(output: str) -> dict:
     return {"counts": counts, "slowest": slowest, "phases": phases}
 
 
-def render(record: dict) -> str:
-    """The README's line: the suite's size and time, where and beside what it ran, and its slowest tests."""
-    counts, wall = record["counts"], record["wall_s"]
-    total = sum(counts.get(k, 0) for k in OUTCOMES)
-    outcomes = ", ".join(f"{counts[k]:,} {k}" for k in OUTCOMES if counts.get(k))
-    slowest = "; ".join(f"`{s['test']}` {s['seconds']:.0f} s" for s in record["slowest"])
-    return (
-        f"The whole suite, stored in `docs/bench/suite.json`: {stored_run.conditions(record)}. {total:,} tests "
-        f"({outcomes}) in {int(wall // 60)} min {wall % 60:.0f} s; the slowest: {slowest}."
-    )
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(STORED), help="where the run is stored ('' for nowhere)")
-    p.add_argument("--doc", default=str(README), help="the page whose line is written ('' for none)")
-    p.add_argument("--render_only", action="store_true", help="write the page's line from the stored run")
     p.add_argument("pytest_args", nargs="*", help="pytest's own arguments, after --")
     a = p.parse_args()
-    if a.render_only:
-        return write_doc(stored_run.load(Path(a.out)), a.doc)
     command = ["python", "-m", "pytest", *a.pytest_args]
     record = stored_run.start(" ".join(command), threads=0)  # pytest's workers set their own threads
     t0 = time.perf_counter()
@@ -78,13 +58,8 @@ def main() -> None:
     record |= {"wall_s": time.perf_counter() - t0, "exit_code": proc.returncode, **parse(proc.stdout)}
     print(proc.stdout)
     if a.out:
-        write_doc(stored_run.finish(record, Path(a.out)), a.doc)
-
-
-def write_doc(record: dict, doc: str) -> None:
-    if doc:
-        stored_run.write_block(Path(doc), BEGIN, END, FIND, render(record), "suite-time")
-        print(f"wrote {doc}'s suite-time line")
+        stored_run.finish(record, Path(a.out))
+        print(f"stored {a.out}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ seed. The spread over seeds and threads is what a run on any machine can be held
 
 It also writes docs/results_demo.md, the five scripts' final evaluations on the demo, from their runs stored in
 docs/demo_compare/ (scripts/compare_demo.sh stores each run's metrics.jsonl, eval_results.json and run_config.json
-there); tests/test_generated_docs.py renders the page again:
+there); tests/test_docs.py renders the page again:
 
     python scripts/readme_demo_table.py --results_demo
 """
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common.jsonl import read_jsonl  # noqa: E402
 from common.marked_text import write_between  # noqa: E402
 
-BEGIN = "<!-- demo table: written by scripts/readme_demo_table.py from runs of `python grpo_base.py --eval_steps 10` (docs/demo_runs.json) -->"
+BEGIN = "<!-- demo table: written by scripts/readme_demo_table.py from docs/demo_runs.json -->"
 RUNS = Path(__file__).resolve().parent.parent / "docs" / "demo_runs.json"
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 COMPARED = DOCS / "demo_compare"  # one folder per script: its run's metrics.jsonl, eval_results.json, run_config.json
@@ -101,7 +101,7 @@ def results_page(stored: Path = COMPARED) -> str:
         f"`docs/demo_compare/` (`bash scripts/compare_demo.sh` makes them): each script's `--seed 0 --steps 30 "
         f"--eval_steps 10` (`python grpo_base.py --seed 0 --steps 30 --eval_steps 10` and the four others alike), "
         f"each on {where}, at 1-minute load averages {min(loads):.1f}-{max(loads):.1f} "
-        "(not timings: a run's figures do not depend on the load; [the README](../README.md#the-cpu-demo) says what moves them). "
+        "(not timings: a run's figures do not depend on the load; [what moves them](GUIDE.md#the-cpu-demo)). "
         "Each run's final evaluation on the 100 sums; its curves: [compare_demo.png](compare_demo.png).",
         "",
     ]
