@@ -25,9 +25,10 @@ from datetime import timedelta
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+from accelerate.utils import AutocastKwargs, DistributedDataParallelKwargs, InitProcessGroupKwargs
 
 from common.batching import micro_batches
+from common.models import autocast_options
 
 # Module-name segments that wrappers insert (FSDP1, torch.compile, activation
 # checkpointing), and DDP / DeepSpeed's leading `module.`: none is in an HF checkpoint.
@@ -126,6 +127,7 @@ def make_accelerator(
     handlers = [
         DistributedDataParallelKwargs(gradient_as_bucket_view=True),
         InitProcessGroupKwargs(timeout=COLLECTIVE_TIMEOUT),
+        AutocastKwargs(**autocast_options()),  # no bf16 copy of every weight held to the forward's end
     ]
     trackers = [] if report_to == "none" else report_to.split(",")  # accelerate's own: tensorboard, wandb, trackio, ...
     accelerator = Accelerator(

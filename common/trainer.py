@@ -194,7 +194,7 @@ def load_models(
 
     from common.batching import micro_batch_tokens, pass_layout, sliding
     from common.distributed import confine_zero3_linear
-    from common.models import load_policy, load_reference_model
+    from common.models import load_policy, load_reference_model, optimizer_options
 
     policy = load_policy(model_path, precision.policy, run.gradient_checkpointing)
     ref_model = None
@@ -210,9 +210,9 @@ def load_models(
         policy.config, precision.activation_bytes, prompt_len, completion_len,
         memory_gb=run.micro_batch_memory_gb, micro_batch_size=run.micro_batch_size,
         max_tokens_per_micro_batch=run.max_tokens_per_micro_batch, gradient_checkpointing=run.gradient_checkpointing,
-        say=say,
+        say=say, residual_bytes=precision.residual_bytes,
     )  # fmt: skip
-    opt = optimizer(policy.parameters())
+    opt = optimizer(policy.parameters(), **optimizer_options(accelerator.device.type))  # fused on CUDA
     # The schedule counts optimiser steps (--mu x --num_minibatches a step), as the scheduler is stepped.
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     policy, opt = accelerator.prepare(policy, opt)
