@@ -26,7 +26,7 @@ Seeds vary the data; the table gives the mean and [min, max] over them (engines:
 
 Not a timing: the errors depend on the CPU's kernels and the thread count, not on what else runs. The run is stored
 in docs/bench/bf16_grads.json (the machine, the load, the commit, every seed's errors; benchmarks/stored_run.py) and
-docs/SCALING.md's table is written from it (tests/test_generated_docs.py renders it again).
+docs/SCALING.md's table is written from it (tests/test_docs.py renders it again).
 """
 
 import argparse

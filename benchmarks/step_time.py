@@ -17,7 +17,7 @@ update's time falls with the share; 0% flat is what every step cost before.
 
 The update-overhead measurement (`--update_only`, or after the scripts' table) is stored in
 docs/bench/update_overhead.json (the machine, the load, the commit: benchmarks/stored_run.py) and docs/SCALING.md's
-line is written from it (`--render_only`: the line again; tests/test_generated_docs.py renders it again). A timing:
+line is written from it (`--render_only`: the line again; tests/test_docs.py renders it again). A timing:
 run it alone (the stored load average says what else the cores were doing).
 """
 

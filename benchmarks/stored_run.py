@@ -1,6 +1,6 @@
 """A benchmark's run kept in docs/bench/ (what it measured, on which machine, how busy the machine was, at which
 commit), and a docs page's block written from it between two marker lines. A page gives a benchmark's figures
-only from such a record: tests/test_generated_docs.py renders every block again and fails on a difference.
+only from such a record: tests/test_docs.py renders every block again and fails on a difference.
 
 A block's markers: `<!-- NAME: written by SCRIPT from STORED -->` ... `<!-- end of NAME -->`. Before its first
 stored run a block says so on its first line, `<!-- NAME: awaiting a stored run ... -->`, and its text is not a

@@ -6,7 +6,7 @@
 # - seeds: grpo_base over seeds 0-3 at 1 and 2 torch threads; their figures are stored in docs/demo_runs.json and
 #   the README's demo table is written from them (8 runs).
 # Not timings: a run's figures do not depend on the load, so the runs may share the machine.
-# tests/test_generated_docs.py renders the page and the table again from what is stored.
+# tests/test_docs.py renders the page and the table again from what is stored.
 #   bash scripts/compare_demo.sh [RUNS_DIR] [all|compare|seeds]
 set -euo pipefail
 cd "$(dirname "$0")/.."

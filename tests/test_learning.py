@@ -77,7 +77,7 @@ def readme_demo_table() -> dict[str, list[tuple[float, float] | None]]:
 
 
 def test_the_kept_runs_cover_four_seeds_at_two_thread_counts():
-    """docs/demo_runs.json, which the README's table is rendered from (tests/test_generated_docs.py renders it
+    """docs/demo_runs.json, which the README's table is rendered from (tests/test_docs.py renders it
     again), covers seeds 0-3 at 1 and 2 torch threads (each run's own record: run_config.json's threads)."""
     runs = json.loads(demo_table_script().RUNS.read_text())
     assert sorted((r["seed"], r["threads"]) for r in runs) == [(s, t) for s in range(4) for t in (1, 2)]
@@ -158,7 +158,7 @@ def test_the_readme_demo_is_a_fresh_run_of_its_command(tmp_path):
     """`python grpo_base.py --eval_steps 10`, exactly as the README says: its training and evaluation accuracy at
     steps 0, 10, 20, 30 lie within the spread the README's table gives (and it learns)."""
     rows = {r["step"]: r for r in run_script("grpo_base.py", tmp_path, "--eval_steps", "10", timeout=900)}
-    bands = held_bands()  # what the README prints (`held_table`; tests/test_generated_docs.py holds the README to it)
+    bands = held_bands()  # what the README prints (`held_table`; tests/test_docs.py holds the README to it)
     fresh_train = [rows[max(s, 1)]["train/accuracy"] for s in STEPS_SHOWN]
     fresh_eval = [rows[s]["eval/synthetic/pass@1"] for s in STEPS_SHOWN]
     misses = outside_spread(fresh_train, bands["train"]) + outside_spread(fresh_eval, bands["eval"])

@@ -248,7 +248,7 @@ def test_evaluate_takes_few_shot_and_the_smollm2_name(smollm2_dir, tmp_path):
 
 def test_the_kept_real_model_run_is_the_readmes_command_and_learned():
     """The README's table is what scripts/real_model_demo.py writes from the kept run (docs/real_demo_metrics.jsonl;
-    tests/test_generated_docs.py renders it again); that run is the README's command, and it learned: held-out
+    tests/test_docs.py renders it again); that run is the README's command, and it learned: held-out
     pass@1 and the training reward end above where they started."""
     import importlib.util
 

@@ -27,7 +27,7 @@ STORED = DOCS / page.STORE
 @pytest.mark.skipif(not STORED.is_dir(), reason=f"{STORED} not there yet: `python scripts/compare_real.py` writes it")
 def test_the_stored_runs_give_the_figure_and_their_logged_evaluations():
     """The page, the README's table and the method pages' blocks are rendered again from the stored runs by
-    tests/test_generated_docs.py; here, what the stored runs must hold besides."""
+    tests/test_docs.py; here, what the stored runs must hold besides."""
     figs, _ = figures.load(STORED)
     assert (DOCS / page.FIGURE).is_file()
     # The stored samples are the evaluations the runs logged: the same pass@1 before and after.
