@@ -104,29 +104,32 @@ def micro_batches(
     return plan
 
 
-def activation_bytes_per_token(config, bytes_per_value: int, checkpointing: bool) -> int:
+def activation_bytes_per_token(config, bytes_per_value: int, checkpointing: bool, residual_bytes: int = 0) -> int:
     """Estimated activation memory a training forward keeps per token of a micro-batch, from the model's
     shape: per decoder layer ~6 hidden-sized values (norms, attention projections and output, residual)
     and ~3 MLP-sized ones (gate, up, their product); with gradient checkpointing each layer keeps its
-    input only, and one layer's activations are recomputed at a time."""
+    input only, and one layer's activations are recomputed at a time. A layer's input, the residual stream, takes
+    `residual_bytes` a value (0: `bytes_per_value`): under bf16 autocast over fp32 weights it stays fp32, 4 bytes
+    (the embedding's output and the residual adds are not autocast ops; `common.models.Precision.residual_bytes`)."""
     D = config.hidden_size
     inner = getattr(config, "intermediate_size", None) or 4 * D
     layers = config.num_hidden_layers
-    per_layer = 6 * D + 3 * inner
-    return bytes_per_value * (layers * D + per_layer if checkpointing else layers * per_layer)
+    residual = residual_bytes or bytes_per_value
+    per_layer = residual * D + bytes_per_value * (5 * D + 3 * inner)
+    return layers * residual * D + per_layer if checkpointing else layers * per_layer
 
 
 def micro_batch_tokens(
     config, bytes_per_value: int, prompt_len: int, completion_len: int, *, memory_gb: float, micro_batch_size: int,
-    max_tokens_per_micro_batch: int, gradient_checkpointing: bool, say,
+    max_tokens_per_micro_batch: int, gradient_checkpointing: bool, say, residual_bytes: int = 0,
 ) -> int:  # fmt: skip
     """The padded tokens a micro-batch may hold under --micro_batch_memory_gb `memory_gb` (0: 1/8 of the
-    device's memory, per local process), from the model's activation memory per token; 0 when
-    --max_tokens_per_micro_batch plans by tokens itself. Says so when the cap binds: when
-    `micro_batch_size` sequences at the longest would pass it."""
+    device's memory, per local process), from the model's activation memory per token (`residual_bytes`: the
+    residual stream's, `activation_bytes_per_token`); 0 when --max_tokens_per_micro_batch plans by tokens itself.
+    Says so when the cap binds: when `micro_batch_size` sequences at the longest would pass it."""
     if max_tokens_per_micro_batch:
         return 0
-    per_token = activation_bytes_per_token(config, bytes_per_value, gradient_checkpointing)
+    per_token = activation_bytes_per_token(config, bytes_per_value, gradient_checkpointing, residual_bytes)
     budget = memory_gb * 2**30 or device_memory_bytes() / 8
     tokens = max(1, int(budget // per_token))
     longest = prompt_len + completion_len

@@ -194,6 +194,9 @@ class Precision:
     reference: object  # the reference model's weights
     engine: str  # the rollout engine's dtype name
     activation_bytes: int  # bytes per activation value, for the micro-batch budget
+    # bytes per value of the residual stream (each layer's input, what gradient checkpointing keeps): the weights'
+    # dtype, fp32 under autocast over fp32 weights (the embedding and the residual adds are not autocast ops)
+    residual_bytes: int
 
     @property
     def exact(self) -> bool:
@@ -223,7 +226,26 @@ def precision_for(precision: str, gpu: bool) -> Precision:
         reference=torch.bfloat16 if gpu or autocast else torch.float32,
         engine="bfloat16" if autocast else "float32",
         activation_bytes=2 if mode == "bf16" or autocast else 4,
+        residual_bytes=2 if mode == "bf16" else 4,
     )
+
+
+def autocast_options() -> dict:
+    """torch.autocast's options for the policy's forward (common/distributed.py `make_accelerator` gives them to
+    accelerate, which wraps the forward in one autocast: accelerate/accelerator.py `prepare_model`). The weight
+    cache is off: it keeps a bf16 copy of every fp32 weight it casts until the outermost autocast exits
+    (torch/amp/autocast_mode.py `cache_enabled`, `__exit__`: `clear_autocast_cache`), 2 bytes a parameter to the end
+    of each forward. Each weight is cast once a forward here, so the cache saves no cast; without gradient
+    checkpointing autograd keeps the cast for backward anyway, with it nothing else would."""
+    return {"cache_enabled": False}
+
+
+def optimizer_options(device_type: str) -> dict:
+    """What the policy's torch.optim.AdamW is built with on a device of `device_type`: fused on CUDA. torch's default
+    there, foreach, computes sqrt(v) of the whole model in one temporary at each step (torch/optim/adam.py
+    `_multi_tensor_adam`: `torch._foreach_sqrt(device_exp_avg_sqs)`), 4 bytes an fp32 parameter beside the
+    training state; the fused kernel updates in place. Elsewhere torch's default (the CPU's figures stay as they are)."""
+    return {"fused": True} if device_type == "cuda" else {}
 
 
 def announce_loading(

@@ -179,15 +179,16 @@ def test_the_preflight_under_each_real_engine(mode, tmp_path):
 
 @pytest.mark.parametrize(
     "precision,gpu,expected",
-    [  # (accelerate's mixed precision, policy weights, reference model, rollout engine, activation bytes)
-        ("auto", True, ("bf16", torch.float32, torch.bfloat16, "bfloat16", 2)),
-        ("bf16-mixed", True, ("bf16", torch.float32, torch.bfloat16, "bfloat16", 2)),  # = auto on a GPU
-        ("bf16-mixed", False, ("bf16", torch.float32, torch.bfloat16, "bfloat16", 2)),  # the GPU's mode on CPU
-        ("bf16", True, ("bf16", torch.bfloat16, torch.bfloat16, "bfloat16", 2)),
-        ("fp32", True, ("no", torch.float32, torch.bfloat16, "float32", 4)),
-        ("auto", False, ("no", torch.float32, torch.float32, "float32", 4)),
-        ("bf16", False, ("no", torch.bfloat16, torch.float32, "float32", 2)),
-        ("fp32", False, ("no", torch.float32, torch.float32, "float32", 4)),
+    [  # (accelerate's mixed precision, policy weights, reference model, rollout engine, activation bytes,
+        #  residual-stream bytes: the weights' own, fp32 under autocast over fp32 weights)
+        ("auto", True, ("bf16", torch.float32, torch.bfloat16, "bfloat16", 2, 4)),
+        ("bf16-mixed", True, ("bf16", torch.float32, torch.bfloat16, "bfloat16", 2, 4)),  # = auto on a GPU
+        ("bf16-mixed", False, ("bf16", torch.float32, torch.bfloat16, "bfloat16", 2, 4)),  # the GPU's mode on CPU
+        ("bf16", True, ("bf16", torch.bfloat16, torch.bfloat16, "bfloat16", 2, 2)),
+        ("fp32", True, ("no", torch.float32, torch.bfloat16, "float32", 4, 4)),
+        ("auto", False, ("no", torch.float32, torch.float32, "float32", 4, 4)),
+        ("bf16", False, ("no", torch.bfloat16, torch.float32, "float32", 2, 2)),
+        ("fp32", False, ("no", torch.float32, torch.float32, "float32", 4, 4)),
     ],
 )
 def test_precision_on_a_gpu_and_on_cpu(precision, gpu, expected):
