@@ -10,7 +10,7 @@ grpo_base.py plus DAPO's four techniques (`diff grpo_base.py baselines/dapo.py` 
 Clip-Higher (eps_high 0.28 > eps_low 0.2), the token-level mean over the batch (--loss_agg token-mean),
 no KL term, the soft overlong punishment over the last L_cache = --overlong_buffer_frac x L_max tokens
 (L_max = --max_completion_len), and dynamic sampling: groups whose answers are all right or all wrong
-are dropped and more prompts are drawn, generated and scored (common/dynamic_sampling.py) until the step
+are dropped and more prompts are drawn, generated and scored (`fill_groups`) until the step
 holds --prompts_per_step mixed groups, at most --max_gen_batches generation batches a step.
 Every decision: docs/algorithms/dapo.md.
 
@@ -21,6 +21,7 @@ Every decision: docs/algorithms/dapo.md.
 
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,6 @@ import torch
 from common.batching import pack, rows_with_loss, select
 from common.cli import arg, flag_record, parse_args, require
 from common.distributed import global_sum
-from common.dynamic_sampling import fewest_over_ranks, fill_groups
 from common.logprobs import masked_mean, sequence_logprobs
 from common.prompts import TEMPLATE_CHOICES
 from common.rollout_correction import CORRECTIONS
@@ -119,6 +119,67 @@ def validate(args: Args, run: RunFlags) -> None:
         "under one token: raise it, or set 0 for no overlong punishment",
     )
     run.validate()
+
+
+# Dynamic sampling (Sec. 3.2, the constraint of eq. 8): rounds of drawing, generating and scoring more prompts
+# until every rank holds enough mixed groups, with verl's cap on the generation batches a step may draw
+# (`max_num_gen_batches`). Every rank draws and makes an engine call each round (a full rank with no prompts: the
+# engine's own collectives, ZeRO-3's and FSDP's sharded generation, still see it), and all stop together once the
+# fewest groups any rank holds reaches `need` (one all-reduce a round).
+
+
+@dataclass
+class Filled:
+    groups: list  # `need` groups: the kept ones, then (only when it gave up) the first dropped ones
+    kept: int  # how many of `groups` were kept (`need` unless it gave up)
+    batches: int  # generation batches drawn this step, the same on every rank
+    generated: int  # groups this rank generated
+    kept_seen: int  # groups this rank kept, past `need` too (the surplus of the last batch is dropped)
+    gave_up: bool  # `max_batches` reached before every rank held `need` kept groups
+
+
+def fill_groups(
+    draw: Callable[[], list],
+    rollout: Callable[[list], list],
+    keep: Callable[[list], list[bool]],
+    need: int,
+    max_batches: int,
+    fewest: Callable[[int], int] = lambda n: n,
+) -> Filled:
+    """Rounds of: `draw()` this rank's prompts of the next generation batch; `rollout(prompts)` one group per
+    prompt (an empty list once this rank holds `need`: the call is still made); `keep(groups)` one bool per
+    group. Stops when `fewest(kept)` (the minimum over ranks) reaches `need`, or after `max_batches`
+    rounds (0: no limit). Having given up, a rank short of `need` fills the remaining places with the
+    first groups it dropped, so every rank trains on `need` groups (a caller whose dropped groups carry no
+    advantage thus trains as if no group had been filtered there). The first round gives every rank
+    len(draw()) groups, so `draw` must give at least `need` prompts."""
+    kept, dropped, batches, generated, seen = [], [], 0, 0, 0
+    while True:
+        batches += 1
+        prompts = draw()
+        if batches == 1 and len(prompts) < need:
+            raise ValueError(f"draw() gave {len(prompts)} prompts, fewer than the {need} groups a rank must hold")
+        groups = rollout(prompts if len(kept) < need else [])
+        generated += len(groups)
+        for group, ok in zip(groups, keep(groups), strict=True):
+            seen += bool(ok)
+            if ok and len(kept) < need:
+                kept.append(group)
+            elif not ok and len(dropped) < need:  # enough to fill with; the rest is let go
+                dropped.append(group)
+        full = fewest(len(kept)) >= need
+        if full or (max_batches and batches >= max_batches):
+            break
+    return Filled((kept + dropped)[:need], len(kept), batches, generated, seen, gave_up=not full)
+
+
+def fewest_over_ranks(accelerator, n: int) -> int:
+    """The smallest `n` over all ranks (every rank gets it); `n` itself on one process."""
+    if accelerator.num_processes == 1:
+        return n
+    t = torch.tensor(n, device=accelerator.device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+    return int(t)
 
 
 def overlong_cache(args: Args) -> int:
@@ -367,7 +428,7 @@ def main(args: Args, run: RunFlags) -> None:
 
             # 2. Rollout with dynamic sampling (Sec. 3.2): generation batches of prompts, G completions each from
             # pi_old, scored as they come; only mixed groups are kept, until each rank holds its share of
-            # --prompts_per_step, at most --max_gen_batches batches (common/dynamic_sampling.py).
+            # --prompts_per_step, at most --max_gen_batches batches (`fill_groups`).
             got = fill_groups(
                 s.rollout.sampler.next_batch, partial(sample_groups, s, args, timer, tally), partial(mixed_groups, G=G),
                 args.prompts_per_step // s.trainer.world, args.max_gen_batches, partial(fewest_over_ranks, s.trainer.accelerator),

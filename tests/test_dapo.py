@@ -149,7 +149,7 @@ def _dynamic_sampling_rank(rank, world, port, model_dir, out_dir, cases):
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.dynamic_sampling import fewest_over_ranks, fill_groups
+    from baselines.dapo import fewest_over_ranks, fill_groups
     from common.rollout import HFEngine
     from common.sampler import PromptSampler
 

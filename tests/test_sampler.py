@@ -1,4 +1,4 @@
-"""common/sampler.py: the per-step prompt order, sharded by rank, resumable; common/dynamic_sampling.py: more prompts within a step."""
+"""common/sampler.py: the per-step prompt order, sharded by rank, resumable; baselines/dapo.py fill_groups: more prompts within a step."""
 
 import json
 
@@ -78,7 +78,7 @@ def test_an_epoch_smaller_than_one_step_is_refused():
 
 
 # ---------------------------------------------------------------------------
-# Dynamic sampling (common/dynamic_sampling.py): drawing more prompts within a step
+# Dynamic sampling (baselines/dapo.py fill_groups): drawing more prompts within a step
 # ---------------------------------------------------------------------------
 
 # Prompts whose answers are always right, always wrong, or mixed: the kind stands for what the verifier would say.
@@ -101,7 +101,7 @@ def keep_mixed(groups):
 
 
 def test_fill_groups_keeps_drawing_until_it_holds_enough_kept_groups():
-    from common.dynamic_sampling import fill_groups
+    from baselines.dapo import fill_groups
 
     sampler, calls = PromptSampler(KIND_ROWS, prompts_per_step=4, seed=0), []
     got = fill_groups(sampler.next_batch, kind_rollout(calls), keep_mixed, need=4, max_batches=0)
@@ -116,7 +116,7 @@ def test_fill_groups_keeps_drawing_until_it_holds_enough_kept_groups():
 
 
 def test_fill_groups_honours_the_cap_and_fills_with_dropped_groups():
-    from common.dynamic_sampling import fill_groups
+    from baselines.dapo import fill_groups
 
     sampler, calls = PromptSampler(KIND_ROWS, prompts_per_step=4, seed=0), []
     got = fill_groups(sampler.next_batch, kind_rollout(calls), keep_mixed, need=4, max_batches=2)
@@ -131,7 +131,7 @@ def test_fill_groups_honours_the_cap_and_fills_with_dropped_groups():
 
 def test_a_full_rank_still_makes_the_engine_call_with_no_prompts():
     """`fewest` stands for the all-reduce over ranks: another rank that is still short keeps this one drawing."""
-    from common.dynamic_sampling import fill_groups
+    from baselines.dapo import fill_groups
 
     short_elsewhere = iter([0, 0, 4])  # the other rank's kept count after each round
     sampler, calls = PromptSampler(KIND_ROWS, prompts_per_step=2, seed=0), []
@@ -148,7 +148,7 @@ def test_a_full_rank_still_makes_the_engine_call_with_no_prompts():
 
 
 def test_fill_groups_refuses_a_draw_smaller_than_a_rank_s_share():
-    from common.dynamic_sampling import fill_groups
+    from baselines.dapo import fill_groups
 
     with pytest.raises(ValueError, match="fewer than the 4 groups"):
         fill_groups(lambda: [{}] * 2, lambda rows: rows, lambda gs: [True] * len(gs), need=4, max_batches=1)
