@@ -11,10 +11,11 @@ the plan (tests/recipe_memory.py `kv_room`, `largest_share`). tests/test_kv_room
 one wave or the fewest waves its GPU allows.
 
 The budget, per recipe and GPU: the training state (`common.preflight.bytes_per_parameter`), the reference model
-(bf16, with --beta > 0), the update's activations (a micro-batch of --max_tokens_per_micro_batch tokens and the
-log-prob path: tests/recipe_memory.py `update_activations_gib`), vLLM's share, the KV cache a step wants at its
+(bf16, with --beta > 0), the update's activations (what its largest phase holds beside the training state, a
+micro-batch of --max_tokens_per_micro_batch tokens: `common.preflight.update_phases`, tests/recipe_memory.py
+`update_activations_gib`), vLLM's share, the KV cache a step wants at its
 longest, and the sums at the rollout and at the update with the preflight's 2 GiB margin (vLLM asleep during the
-update under --vllm_sleep). tests/test_generated_docs.py renders both tables again.
+update under --vllm_sleep). tests/test_docs.py renders both tables again.
 """
 
 import argparse

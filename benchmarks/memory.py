@@ -19,7 +19,7 @@ passes; padding <= 10% of the tokens processed.
 
 Not a timing: bytes allocated and tokens planned, whatever else the machine runs. The run is stored in
 docs/bench/memory.json (benchmarks/stored_run.py) and docs/SCALING.md's block is written from it
-(`--render_only`: the block again; tests/test_generated_docs.py renders it again).
+(`--render_only`: the block again; tests/test_docs.py renders it again).
 """
 
 import argparse

@@ -14,6 +14,10 @@ minutes of loading at 7B). What is resident on each GPU then, per parameter P of
 - a margin for the CUDA context, workspaces and a checkpointed micro-batch's activations
   (`MARGIN_GIB`, a floor: the check refuses what cannot fit, it does not promise what will).
 
+The update's own peak, beyond the state (activations, the output layer's buffers, the optimiser step's temporaries),
+is not in the check (the margin is its floor); `update_phases` plans it phase by phase (docs/SCALING.md "Per-GPU
+budget").
+
 vLLM's share must also hold what vLLM 0.32 takes before its KV cache (`vllm_floor`): it sizes the cache
 as share x total - (weights + the peak of its profile run's activations + non-torch memory) - its CUDA
 graphs (vllm/v1/worker/gpu_worker.py `determine_available_memory`, vllm/utils/mem_utils.py
@@ -55,6 +59,72 @@ def bytes_per_parameter(mode: str, world: int, precision: str) -> float:
         raise ValueError(f"unknown parallel mode {mode!r}")
     weights, sharded = (4.0, 12.0) if precision == "fp32" else (2.0, 16.0)
     return (weights if mode == "zero2" else weights / world) + sharded / world
+
+
+def update_phases(
+    parameters: int, config, tokens: int, *, mode: str, world: int, precision: str, chunk_rows: int,
+    scored: int | None = None, checkpointing: bool = True, autocast_cache: bool = False, fused_adamw: bool = True,
+) -> dict[str, dict[str, float]]:  # fmt: skip
+    """GiB per term of each phase of one micro-batch's update on one GPU, at the phase's peak: the forward (at its
+    end, the output layer's chunks), the output layer's backward, the layers' backward (one recomputed at a time),
+    the embedding's backward, the optimiser step. `tokens`: the micro-batch's padded tokens, `scored` of them through
+    the output layer (None: all), `chunk_rows` at a time (`common.logprobs.head_chunk_rows`). `autocast_cache`,
+    `fused_adamw`: what the trainer does (`common.models.autocast_options`, `optimizer_options`: no cache; fused on
+    CUDA). The state holds its gradients throughout (DDP's buckets; a later micro-batch of an accumulation), so each
+    new gradient is summed into it. Under bf16 autocast over fp32 weights (single, DDP) the residual stream stays
+    fp32 and the output layer is cast to bf16 once a forward (common/logprobs.py `scoring_forward`); FSDP2 and
+    ZeRO-3 gather it. An estimate from the shapes: benchmarks/gpu_step.py measures each phase."""
+    from common.batching import activation_bytes_per_token
+
+    V, D, L = config.vocab_size, config.hidden_size, config.num_hidden_layers
+    scored = tokens if scored is None else scored
+    autocast = mode in ("single", "ddp") and precision in ("auto", "bf16-mixed")
+    value = 4 if precision == "fp32" else 2  # inside a layer: the compute dtype
+    residual = 4 if autocast or precision == "fp32" else 2
+    head = V * D * (value if mode in ("fsdp2", "zero3") else 2 if autocast else 0)  # gathered, or cast once
+    embeddings = V * D * (1 if getattr(config, "tie_word_embeddings", False) else 2)  # not cast by autocast
+    shard = 1 if mode in ("single", "ddp") else world
+    moment = parameters * (4 if mode.startswith("zero") or precision != "bf16" else 2) / shard  # AdamW's v
+    state = parameters * bytes_per_parameter(mode, world, precision)
+    per_token = activation_bytes_per_token(config, value, checkpointing, residual)
+    inputs = tokens * (L * residual * D if checkpointing else per_token)
+    layer = tokens * per_token - inputs  # with checkpointing, the layer recomputed at a time
+    if autocast and checkpointing:
+        layer = layer_backward_bytes(config, tokens, (parameters - embeddings) // L)
+    rows, chunks = scored * D * residual, 4 * min(chunk_rows, scored) * V * 4  # ~4 fp32 [rows, V] tensors at once
+    cache = 2 * (parameters - embeddings) if autocast and autocast_cache else 0
+    grad = V * D * (4 if autocast or precision == "fp32" else 2)  # a [V, D] gradient
+    # A tied output layer's gradient waits in autograd's buffer for the embedding's, to the end of the backward.
+    waiting = grad if getattr(config, "tie_word_embeddings", False) else 0
+    phases = {
+        "forward": {"training state": state, "autocast's weight cache": cache, "layer inputs": inputs,
+                    "output layer's input rows": rows, "output layer's compute copy": head, "output layer's chunks": chunks},
+        "output layer's backward": {"training state": state, "layer inputs": inputs,
+                                    "output layer's input rows and their gradient": 2 * rows,
+                                    "output layer's compute copy": head, "output layer's chunks": chunks,
+                                    "output layer's fp32 gradient sum": 4 * V * D},
+        "layers' backward": {"training state": state, "layer inputs": inputs, "one layer's backward": layer,
+                             "the hidden states' gradient": tokens * D * residual,
+                             "the tied output layer's gradient, waiting": waiting},
+        "embedding's backward": {"training state": state, "the hidden states' gradient": tokens * D * residual,
+                                 "the tied output layer's gradient, waiting": waiting, "its dense gradient": grad},
+        "optimiser step": {"training state": state, "AdamW's sqrt(v) (foreach)": 0 if fused_adamw else moment},
+    }  # fmt: skip
+    return {phase: {k: v / GIB for k, v in terms.items()} for phase, terms in phases.items()}
+
+
+def layer_backward_bytes(config, tokens: int, layer_parameters: int) -> int:
+    """What one decoder layer holds in its backward under gradient checkpointing and bf16 autocast over fp32 weights,
+    counted on Qwen2's layer (the tensors its recompute saves for backward; tests/test_update_memory.py measures
+    them): per token the two norms' fp32 outputs and the residual between them (3 D x 4 bytes), the bf16 casts of
+    the norms' outputs that q, k, v, gate and up each read (5 D x 2), attention's q, output and o_proj's input
+    (3 A x 2), k and v (2 K x 2), the MLP's gate, up, activation and product (4 I x 2) and two of their gradients
+    in its backward (2 I x 2); and the layer's weights cast to bf16 (2 bytes a parameter)."""
+    D, mlp = config.hidden_size, config.intermediate_size
+    head_dim = getattr(config, "head_dim", None) or D // config.num_attention_heads
+    A = config.num_attention_heads * head_dim
+    K = (getattr(config, "num_key_value_heads", None) or config.num_attention_heads) * head_dim
+    return tokens * (22 * D + 6 * A + 4 * K + 12 * mlp) + 2 * layer_parameters
 
 
 @dataclass(frozen=True)

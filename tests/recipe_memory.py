@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import yaml
 from train_utils import ROOT
 
-from common.batching import activation_bytes_per_token
 from common.cli import parse_args
+from common.logprobs import head_chunk_rows
+from common.models import autocast_options, optimizer_options
 from common.preflight import (
     GIB,
     MARGIN_GIB,
@@ -18,6 +19,7 @@ from common.preflight import (
     kv_bytes_per_token,
     kv_cache_tokens,
     model_shape,
+    update_phases,
     vllm_floor,
 )
 from common.run_flags import RunFlags
@@ -48,9 +50,6 @@ MODELS = {
     ),
 }  # fmt: skip
 RECIPES = sorted(p.name for p in (ROOT / "recipes").glob("*.yaml"))
-# The update's log-prob path beside a micro-batch's activations: about four 512 MiB fp32 chunks of the output
-# layer (docs/SCALING.md "The output layer's chunk size").
-LOGPROB_PATH_GIB = 2.0
 
 
 def launch_command(recipe: str) -> tuple[str, int | None, str]:
@@ -109,13 +108,25 @@ def recipe_floor(recipe: str, total_gib: float = H100_GIB) -> dict[str, float]:
     )  # fmt: skip
 
 
-def update_activations_gib(recipe: str) -> float:
-    """The update's peak beside the training state: a micro-batch of --max_tokens_per_micro_batch tokens
-    (`common.batching.activation_bytes_per_token`, bf16 autocast) and the log-prob path's chunks."""
+def update_phases_gib(recipe: str, total_gib: float = H100_GIB) -> dict[str, dict[str, float]]:
+    """`common.preflight.update_phases` of a micro-batch of the recipe's --max_tokens_per_micro_batch tokens on a
+    GPU of `total_gib` GiB, with what the trainer does on CUDA (`common.models.autocast_options`,
+    `optimizer_options`)."""
     args, run = recipe_flags(recipe)
-    config = SimpleNamespace(**MODELS[args.model][0])
-    per_token = activation_bytes_per_token(config, 4 if run.precision == "fp32" else 2, run.gradient_checkpointing)
-    return run.max_tokens_per_micro_batch * per_token / GIB + LOGPROB_PATH_GIB
+    plan = launch_plan(recipe)
+    sizes, parameters = MODELS[args.model]
+    return update_phases(
+        parameters, SimpleNamespace(**sizes), run.max_tokens_per_micro_batch, mode=plan["mode"], world=plan["world"],
+        precision=plan["precision"], chunk_rows=head_chunk_rows(sizes["vocab_size"], "cuda", int(total_gib * GIB)),
+        checkpointing=run.gradient_checkpointing, autocast_cache=autocast_options()["cache_enabled"],
+        fused_adamw=optimizer_options("cuda").get("fused", False),
+    )  # fmt: skip
+
+
+def update_activations_gib(recipe: str) -> float:
+    """The update's peak beside the training state: its largest phase (`update_phases_gib`) less the state."""
+    phases = update_phases_gib(recipe)
+    return max(sum(terms.values()) - terms["training state"] for terms in phases.values())
 
 
 def largest_share(recipe: str, total_gib: float = H100_GIB) -> float:

@@ -1,6 +1,6 @@
 """Every recipe's vLLM KV cache against what a step asks of it per rank (issue 40, item 3), on an 80 GB GPU:
 arithmetic from the recipes and their models' config.json (tests/recipe_memory.py). docs/SCALING.md's table,
-which benchmarks/kv_room.py writes from the same functions, is rendered again by tests/test_generated_docs.py."""
+which benchmarks/kv_room.py writes from the same functions, is rendered again by tests/test_docs.py."""
 
 import re
 
