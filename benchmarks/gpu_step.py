@@ -4,12 +4,17 @@
     python benchmarks/gpu_step.py --size tiny     # anywhere: the same code on a toy shape (a smoke run)
     python benchmarks/gpu_step.py --json FILE     # the figures as JSON too (benchmarks/gpu_first_run.py reads them)
 
-A randomly initialised model with Qwen2.5-Math-1.5B's exact configuration (no download: the
-shape is all that matters for memory and time), bf16 autocast over fp32 weights as the scripts
-train (`--precision auto`), gradient checkpointing, AdamW. For each log-prob path, the textbook
-one (the model's full logits, an fp32 log-softmax) and the scripts' chunked head
-(`common.logprobs.sequence_logprobs`), it times forward + backward + optimiser step of one
-micro-batch and reports the peak memory (`torch.cuda.max_memory_allocated`).
+A randomly initialised model with Qwen2.5-Math-1.5B's exact configuration (no download: the shape is all that
+matters for memory and time), bf16 autocast over fp32 weights as the scripts train (`--precision auto`; autocast
+without its weight cache, `common.models.autocast_options`), gradient checkpointing, AdamW as the trainer builds it
+on CUDA (fused, `common.models.optimizer_options`; torch's fused AdamW runs on CPU too), gradients kept between
+steps (zeroed, not freed: as DDP's buckets and a later micro-batch of an accumulation hold them). For each log-prob
+path, the textbook one (the model's full logits, an fp32 log-softmax) and the scripts' chunked head
+(`common.logprobs.sequence_logprobs`), it times forward + backward + optimiser step of one micro-batch and reports
+the peak memory of the step and of each of its phases: the forward, the output layer's backward (up to the
+gradient of the final norm's output), the layers' backward (up to the gradient of the embedding's output), the
+embedding's backward, the optimiser step (`torch.cuda.max_memory_allocated`, reset at each phase; on CPU the live
+bytes of every tensor made inside benchmarks/memory.py's `AllocationTracker`, the model's included).
 
 MFU: the step's model FLOPs over its time, over the GPU's peak dense bf16 FLOP/s. Model FLOPs per
 sequence of S tokens whose last K are scored (nanoGPT's `estimate_mfu`, after PaLM, arXiv 2204.02311,
@@ -20,12 +25,11 @@ checkpointing's recompute is not counted (MFU, not hardware FLOPs). Peak dense b
 TFLOP/s, H100 NVL 835, H100 PCIe 756 (NVIDIA H100 datasheet, half its "with sparsity" figures), H200
 989 and H200 NVL 835 (NVIDIA H200 datasheet); another GPU gets no MFU.
 
-Predicted peak: the memory preflight's plan for this process (`common.preflight.preflight_memory`, as
-`start_session` calls it: mode single, --precision auto, no reference model, no vLLM share: the training
-state and the 2 GiB margin), plus what it leaves to the margin: the micro-batch's activations
-(`common.batching.activation_bytes_per_token`, as the micro-batch budget estimates them) and the log-prob
-path's four chunk tensors (docs/SCALING.md "Per-GPU budget"). The figures belong in docs/SCALING.md
-beside the estimates.
+Predicted: each phase's terms (`common.preflight.update_phases`, as this step runs: mode single, --precision
+bf16-mixed), each against that phase's measured peak, with no margin: a term the plan leaves out shows in its
+phase (checked on a GPU, the device the terms are for). The training state is also given as the memory preflight
+plans it (`common.preflight.preflight_memory`, as `start_session` calls it, no reference model, no vLLM share).
+The figures belong in docs/SCALING.md beside the estimates.
 """
 
 import argparse
@@ -40,7 +44,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.logprobs import CHUNK_BYTES, GPU_CHUNK_BYTES, sequence_logprobs  # noqa: E402
+from benchmarks.memory import AllocationTracker  # noqa: E402
+from common.logprobs import head_chunk_rows, sequence_logprobs  # noqa: E402
+from common.models import autocast_options, optimizer_options  # noqa: E402
 
 # Qwen2.5-Math-1.5B's config.json (the fields that set the shape).
 QWEN25_MATH_15B = dict(
@@ -89,81 +95,142 @@ def peak_bf16_flops(device_name: str | None) -> float | None:
     return None
 
 
-def predicted_memory(config, tokens: int, total_gib: float, gpu: bool) -> dict[str, float]:
-    """GiB per item of this step's predicted peak (module docstring), on a device of `total_gib` GiB."""
-    from common.batching import activation_bytes_per_token
-    from common.preflight import preflight_memory
+def predicted_memory(config, parameters: int, batch: int, prompt: int, completion: int, total_gib: float, device):
+    """(the preflight's plan, GiB per term of each phase of this step: module docstring), on a device of
+    `total_gib` GiB."""
+    from common.preflight import preflight_memory, update_phases
 
     with tempfile.TemporaryDirectory() as d:
         config.save_pretrained(d)
         plan = preflight_memory(
-            d, mode="single", world=1, precision="auto", reference_model=False, vllm_utilization=0.0,
+            d, mode="single", world=1, precision="bf16-mixed", reference_model=False, vllm_utilization=0.0,
             total_gib=total_gib,
         )  # fmt: skip
-    chunk = GPU_CHUNK_BYTES if gpu else CHUNK_BYTES
-    return {
-        "training state (preflight)": plan["training state"],
-        "margin (preflight)": plan["margin"],
-        "activations (estimate)": activation_bytes_per_token(config, 2, checkpointing=True) * tokens / 2**30,
-        "log-prob path (4 chunks)": 4 * chunk / 2**30,
-    }
+    rows = head_chunk_rows(config.vocab_size, device.type, int(total_gib * 2**30) if device.type == "cuda" else 0)
+    phases = update_phases(
+        parameters, config, batch * (prompt + completion), mode="single", world=1, precision="bf16-mixed",
+        chunk_rows=rows, scored=batch * completion, autocast_cache=autocast_options()["cache_enabled"],
+        fused_adamw=optimizer_options("cuda").get("fused", False),
+    )  # fmt: skip
+    return plan, phases
 
 
-def time_path(model, optimizer, path, ids, attn, K: int, repeats: int, gpu: bool) -> dict:
-    """One log-prob path's step: mean time of `repeats` steps after a warm-up, and the peak memory."""
-    device = ids.device.type
+class Meter:
+    """Peak GiB allocated since the last `lap`: CUDA's allocator counter, or on CPU an `AllocationTracker` entered
+    before the model is made (so both count the weights, gradients and optimiser state)."""
+
+    def __init__(self, gpu: bool):
+        self.gpu, self.tracker = gpu, None if gpu else AllocationTracker()
+
+    def __enter__(self):
+        if self.tracker is not None:
+            self.tracker.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return None if self.tracker is None else self.tracker.__exit__(*exc)
+
+    def lap(self) -> float:
+        """The peak since the last lap, in GiB; the next lap counts from what is allocated now."""
+        if self.gpu:
+            peak = torch.cuda.max_memory_allocated() / 2**30
+            torch.cuda.reset_peak_memory_stats()
+            return peak
+        peak, self.tracker.peak = self.tracker.peak, self.tracker.live
+        return peak / 2**30
+
+
+def one_step(model, optimizer, path, ids, attn, K: int, meter: Meter) -> dict[str, float]:
+    """One forward + backward + optimiser step, the peak GiB of each phase (module docstring): a phase of the
+    backward ends when the output it runs back to has its gradient."""
+    peaks = {}
+
+    def ends(phase: str, module):
+        def on_grad(grad):
+            peaks[phase] = meter.lap()
+
+        def on_forward(m, inputs, out):
+            out.register_hook(on_grad)
+
+        return module.register_forward_hook(on_forward)
+
+    hooks = [ends("output layer's backward", model.model.norm), ends("layers' backward", model.model.embed_tokens)]
+    meter.lap()
+    try:
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16, **autocast_options()):
+            logp = path(model, ids, attn, K)
+        peaks["forward"] = meter.lap()
+        F.mse_loss(logp, torch.zeros_like(logp)).backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    del logp
+    peaks["embedding's backward"] = meter.lap()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=False)  # kept, as DDP's buckets and an accumulation keep them
+    peaks["optimiser step"] = meter.lap()
+    return peaks
+
+
+def time_path(model, optimizer, path, ids, attn, K: int, repeats: int, meter: Meter) -> dict:
+    """One log-prob path's step: mean time of `repeats` steps after a warm-up, the peak memory of the step and of
+    each phase (the largest over the timed steps)."""
+    gpu = meter.gpu
     if gpu:
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
+    times, phases = [], {}
+    for i in range(repeats + 1):  # the first is a warm-up (AdamW's state is made at its step)
         if gpu:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=gpu):
-            logp = path(model, ids, attn, K)
-        F.mse_loss(logp, torch.zeros_like(logp)).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        peaks = one_step(model, optimizer, path, ids, attn, K, meter)
         if gpu:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        if i:
+            phases = {k: max(v, phases.get(k, 0.0)) for k, v in peaks.items()}
     step = sum(times[1:]) / len(times[1:])
-    return {"step_s": step, "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else None}
+    return {"step_s": step, "peak_gib": max(phases.values()), "phases_gib": phases}
 
 
 def measure(size: str, prompt: int, completion: int, batch: int, repeats: int) -> dict:
-    """Both paths' figures at `size`'s shape, with the MFU and the predicted peak."""
+    """Both paths' figures at `size`'s shape, with the MFU and the predicted phases."""
+    gpu = torch.cuda.is_available()
+    with Meter(gpu) as meter:  # on CPU the tracker must see the model made
+        return _measure(size, prompt, completion, batch, repeats, meter)
+
+
+def _measure(size: str, prompt: int, completion: int, batch: int, repeats: int, meter: Meter) -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    gpu = torch.cuda.is_available()
-    device = "cuda" if gpu else "cpu"
+    device = torch.device("cuda" if meter.gpu else "cpu")
     config = Qwen2Config(**(QWEN25_MATH_15B if size != "tiny" else TINY))
     torch.manual_seed(0)
-    with torch.device(device):  # initialised where it trains: no host copy of 6 GB of weights
+    with device:  # initialised where it trains: no host copy of 6 GB of weights
         model = Qwen2ForCausalLM(config)  # fp32 master weights
     model.gradient_checkpointing_enable()
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)  # as the scripts build it (foreach on CUDA)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, **optimizer_options("cuda"))  # the GPU's, anywhere
     ids = torch.randint(0, config.vocab_size, (batch, prompt + completion), device=device)
     attn = torch.ones_like(ids)
     tokens = batch * (prompt + completion)
-    name = torch.cuda.get_device_name() if gpu else None
+    name = torch.cuda.get_device_name() if meter.gpu else None
     peak = peak_bf16_flops(name)
     flops = model_flops(config, batch, prompt + completion, completion)
-    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if gpu else STATED_GIB
+    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if meter.gpu else STATED_GIB
+    parameters = sum(p.numel() for p in model.parameters())
+    plan, phases = predicted_memory(config, parameters, batch, prompt, completion, total_gib, device)
     out = {
-        "size": size, "device": name or "cpu", "parameters": sum(p.numel() for p in model.parameters()),
-        "batch": batch, "prompt": prompt, "completion": completion, "tokens": tokens, "model_flops": flops,
-        "peak_flops": peak, "device_gib": total_gib, "paths": {},
-        "predicted_gib": predicted_memory(config, tokens, total_gib, gpu),
+        "size": size, "device": name or "cpu", "parameters": parameters, "batch": batch, "prompt": prompt,
+        "completion": completion, "tokens": tokens, "model_flops": flops, "peak_flops": peak, "device_gib": total_gib,
+        "paths": {}, "preflight_gib": plan, "predicted_phases_gib": phases,
     }  # fmt: skip
     for label, path in [("textbook (full logits)", textbook), ("chunked head (the scripts')", chunked)]:
         try:
-            figures = time_path(model, optimizer, path, ids, attn, completion, repeats, gpu)
+            figures = time_path(model, optimizer, path, ids, attn, completion, repeats, meter)
         except torch.OutOfMemoryError:
-            figures = {"step_s": None, "peak_gib": None, "error": "out of memory"}
-            optimizer.zero_grad(set_to_none=True)
+            figures = {"step_s": None, "peak_gib": None, "phases_gib": {}, "error": "out of memory"}
+            optimizer.zero_grad(set_to_none=False)
         step = figures["step_s"]
         figures["tokens_per_s"] = tokens / step if step else None
         figures["mfu"] = flops / step / peak if step and peak else None
@@ -184,20 +251,29 @@ def findings(r: dict) -> dict:
     f.figure("model TFLOPs a step (6 N S + 6 V D K + 12 L D S^2, per sequence)", r["model_flops"] / 1e12)
     f.figure("peak dense bf16 TFLOP/s of the device", r["peak_flops"] / 1e12 if r["peak_flops"] else None)
     for label, p in r["paths"].items():
-        f.figure(label, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in p.items()})
-    predicted = r["predicted_gib"]
-    for k, v in predicted.items():
-        f.figure(f"predicted GiB: {k}", v)
-    f.figure("predicted GiB, total", sum(predicted.values()))
+        f.figure(label, _rounded(p))
+    f.figure("predicted GiB: training state (preflight)", r["preflight_gib"]["training state"])
     chunked = r["paths"]["chunked head (the scripts')"]
     f.check("the chunked head's step ran", chunked["step_s"] is not None, chunked.get("error", ""))
-    if chunked["peak_gib"] is not None:
-        ratio = chunked["peak_gib"] / sum(predicted.values())
-        f.figure("measured / predicted peak (chunked head)", ratio)
-        f.check(
-            "the preflight's plan plus the activation estimate holds the measured peak", ratio <= 1.0, f"{ratio:.2f}"
-        )
+    rows = []
+    for phase, terms in r["predicted_phases_gib"].items():
+        predicted, measured = sum(terms.values()), chunked["phases_gib"].get(phase)
+        f.figure(f"predicted GiB: {phase}", _rounded(terms))
+        ratio = None if measured is None else measured / predicted
+        rows.append([phase, measured, predicted, ratio])
+        # No margin: a term the plan leaves out shows here. Checked on a GPU only, the device the terms are for: a
+        # CPU's kernels allocate otherwise (attention, the embedding's backward) and a toy's constant terms dominate.
+        if ratio is not None and r["device"] != "cpu":
+            f.check(f"the {phase}'s measured peak is within its predicted terms", ratio <= 1.0, f"{ratio:.2f}")
+    f.table("chunked head: each phase's peak (GiB)", ["phase", "measured", "predicted", "measured / predicted"], rows)
     return f.record()
+
+
+def _rounded(figures):
+    """Floats to 4 significant digits, in nested dicts too."""
+    if isinstance(figures, dict):
+        return {k: _rounded(v) for k, v in figures.items()}
+    return float(f"{figures:.4g}") if isinstance(figures, float) else figures
 
 
 def print_figures(r: dict) -> None:
@@ -212,9 +288,11 @@ def print_figures(r: dict) -> None:
         print(
             f"| {label} | {peak} | {fmt(f['step_s'], '.2f')} | {fmt(f['tokens_per_s'], ',.0f')} | {fmt(f['mfu'], '.1%')} |"
         )
-    predicted = r["predicted_gib"]
-    items = " + ".join(f"{v:.2f} {k}" for k, v in predicted.items())
-    print(f"\npredicted peak of the chunked head's step: {sum(predicted.values()):.1f} GiB ({items})")
+    print("\n| phase (chunked head) | measured GiB | predicted GiB | predicted terms |\n|---|---|---|---|")
+    measured = r["paths"]["chunked head (the scripts')"]["phases_gib"]
+    for phase, terms in r["predicted_phases_gib"].items():
+        items = " + ".join(f"{v:.3g} {k}" for k, v in terms.items() if v)
+        print(f"| {phase} | {fmt(measured.get(phase), '.3g')} | {sum(terms.values()):.3g} | {items} |")
 
 
 def main() -> None:
