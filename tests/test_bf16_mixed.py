@@ -185,3 +185,9 @@ def test_two_steps_in_bf16_mixed_under_each_engine(config, mode, tiny_random_dir
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["train/skipped_steps"] == 0 for r in rows)
     assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in rows)
+
+
+def test_the_accelerators_autocast_keeps_no_bf16_copy_of_the_weights(bf16_accelerator):
+    """accelerate's autocast is opened without its weight cache (common.models.autocast_options: +2 B/param held
+    to each forward's end otherwise; tests/test_update_memory.py measures it)."""
+    assert bf16_accelerator.autocast_handler is not None and bf16_accelerator.autocast_handler.cache_enabled is False

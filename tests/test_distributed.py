@@ -493,12 +493,3 @@ def test_a_gpu_session_waits_for_the_device_at_each_phase_boundary():
     with cpu("update"):
         pass
     assert cpu.sync is None and set(cpu.seconds) == {"update"}
-
-
-def test_the_accelerators_autocast_keeps_no_bf16_copy_of_the_weights():
-    """accelerate's autocast is opened without its weight cache (common.models.autocast_options: +2 B/param held
-    to each forward's end otherwise; tests/test_update_memory.py measures it)."""
-    from common.distributed import make_accelerator
-
-    accelerator = make_accelerator("bf16")
-    assert accelerator.autocast_handler is not None and accelerator.autocast_handler.cache_enabled is False
