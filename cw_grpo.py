@@ -35,8 +35,7 @@ from common.prompts import TEMPLATE_CHOICES
 from common.rollout_correction import CORRECTIONS
 from common.run_flags import RunFlags, check_batch_split, check_correction, check_rollout_sampling, launch_world
 from common.scoring import without_unchecked_groups
-from common.session import start_session
-from common.train_spec import spec_from
+from common.session import spec_from, start_session
 
 
 @dataclass

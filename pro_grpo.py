@@ -10,7 +10,7 @@ by how much more confident pi_old was in the prompt than in the answer (`diff gr
     loss   = -min(rho * A~_i, clip(rho, 1 - eps_low, 1 + eps_high) * A~_i), token-mean (eq. 7)
 
 T_low(x) is the ceil(20%) positions (at least one) of x whose token has the lowest probability
-(`common.lowprob`). An answer more confident than the prompt is pushed down, an unsure one up,
+(`common.logprobs`). An answer more confident than the prompt is pushed down, an unsure one up,
 so probability mass spreads over the correct paths instead of collapsing onto the likeliest.
 --confidence_rule gives Table 7's variants; --confidence_baseline group_mean the appendix's
 baseline (eqs. 10, 18), which differs from eq. 4's c(q). Every decision where the paper is
@@ -31,14 +31,12 @@ import torch
 from common.batching import pack, rows_with_loss, select
 from common.cli import arg, flag_record, parse_args
 from common.distributed import global_sum
-from common.logprobs import masked_mean, sequence_logprobs
-from common.lowprob import low_prob_mask
+from common.logprobs import low_prob_mask, masked_mean, sequence_logprobs
 from common.prompts import TEMPLATE_CHOICES
 from common.rollout_correction import CORRECTIONS
 from common.run_flags import RunFlags, check_batch_split, check_correction, check_rollout_sampling, launch_world
 from common.scoring import without_unchecked_groups
-from common.session import start_session
-from common.train_spec import spec_from
+from common.session import spec_from, start_session
 
 
 @dataclass

@@ -143,11 +143,10 @@ def logp_gap(dry: bool) -> Findings:
     from transformers import AutoTokenizer
 
     from common.distributed import make_accelerator
-    from common.models import load_policy, precision_for
+    from common.models import demo_model_dir, load_policy, precision_for
     from common.prompts import format_prompt
     from common.rollout import make_engine
     from common.synthetic import synthetic_eval_set
-    from common.tiny_model import demo_model_dir
 
     f = Findings()
     gpu = torch.cuda.is_available()

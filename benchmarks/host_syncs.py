@@ -127,8 +127,8 @@ def count_layouts() -> tuple[int, dict]:
 
     import grpo_base
     from common.batching import pack
+    from common.models import demo_model_dir
     from common.rollout import Completion
-    from common.tiny_model import demo_model_dir
 
     torch.manual_seed(0)
     rng = random.Random(0)

@@ -39,7 +39,7 @@ from recipe_memory import (  # noqa: E402
     update_activations_gib,
 )
 
-from common.marked_text import write_between  # noqa: E402
+from benchmarks.stored_run import write_between  # noqa: E402
 from common.preflight import GIB, MARGIN_GIB, bytes_per_parameter, kv_bytes_per_token, model_shape  # noqa: E402
 
 BUDGET_BEGIN = "<!-- per-GPU budget: written by benchmarks/kv_room.py from recipes/ and common/preflight.py -->"

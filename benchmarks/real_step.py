@@ -84,8 +84,7 @@ def prompts_and_model(a, data: Path):
     from transformers import AutoModelForCausalLM
 
     from common.math_data import load_prompts
-    from common.models import load_tokenizer
-    from common.smollm2 import ensure_smollm2
+    from common.models import ensure_smollm2, load_tokenizer
 
     path = str(ensure_smollm2())
     tok = load_tokenizer(path)
@@ -246,7 +245,7 @@ def main() -> None:
     block = memory_block(result) if a.memory else render(result)
     print(block)
     if a.doc:
-        from common.marked_text import write_between
+        from benchmarks.stored_run import write_between
 
         begin, end, find = (MEMORY_BEGIN, MEMORY_END, MEMORY_FIND) if a.memory else (BEGIN, END, FIND)
         write_between(Path(a.doc), begin, end, block, "benchmarks/real_step.py", find)

@@ -130,8 +130,8 @@ def update_overhead(out: str = "", doc: str = "", repeats: int = 5) -> None:
     sys.path.insert(0, str(ROOT))
     from common.batching import micro_batches, pack, select
     from common.logprobs import sequence_logprobs
+    from common.models import demo_model_dir
     from common.rollout import Completion
-    from common.tiny_model import demo_model_dir
     from grpo_base import Args, policy_loss
 
     record = stored_run.start(" ".join(["python benchmarks/step_time.py", *sys.argv[1:]]), torch.get_num_threads())
@@ -186,7 +186,7 @@ def update_session(model, micro_batch_size: int, max_tokens: int = 0):
 
     sys.path.insert(0, str(ROOT))
     from common.distributed import make_accelerator, parallel_mode
-    from common.health import UpdateGuard
+    from common.metrics import UpdateGuard
     from common.trainer import Trainer
 
     accelerator = make_accelerator("no", grad_clip=1.0)
@@ -208,8 +208,8 @@ def flat_groups(repeats: int = 5, G: int = 8, groups: int = 16) -> None:
     sys.path.insert(0, str(ROOT))
     import grpo_base
     from common.batching import pack
+    from common.models import demo_model_dir
     from common.rollout import Completion
-    from common.tiny_model import demo_model_dir
 
     torch.manual_seed(0)
     rng = random.Random(0)

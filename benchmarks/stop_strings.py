@@ -30,10 +30,9 @@ BEGIN, END, FIND = stored_run.markers("stop_strings", "benchmarks/stop_strings.p
 def measure(max_len: int, repeats: int, prompts_per_step: int, group: int) -> dict:
     """One engine, `repeats` steps after a warm-up, the old and the new path in turn (alternating which goes first)."""
     from common.completion import cut_groups
-    from common.models import load_tokenizer
+    from common.models import ensure_smollm2, load_tokenizer
     from common.prompts import few_shot_examples, few_shot_pool, format_few_shot_prompt, stop_strings
     from common.rollout import make_engine, prompt_seeds
-    from common.smollm2 import ensure_smollm2
     from scripts.real_model_demo import write_data
 
     path = str(ensure_smollm2())
@@ -113,7 +112,7 @@ def main() -> None:
     block = render(json.loads(STORED.read_text()))
     print(block)
     if a.doc:
-        from common.marked_text import write_between
+        from benchmarks.stored_run import write_between
 
         write_between(Path(a.doc), BEGIN, END, block, "benchmarks/stop_strings.py", FIND)
 

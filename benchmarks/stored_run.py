@@ -31,9 +31,9 @@ def _git(*args: str) -> str:
 
 def start(command: str, threads: int | None = None) -> dict:
     """The record's head, taken as the run starts: the command, the date, the commit and the tracked files that
-    differ from it, and the machine (`common.machine.describe_machine`: CPU, bf16 units, cores, compute threads,
+    differ from it, and the machine (`common.metrics.describe_machine`: CPU, bf16 units, cores, compute threads,
     the 1-minute load average now)."""
-    from common.machine import describe_machine
+    from common.metrics import describe_machine
 
     if threads is None:
         import torch
@@ -89,6 +89,16 @@ def conditions(record: dict, units: bool = False) -> str:
 
 def write_block(page: Path, begin: str, end: str, find: str, body: str, what: str) -> None:
     """Rewrite `page`'s block (between `find`'s line and `end`) with `begin` and `body`."""
-    from common.marked_text import write_between
-
     write_between(page, begin, end, body, what, find=find)
+
+
+def write_between(path: Path, begin: str, end: str, body: str, what: str, find: str | None = None) -> None:
+    """Rewrite `path`'s text between the markers `begin` and `end` with `body`, keeping the rest. `find`: a prefix of
+    `begin` that locates the marker (an older marker line is rewritten whole); a file without the markers is a
+    one-line error naming `what` they hold."""
+    text = path.read_text()
+    if (find or begin) not in text or end not in text:
+        raise SystemExit(f"error: {path} has no {what} markers ({begin} ... {end})")
+    head, rest = text.split(find or begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{body}\n{end}{tail}")

@@ -90,10 +90,10 @@ class Prepared:
 
 
 def check_before_loading(script: str, spec, run: RunFlags, values: dict, resumable: set[str]) -> Prepared:
-    """Everything about `spec` (`common.train_spec.TrainSpec`) that can be checked without a model, each with a
+    """Everything about `spec` (`common.session.TrainSpec`) that can be checked without a model, each with a
     one-line error: the run directory (locked by rank 0; `values` and `resumable`: the flags and which of them a
     resume may change), the model's path and its context, the data, the step count and the benchmarks."""
-    from common.console import quiet_libraries
+    from common.metrics import quiet_libraries
     from common.sampler import count_steps
 
     quiet_libraries()  # our progress bar and lines; library notices that need no action are filtered

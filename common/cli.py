@@ -276,7 +276,7 @@ def _resumed(classes, values: dict, explicit: set[str], script: str | None) -> d
 
 
 def _interrupted_while_starting(signum, frame) -> None:
-    """Ctrl-C before a run installs its own handling (common/health.py StopSignal), e.g. while the models load:
+    """Ctrl-C before a run installs its own handling (common/metrics.py StopSignal), e.g. while the models load:
     one line and exit 130, not a KeyboardInterrupt traceback from deep inside a library."""
     if _rank0():  # a terminal's Ctrl-C reaches every rank of a launch: one line in all
         os.write(2, b"\ninterrupted (Ctrl-C): nothing was saved\n")

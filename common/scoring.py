@@ -1,6 +1,6 @@
 """The rewards of a session: a step's completions scored by the reward terms (`common.rewards`) with the answer
 verifier (`common.verifier`), as tensors on the training device (`Scorer.score` -> `Scores`). It keeps no
-count and says nothing: the run's health reads what each scoring returns (`common.health.ScoreWatch`)."""
+count and says nothing: the run's health reads what each scoring returns (`common.metrics.ScoreWatch`)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ The parts, each built by the module that holds it:
 
 - `s.trainer` (common/trainer.py): the accelerator, the policy and the reference model, the optimiser and its
   schedule, the micro-batches of a pass, the optimiser step;
-- `s.rollout` (common/rollout_side.py): the rollout engine, the prompt sampler, each prompt's seed, the
+- `s.rollout` (common/rollout.py): the rollout engine, the prompt sampler, each prompt's seed, the
   engine's sleep and its wake-up with the new weights (the sync);
 - `s.rewards` (common/scoring.py): the reward terms and the answer verifier, scoring a step's completions;
 - `s.io` (`RunIO`, below): the run directory, the log, checkpoints, the evaluation during training and the
@@ -21,23 +21,21 @@ The parts, each built by the module that holds it:
 the rollout side, resumes from the newest good checkpoint when asked, builds the rewards and the run's I/O,
 and records the run's flags. The scripts never see a flag of RunFlags by name, and common/ reads a script's
 Args once, by the names of the flags every script shares, into the spec of what is trained
-(`common.train_spec.spec_from`).
+(`common.session.spec_from`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.evaluation import TrainingEval
-from common.health import ScoreWatch, SignalWatch, StopSignal
-from common.metrics import RunLogger
-from common.rollout_side import Rollout
+from common.metrics import RunLogger, ScoreWatch, SignalWatch, StopSignal
+from common.rollout import Rollout
 from common.run_flags import RunFlags
 from common.scoring import Scorer
-from common.train_spec import TrainSpec
 from common.trainer import Trainer
 
 
@@ -98,7 +96,7 @@ class Session:
         learning rate, unchecked answers), reduce over ranks, log (and `samples`: the step's dataset rows,
         texts, rewards, advantages), warn, agree on a stop over the ranks, save when due."""
         from common.distributed import peak_memory_gb, reduce_metrics
-        from common.health import warn_rollout_gap
+        from common.metrics import warn_rollout_gap
 
         io, trainer, verifier = self.io, self.trainer, self.rewards.verifier
         step_s = sum(timer.seconds.values())  # the step itself; evaluation is timed on its own
@@ -152,17 +150,17 @@ class Session:
 
 def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict, set[str]]) -> Session:
     """Set up a run (module docstring). `script`: the script's name (the default --output_dir is
-    runs/<script>); `spec`: what is trained (`common.train_spec.spec_from`); `run`: how the run goes; `flags`:
+    runs/<script>); `spec`: what is trained (`common.session.spec_from`); `run`: how the run goes; `flags`:
     `common.cli.flag_record(args, run)`, recorded in run_config.json. Whether a GPU trains is asked here once
     and passed down (`precision_for`, the memory preflight)."""
     import torch
 
     from common.before_loading import check_before_loading, check_launch_and_rewards, check_prompt_format
     from common.evaluation import TrainingEval
-    from common.machine import describe_machine
+    from common.metrics import describe_machine
     from common.models import announce_loading, precision_for
     from common.prompts import pool_of
-    from common.rollout_side import engine_size, open_rollout
+    from common.rollout import engine_size, open_rollout
     from common.run_flags import launch_world
     from common.scoring import open_scorer
     from common.trainer import open_trainer
@@ -305,3 +303,57 @@ def open_run_io(script: str, run: RunFlags, pre, values: dict, accelerator, mode
         pre.run_dir, pre.lock, logger, checkpoints, evaluation, SignalWatch(run.warn_flat_steps, say=logger.write),
         ScoreWatch(group_size, say=logger.write), stop, start_step, pre.total_steps, accelerator.is_main_process,
     )  # fmt: skip
+
+
+# What a run trains, as one frozen record built once from a script's `Args` (`spec_from`).
+#
+# The flags every script shares are read from `Args` by name (`FROM_ARGS`); what a script decides itself
+# (its optimiser, how many optimiser steps its update takes, whether a reference model loads, the context
+# a sequence may grow by, a check of its data) it passes by keyword. `common.session.start_session` takes
+# the spec and the run's flags (`common.run_flags.RunFlags`); past `spec_from`, nothing in common/ sees `Args`.
+
+
+# The spec's fields a script's Args holds under the same names: what to train, how the schedule runs, the two
+# sampling flags of the method that the session's rollout engine and evaluation need, and the rollout correction.
+FROM_ARGS = (
+    "model", "dataset", "template", "few_shot", "rewards", "reward_fn", "steps", "epochs", "prompts_per_step",
+    "max_prompt_len", "max_completion_len", "seed", "lr_schedule", "warmup_steps", "grad_clip", "group_size", "top_p",
+    "rollout_correction", "rollout_correction_min", "rollout_correction_max",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    model: str  # --model: a hub name, a local path (a run or checkpoint too), 'tiny' or 'smollm2'
+    dataset: str
+    template: str
+    few_shot: int  # K worked examples before each training and evaluation problem
+    rewards: str  # comma-separated reward terms
+    reward_fn: str | None  # your own terms: module:function or file.py:function, comma-separated
+    steps: int
+    epochs: float | None  # if set, overrides steps: passes over the dataset
+    prompts_per_step: int  # over all ranks
+    max_prompt_len: int
+    max_completion_len: int
+    seed: int
+    lr_schedule: str  # after the warm-up: constant, cosine or linear
+    warmup_steps: int  # optimiser steps
+    grad_clip: float
+    group_size: int  # G: completions per prompt
+    top_p: float
+    rollout_correction: str  # pi_old / pi_rollout weights: a mode of common.rollout_correction.MODES, or auto
+    rollout_correction_min: float | None  # its bounds (None: the mode's)
+    rollout_correction_max: float | None
+    # What the script decides itself (spec_from's keyword arguments).
+    optimizer: Callable  # params -> torch optimizer
+    optimizer_steps_per_step: int  # the update's; the learning-rate schedule is counted in them
+    reference_model: bool  # the initial model, loaded to score against (--beta > 0)
+    extra_context: int = 0  # tokens a sequence may grow beyond prompt + completion (EDGE-GRPO's reflections)
+    extra_context_flags: str = ""  # the flags that add them, named in errors
+    check_data: Callable[[list[dict]], None] | None = None  # called with the dataset's rows before any model loads
+
+
+def spec_from(args, **own) -> TrainSpec:
+    """The spec of a script's `args`: the FROM_ARGS fields read from it by name, and `own`, the fields the
+    script decides itself (optimizer, optimizer_steps_per_step, reference_model, and any of the defaulted ones)."""
+    return TrainSpec(**{name: getattr(args, name) for name in FROM_ARGS}, **own)

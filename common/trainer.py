@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.cli import require
-from common.health import UpdateGuard
+from common.metrics import UpdateGuard
 from common.models import Precision
 from common.run_flags import RunFlags
 
@@ -70,7 +70,7 @@ class Trainer:
 
     def optimizer_step(self, step: int, local_sums: dict) -> OptimizerStep:
         """Clip the accumulated gradient, then apply the update unless its loss or gradient norm is not
-        finite or spikes (`common.health.UpdateGuard`), step the schedule, and clear the gradients. Every
+        finite or spikes (`common.metrics.UpdateGuard`), step the schedule, and clear the gradients. Every
         rank must call it (the loss is summed over ranks, so all ranks decide alike). `local_sums`: this
         rank's sums over the optimiser step's micro-batches ("loss" and any statistics), numbers or
         0-dim tensors left on the device: they are summed over ranks and read, with the gradient
@@ -105,7 +105,6 @@ class Trainer:
         """The newest good checkpoint's weights, optimiser, schedule (at this run's learning rate) and RNG
         (`common.checkpoint.load_checkpoint`); returns its trainer state, or None when there is none."""
         from common.checkpoint import load_checkpoint
-        from common.lr_schedule import set_base_lr
 
         base_lrs = list(self.scheduler.base_lrs)
         state = load_checkpoint(self.accelerator, run_dir)
@@ -116,16 +115,15 @@ class Trainer:
 
 def open_trainer(spec, run: RunFlags, model_path: str, precision: Precision, run_dir: Path, total_steps: int,
                  gpu: bool, say, engine_size=None) -> Trainer:  # fmt: skip
-    """The trainer of `spec` (`common.train_spec.TrainSpec`) under `run`'s flags: the accelerator and the checks
+    """The trainer of `spec` (`common.session.TrainSpec`) under `run`'s flags: the accelerator and the checks
     that need it (`open_accelerator`), this rank's seed, then the models and the optimiser (`load_models`)
     with the learning-rate schedule over `total_steps` steps; `engine_size`: the rollout engine's
-    (`common.rollout_side.engine_size`), for the memory preflight. Its guard says what it skips with `print` until
-    the session gives it the log's line (`common.health.UpdateGuard.say`)."""
+    (`common.rollout.engine_size`), for the memory preflight. Its guard says what it skips with `print` until
+    the session gives it the log's line (`common.metrics.UpdateGuard.say`)."""
     import torch
     from accelerate.utils import set_seed
 
     from common.batching import device_memory_gib
-    from common.lr_schedule import lr_lambda
 
     accelerator, mode = open_accelerator(
         run, spec.grad_clip, precision, run_dir, model_path, spec.reference_model, device_memory_gib(gpu), engine_size
@@ -170,7 +168,7 @@ def check_memory(
     run: RunFlags, model_path: str, mode, reference_model: bool, device_gib: float | None, engine_size=None
 ):  # fmt: skip
     """The memory preflight (`common.preflight.preflight_memory`) of this run's flags under `mode`, on a device
-    of `device_gib` GiB (None: nothing is planned), vLLM's floor from `engine_size` (`common.rollout_side.
+    of `device_gib` GiB (None: nothing is planned), vLLM's floor from `engine_size` (`common.rollout.
     engine_size`; None: vLLM's defaults, which err high). Returns the plan (GiB per item) or None."""
     from dataclasses import asdict
 
@@ -219,3 +217,31 @@ def load_models(
     confine_zero3_linear(policy)  # DeepSpeed's F.linear for the policy only, not the rollout engine's layers
     accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
     return policy, ref_model, opt, scheduler, layout, memory_tokens
+
+
+# The learning-rate schedule: a linear warm-up, then constant, cosine or linear decay (`lr_lambda`), counted
+# in optimiser steps; and this run's --lr as its base after a resume (`set_base_lr`).
+
+
+def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """The learning-rate multiplier at optimiser step s: a linear warm-up over `warmup_steps`, then
+    constant, or decaying to 0 at `total_steps` along a cosine or a line."""
+
+    def factor(s: int) -> float:
+        if s < warmup_steps:
+            return (s + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (s - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+
+    return factor
+
+
+def set_base_lr(optimizer, scheduler, lrs: list[float]) -> None:
+    """After a resume, this run's --lr is the base of the schedule (the checkpoint stored the old one)."""
+    scheduler.base_lrs = list(lrs)
+    for group, lr, schedule in zip(optimizer.param_groups, lrs, scheduler.lr_lambdas):
+        group["initial_lr"] = lr
+        group["lr"] = lr * schedule(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common.marked_text import write_between  # noqa: E402
+from benchmarks.stored_run import write_between  # noqa: E402
 from scripts.comparison.figures import load  # noqa: E402
 from scripts.comparison.grid import (  # noqa: E402
     ABLATIONS,

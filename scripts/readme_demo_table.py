@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.jsonl import read_jsonl  # noqa: E402
-from common.marked_text import write_between  # noqa: E402
+from benchmarks.stored_run import write_between  # noqa: E402
+from common.run_dir import read_jsonl  # noqa: E402
 
 BEGIN = "<!-- demo table: written by scripts/readme_demo_table.py from docs/demo_runs.json -->"
 RUNS = Path(__file__).resolve().parent.parent / "docs" / "demo_runs.json"

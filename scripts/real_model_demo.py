@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common.jsonl import read_jsonl  # noqa: E402
-from common.marked_text import write_between  # noqa: E402
+from benchmarks.stored_run import write_between  # noqa: E402
+from common.run_dir import read_jsonl  # noqa: E402
 
 BEGIN = "<!-- real-model table: written by scripts/real_model_demo.py from one fresh run -->"
 END = "<!-- end of real-model table -->"

@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 @pytest.fixture(scope="session")
 def tiny_random_dir(tmp_path_factory):
     """A random (untrained) tiny Qwen2 checkpoint directory with its tokenizer."""
-    from common.tiny_model import build_tiny_model
+    from tools.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-random", sft_steps=0, manifest=False)
 

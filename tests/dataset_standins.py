@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.cli import parse_args
-from common.jsonl import write_jsonl
 from common.math_data import DAPO_PREFIX, DAPO_SUFFIX
+from common.run_dir import write_jsonl
 from data import prepare
 
 

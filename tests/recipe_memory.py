@@ -80,7 +80,7 @@ def launch_plan(recipe: str) -> dict:
 
 
 def rollout_shape(recipe: str) -> dict:
-    """What the session gives each rank's vLLM (common/rollout_side.py `engine_size`): max_model_len (prompt +
+    """What the session gives each rank's vLLM (common/rollout.py `engine_size`): max_model_len (prompt +
     completion + EDGE-GRPO's reflection context), max_num_seqs (the rank's rollout, at most 1,024; the recipes'
     evaluations sample fewer), max_num_batched_tokens (None: vLLM's), and the sequences a step samples."""
     args, run = recipe_flags(recipe)

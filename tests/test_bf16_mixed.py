@@ -63,7 +63,7 @@ def test_the_first_update_decides_the_fp32_sum_without_running_anything(bf16_acc
     import common.logprobs as lp
     import grpo_base
     from common.distributed import parallel_mode
-    from common.health import UpdateGuard
+    from common.metrics import UpdateGuard
     from common.trainer import Trainer
 
     asked, ran = [], Counter()

@@ -162,7 +162,7 @@ def fields_file(tmp_path, key: str, where: str) -> str:
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from common.tiny_model import SHIPPED_DIR
+    from common.models import SHIPPED_DIR
 
     return AutoTokenizer.from_pretrained(SHIPPED_DIR)
 

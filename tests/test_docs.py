@@ -116,7 +116,7 @@ def real_compare():
 
 
 def real_model_table(page: str) -> str:
-    from common.jsonl import read_jsonl
+    from common.run_dir import read_jsonl
 
     demo = module("scripts/real_model_demo.py")
     return demo.table(read_jsonl(demo.METRICS), json.loads(demo.RUN_INFO.read_text())["wall_s"])

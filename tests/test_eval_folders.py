@@ -12,7 +12,7 @@ import pytest
 
 import tools.evaluate as tool
 from common.evaluation import RESULTS_FILE, write_results
-from common.jsonl import write_jsonl
+from common.run_dir import write_jsonl
 
 # Each setting's default first, then other values; some chosen to collide once made into a name (a dash, a comma,
 # a path, a long list cut short).

@@ -13,10 +13,10 @@ import tools.evaluate as tool
 from common import benchmarks, evaluation
 from common.checkpoint import write_manifest
 from common.cli import parse_args
-from common.jsonl import write_jsonl
 from common.math_data import load_math_dataset
 from common.models import model_to_load
 from common.rollout import Completion, HFEngine
+from common.run_dir import write_jsonl
 from common.synthetic import SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SIZE
 from common.verifier import MathVerifier
 

@@ -13,7 +13,7 @@ import pytest
 from safetensors.torch import load_file
 from train_utils import ROOT, run_cli, user_env
 
-from common.health import UpdateGuard
+from common.metrics import UpdateGuard
 from common.models import model_to_load
 
 pytestmark = pytest.mark.xdist_group("faults")  # the finished run is shared: one worker
@@ -92,7 +92,7 @@ def test_a_diverging_run_stops_and_its_advice_works(tmp_path):
     checkpoint from before the trouble; before, that advice was refused (the learning rate could not
     change on --resume) and keep_last had deleted the checkpoint it meant. The demo model: a random one
     is always wrong, so it gets no gradient to diverge with."""
-    from common.tiny_model import demo_model_dir
+    from common.models import demo_model_dir
 
     out = tmp_path / "run"
     flags = ["--model", str(demo_model_dir()), *SMALL[:6], "--steps", "8", "--save_steps", "1"]

@@ -13,7 +13,7 @@ import time
 import pytest
 from train_utils import ROOT, SCRIPTS, run_cli, user_env
 
-from common.lr_schedule import lr_lambda
+from common.trainer import lr_lambda
 
 CLIS = [*SCRIPTS, "tools/evaluate.py", "tools/plot.py", "data/prepare.py", "data/hard_subset.py"]
 SMALL = ["--rollout", "hf", "--prompts_per_step", "4", "--group_size", "4", "--max_completion_len", "8"]
@@ -149,8 +149,8 @@ def test_your_own_reward_and_console_lines_at_an_interval(tiny_random_dir, tmp_p
 def test_the_demo_model_is_the_shipped_one_and_a_damaged_copy_says_how_to_restore_it(tmp_path):
     """`--model tiny` is models/tiny-arith, the same weights on every machine (a build's depend on its CPU kernels
     and threads); its manifest is checked at load, and its recipe names the command that made it."""
-    from common.models import model_to_load
-    from common.tiny_model import SHIPPED_DIR, VERSION, demo_model_dir
+    from common.models import SHIPPED_DIR, demo_model_dir, model_to_load
+    from tools.tiny_model import VERSION
 
     assert model_to_load("tiny") == (str(SHIPPED_DIR), None)
     recipe = json.loads((SHIPPED_DIR / "tiny_model.json").read_text())
@@ -174,7 +174,7 @@ def test_a_rebuilt_demo_model_records_its_recipe_and_loads(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from common.models import model_to_load
-    from common.tiny_model import build_tiny_model
+    from tools.tiny_model import build_tiny_model
 
     path = build_tiny_model(tmp_path / "tiny", sft_steps=3, threads=1)
     recipe = json.loads((path / "tiny_model.json").read_text())

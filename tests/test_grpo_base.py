@@ -183,7 +183,7 @@ def update_session(model, micro_batch_size: int = 3, layout: str = "padded"):
     accumulation and optimiser step. SGD at lr 0 leaves the model as it is; a hook keeps each
     optimiser step's gradients."""
     from common.distributed import make_accelerator, parallel_mode
-    from common.health import UpdateGuard
+    from common.metrics import UpdateGuard
     from common.trainer import Trainer
 
     accelerator = make_accelerator("no", grad_clip=1e9)

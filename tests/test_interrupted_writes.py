@@ -100,12 +100,12 @@ KILLED_WRITES = {
         "drop_rows_after(d / 'metrics.jsonl', 1)", "metrics.jsonl.tmp",
         lambda d: len((d / "metrics.jsonl").read_text().splitlines()) == 3,
     ),
-    "common/jsonl.py:write_jsonl": (
+    "common/run_dir.py:write_jsonl": (
         lambda d: None, "os.replace = kill\nfrom common.evaluation import write_results\n"
         "write_results(d, {}, [{'a': 1}])", "eval_records.jsonl.tmp",
         lambda d: not (d / "eval_records.jsonl").exists(),
     ),
-    "common/jsonl.py:write_jsonl (eval-step-0/)": (
+    "common/run_dir.py:write_jsonl (eval-step-0/)": (
         lambda d: None, "os.replace = kill\nfrom common.evaluation import write_results\n"
         "write_results(d / 'eval-step-0', {}, [{'a': 1}])", "eval-step-0/eval_records.jsonl.tmp",
         lambda d: not (d / "eval-step-0" / "eval_records.jsonl").exists(),
@@ -126,8 +126,8 @@ KILLED_WRITES = {
 COVERED = {
     "common/checkpoint.py:save_checkpoint": "checkpoint-N.tmp: the two Ctrl-Cs above, a real run",
     "common/checkpoint.py:_store_weights_once": "its .link sits inside checkpoint-N.tmp, removed with it",
-    "common/smollm2.py:convert": "models/, not a run: the next conversion removes its .tmp first",
-    "common/tiny_model.py:build_tiny_model": "a model folder, not a run: the next build removes its .tmp first",
+    "common/models.py:convert": "models/, not a run: the next conversion removes its .tmp first",
+    "tools/tiny_model.py:build_tiny_model": "a model folder, not a run: the next build removes its .tmp first",
 }
 
 

@@ -1,7 +1,7 @@
 """Every script learns on the synthetic task, through the real vLLM rollout loop; the README's demo figures are
 those of a fresh run.
 
-The demo model (common/tiny_model.py) mostly knows the sums but boxes its answer only about half
+The demo model (tools/tiny_model.py) mostly knows the sums but boxes its answer only about half
 the time, so the verifier scores it right well under its knowledge: the algorithms must raise the
 evaluated accuracy (4 samples of each of the task's 100 problems).
 """
@@ -37,7 +37,7 @@ HELD_END = "<!-- end of held bands -->"
 
 @pytest.fixture(scope="session")
 def demo_model_dir():
-    from common.tiny_model import demo_model_dir
+    from common.models import demo_model_dir
 
     return demo_model_dir()  # the shipped model `python grpo_base.py` uses
 
@@ -168,7 +168,7 @@ def test_the_readme_demo_is_a_fresh_run_of_its_command(tmp_path):
 
 
 if __name__ == "__main__":  # PYTHONPATH=. python tests/test_learning.py: the README's held bands, rewritten
-    from common.marked_text import write_between
+    from benchmarks.stored_run import write_between
 
     write_between(ROOT / "README.md", HELD_BEGIN, HELD_END, held_table(), "held-bands")
     print(f"wrote the held bands of {ROOT / 'README.md'}")

@@ -1,9 +1,9 @@
-"""common/lowprob.py: low-probability token selection (Pro-GRPO appendix eq. 12)."""
+"""common/logprobs.py: low-probability token selection (Pro-GRPO appendix eq. 12)."""
 
 import pytest
 import torch
 
-from common.lowprob import low_prob_mask
+from common.logprobs import low_prob_mask
 
 
 def test_selects_ceil_fraction_of_valid_positions():

@@ -15,9 +15,9 @@ from dataset_standins import (
     write_parquet,
 )
 
-from common.jsonl import write_jsonl
 from common.math_data import DAPO_PREFIX, DAPO_SUFFIX, load_math_dataset
 from common.prompts import format_prompt
+from common.run_dir import write_jsonl
 from common.synthetic import (
     SYNTHETIC_EVAL_PATH,
     SYNTHETIC_MAX_OPERAND,

@@ -88,7 +88,7 @@ def test_session_checks_memory_and_the_shared_filesystem_before_any_weight_loads
     import common.preflight
     import common.run_dir
     import grpo_base
-    from common.train_spec import spec_from
+    from common.session import spec_from
 
     calls = []
     monkeypatch.setattr(common.run_dir, "check_shared", lambda *a: calls.append("check_shared"))

@@ -11,7 +11,7 @@ import grpo_base
 import pro_grpo
 from common.batching import pack
 from common.cli import parse_args
-from common.lowprob import low_prob_mask
+from common.logprobs import low_prob_mask
 from common.run_flags import RunFlags
 from pro_grpo import Args, group_advantages, prompt_confidence, reweighted_advantages, validate
 

@@ -38,7 +38,7 @@ def test_setup_installs_no_deps_lines_without_their_dependencies(tmp_path):
 
 
 def test_missing_package_is_one_line_with_the_install_command(tmp_path):
-    from common.smollm2 import ensure_smollm2
+    from common.models import ensure_smollm2
 
     with pytest.raises(SystemExit) as e:
         ensure_smollm2(tmp_path / "smollm2", package="no_such_package_xyz")
@@ -48,7 +48,7 @@ def test_missing_package_is_one_line_with_the_install_command(tmp_path):
 
 
 def test_damaged_gguf_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch):
-    from common.smollm2 import GGUF_FILE, ensure_smollm2
+    from common.models import GGUF_FILE, ensure_smollm2
 
     package = tmp_path / "site" / "fake_smollm2"
     package.mkdir(parents=True)
@@ -64,7 +64,7 @@ def test_damaged_gguf_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch):
 
 def test_damaged_converted_folder_is_one_line_with_the_fix(tmp_path):
     from common.checkpoint import write_manifest
-    from common.smollm2 import MARKER, ensure_smollm2
+    from common.models import MARKER, ensure_smollm2
 
     folder = tmp_path / "smollm2"
     folder.mkdir()
@@ -133,7 +133,7 @@ def test_load_prompts_renders_the_shots_and_evaluation_gets_the_same_pool(tiny_r
 @pytest.fixture(scope="module")
 def smollm2_dir():
     """The converted model (once per machine: ~25 s; then the cache)."""
-    from common.smollm2 import ensure_smollm2
+    from common.models import ensure_smollm2
 
     return ensure_smollm2()
 
@@ -252,7 +252,7 @@ def test_the_kept_real_model_run_is_the_readmes_command_and_learned():
     pass@1 and the training reward end above where they started."""
     import importlib.util
 
-    from common.jsonl import read_jsonl
+    from common.run_dir import read_jsonl
 
     spec = importlib.util.spec_from_file_location("real_model_demo", ROOT / "scripts" / "real_model_demo.py")
     demo = importlib.util.module_from_spec(spec)

@@ -11,8 +11,8 @@ import pytest
 from train_utils import ROOT, run_cli
 
 from common.evaluation import RECORDS_FILE
+from common.models import SHIPPED_DIR
 from common.run_flags import vllm_available
-from common.tiny_model import SHIPPED_DIR
 
 SPEC = importlib.util.spec_from_file_location("compare_real", ROOT / "scripts" / "compare_real.py")
 compare = importlib.util.module_from_spec(SPEC)

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from common.math_data import load_prompts
+from common.models import SHIPPED_DIR
 from common.rewards import RewardFnError, load_reward_fn, probe_reward_fn
-from common.tiny_model import SHIPPED_DIR
 from common.verifier import MathVerifier
 
 G = 4  # completions per prompt in the training calls below

@@ -1,11 +1,11 @@
 """The one-line warning of a rollout engine that does not sample the trained weights (issue 40): the
-engine-vs-trainer gap after the first weight sync against step 1's (common/health.py warn_rollout_gap)."""
+engine-vs-trainer gap after the first weight sync against step 1's (common/metrics.py warn_rollout_gap)."""
 
 import math
 
 import pytest
 
-from common.health import ROLLOUT_GAP, warn_rollout_gap
+from common.metrics import ROLLOUT_GAP, warn_rollout_gap
 
 
 def said(step: int, gap: float, before: float | None) -> list[str]:

@@ -19,8 +19,7 @@ import tools.evaluate as tool
 import tools.plot as plot
 from common.checkpoint import write_manifest
 from common.cli import flag_record
-from common.jsonl import write_jsonl
-from common.run_dir import check_run_dir
+from common.run_dir import check_run_dir, write_jsonl
 from common.run_flags import RunFlags
 
 # What a run recorded (run_config.json "flags"), and another value of each, for the table.

@@ -66,7 +66,7 @@ def hf():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from common.hf_engine import HFEngine
-    from common.tiny_model import SHIPPED_DIR
+    from common.models import SHIPPED_DIR
 
     tok = AutoTokenizer.from_pretrained(SHIPPED_DIR)
     model = AutoModelForCausalLM.from_pretrained(SHIPPED_DIR)

@@ -399,8 +399,8 @@ def main(args: Args, ks: list[int] | None, given: set[str] | None = None, engine
         return rescore_main(args, ks)
     from common.benchmarks import load_benchmarks
     from common.cli import clear_errors
-    from common.jsonl import write_jsonl
     from common.models import offline_unless_hub_reachable
+    from common.run_dir import write_jsonl
 
     offline_unless_hub_reachable()  # no minute of retries before a one-line error
     with clear_errors("--benchmarks"):
@@ -417,8 +417,8 @@ def main(args: Args, ks: list[int] | None, given: set[str] | None = None, engine
             print(f"{name}: {write_jsonl(rows, Path(args.export_data) / f'{name}.jsonl')} problems")
         return
 
-    from common.console import quiet_libraries
     from common.evaluation import evaluate
+    from common.metrics import quiet_libraries
     from common.models import hub_error, load_tokenizer, model_to_load
     from common.prompts import stop_strings
     from common.rollout import make_engine

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from common.cli import not_utf8
 from common.evaluation import RESULTS_FILE
-from common.jsonl import iter_jsonl
+from common.run_dir import iter_jsonl
 
 METRICS_FILE = "metrics.jsonl"
 

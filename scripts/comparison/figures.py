@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from common.evaluation import pass_at_k
-from common.jsonl import read_jsonl
+from common.run_dir import read_jsonl
 from scripts.comparison.grid import BASE, BENCH, ORDER
 from scripts.comparison.runs import METRICS_FILE, RUN_FILE, SAMPLES_FILE
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from common.evaluation import RECORDS_FILE
-from common.jsonl import read_jsonl, write_jsonl
+from common.run_dir import read_jsonl, write_jsonl
 from scripts.comparison.grid import (
     BASE,
     BENCH,
