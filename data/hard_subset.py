@@ -23,10 +23,10 @@ import random
 from dataclasses import dataclass
 
 from common.cli import arg, clear_errors, parse_args
-from common.jsonl import write_jsonl
 from common.math_data import load_math_dataset
 from common.prompts import TEMPLATE_CHOICES, format_prompt
 from common.rewards import accuracy_reward
+from common.run_dir import write_jsonl
 from common.run_flags import vllm_available
 from common.verifier import MathVerifier
 

@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.cli import arg, clear_errors, parse_args
-from common.jsonl import write_jsonl
 from common.math_data import iter_math_dataset, strip_dapo_instruction
 from common.prompts import TEMPLATE_CHOICES
+from common.run_dir import write_jsonl
 from common.synthetic import synthetic_arithmetic, synthetic_eval_set
 from data.openr1 import (
     EGPO_MAX_RESPONSE_TOKENS,
