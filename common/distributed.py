@@ -9,6 +9,9 @@ The weight sync works in every mode accelerate can train in: plain / DDP
 gathered on its own, then released) and FSDP2 (each DTensor parameter is
 all-gathered on its own). At no point is a second full copy of the model on
 one device: the rollout engine takes the pieces in bounded batches.
+
+Process-wide change (no local call can do it): under ZeRO-3, `confine_zero3_linear` gives
+torch.nn.functional.linear back to the rest of the process, DeepSpeed having replaced it for every model.
 """
 
 import atexit

@@ -22,6 +22,9 @@ never exist, in either pass:
 
 Values and gradients equal the direct computation (tests/test_logprobs.py);
 `benchmarks/memory.py` measures the bytes.
+
+The one change outside this module: for the duration of a `sequence_logprobs` call, the model's output
+layer's `forward` is the chunked head's (`_head_returns_logprobs`); it is restored on the way out.
 """
 
 import contextlib

@@ -1,5 +1,12 @@
-"""What a run records: one JSON line per step in the run directory, a few completions, the progress bar
-and our own console lines (common/metrics.py filters the libraries'); and a timer of a step's phases."""
+"""What a run records and watches: one JSON line per step in the run directory, a few completions, the progress
+bar and our own console lines (`quiet_libraries` filters the libraries'), a timer of a step's phases and the
+machine it ran on; and the run's health: a non-finite or spiking update skipped (`UpdateGuard`), divergence
+stopped with advice (`SignalWatch`), flat rewards and unchecked answers said (`ScoreWatch`), SIGTERM and Ctrl-C
+turned into a saved stop (`StopSignal`).
+
+Process-wide changes (`quiet_libraries`, at a run's start): a filter on Python's last-resort log handler and on
+DeepSpeed's logger, VLLM_LOGGING_CONFIG_PATH defaulted to configs/vllm_logging.json, transformers' progress bars
+off."""
 
 import json
 import logging

@@ -4,6 +4,9 @@ Every check that can fail runs before a model loads and stops with one line: a l
 does not exist, a directory that is not a model (no config.json, no tokenizer files), a damaged
 checkpoint or exported model (its MANIFEST.json), a context too short for prompt + completion, a
 hub name when the hub cannot be reached (detected in about a second, not after a minute of retries).
+
+Process-wide change: HF_HUB_OFFLINE=1 when the hub cannot be reached (`offline_unless_hub_reachable`), so
+that transformers and datasets read their caches at once instead of retrying for a minute.
 """
 
 import fcntl

@@ -4,6 +4,9 @@ Its weights are a copy, so `load_weights` pushes the trainer's parameters in aft
 (`push_weights`, the weight sync at the end of this module). Under accelerate each rank has its own engine (`distributed=True`: vLLM's
 external_launcher, TRL's colocate mode). Stop strings are applied inside vLLM while it samples (its
 detokenizer, given the model's tokenizer only then), and each completion is cut as `cut_at_stop` says.
+
+Process-wide change: VLLM_ENABLE_V1_MULTIPROCESSING=0 when an engine starts, so that vLLM's engine core
+runs in this process and the weight sync hands tensors over (a user's other value cannot work and is said).
 """
 
 import contextlib
