@@ -1,4 +1,4 @@
-"""benchmarks/gpu_first_run.py, the first GPU session's one call, kept from rotting: its dry run on CPU (every
+"""gpu_check/first_run.py, the first GPU session's one call, kept from rotting: its dry run on CPU (every
 part at toy sizes, each in its own process) must run every part and pass its checks, the default shared-prompt
 layout included, and report the rollout correction's figures; the sync detector's attribution of a host sync to
 where it came from (intended, library, ours, backward)."""
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from train_utils import ROOT, user_env
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "gpu_check"))
 
-import gpu_first_run  # noqa: E402
+import first_run as gpu_first_run  # noqa: E402
 import sync_guard  # noqa: E402
 
 
@@ -105,7 +105,7 @@ def test_the_gap_parts_shared_pass_runs_the_shared_layout_at_its_gpu_size(monkey
     """logp_gap at its GPU size (here on CPU, fp32): each engine's samples are scored padded, then in the
     shared-prompt layout, not in `select`'s fallback to padded (at the demo's 16 prompts x 8 completions the
     "shared" pass was the padded one again), and the two agree."""
-    import gpu_parts
+    import parts as gpu_parts
 
     import common.logprobs as lp
 
@@ -123,7 +123,7 @@ def test_the_gap_parts_shared_pass_runs_the_shared_layout_at_its_gpu_size(monkey
 
 def run_dry(tmp_path: Path, parts: str) -> tuple[subprocess.CompletedProcess, dict, str]:
     out = tmp_path / "report.md"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_first_run.py"), "--dry_run", "--out", str(out)]
+    cmd = [sys.executable, str(ROOT / "gpu_check" / "first_run.py"), "--dry_run", "--out", str(out)]
     cmd += ["--parts", parts, "--work_dir", str(tmp_path / "work")]
     proc = subprocess.run(cmd, cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=3600)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_step.py's parts that need no GPU: the peak dense bf16 FLOP/s looked up by the device's name (issue
+"""gpu_check/step.py's parts that need no GPU: the peak dense bf16 FLOP/s looked up by the device's name (issue
 51, item 8)."""
 
 import sys
@@ -6,9 +6,9 @@ import sys
 import pytest
 from train_utils import ROOT
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "gpu_check"))
 
-import gpu_step  # noqa: E402
+import step as gpu_step  # noqa: E402
 
 
 @pytest.mark.parametrize(

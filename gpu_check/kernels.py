@@ -1,4 +1,4 @@
-"""The first GPU run's kernel checks (benchmarks/gpu_first_run.py, part "kernels"), each on the device there is:
+"""The first GPU run's kernel checks (gpu_check/first_run.py, part "kernels"), each on the device there is:
 
 - the chunked head's fp32 accumulation: `common.logprobs._add_product` (on CUDA `addmm(..., out_dtype=float32)`)
   against the same sum in bf16 and in fp64, and the tied weight's gradient of the whole chunked pass under

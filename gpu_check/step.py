@@ -1,8 +1,8 @@
 """The training step at real size: peak memory, step time, tokens/s and MFU of one update micro-batch.
 
-    python benchmarks/gpu_step.py                 # on a GPU: Qwen2.5-Math-1.5B's shape, 512 + 4,096 tokens, 4 sequences
-    python benchmarks/gpu_step.py --size tiny     # anywhere: the same code on a toy shape (a smoke run)
-    python benchmarks/gpu_step.py --json FILE     # the figures as JSON too (benchmarks/gpu_first_run.py reads them)
+    python gpu_check/step.py                 # on a GPU: Qwen2.5-Math-1.5B's shape, 512 + 4,096 tokens, 4 sequences
+    python gpu_check/step.py --size tiny     # anywhere: the same code on a toy shape (a smoke run)
+    python gpu_check/step.py --json FILE     # the figures as JSON too (gpu_check/first_run.py reads them)
 
 A randomly initialised model with Qwen2.5-Math-1.5B's exact configuration (no download: the shape is all that
 matters for memory and time), bf16 autocast over fp32 weights as the scripts train (`--precision auto`; autocast
@@ -239,7 +239,7 @@ def _measure(size: str, prompt: int, completion: int, batch: int, repeats: int, 
 
 
 def findings(r: dict) -> dict:
-    """`measure`'s result as the first GPU run reports a part (benchmarks/findings.py's record)."""
+    """`measure`'s result as the first GPU run reports a part (gpu_check/findings.py's record)."""
     from findings import Findings
 
     f = Findings()

@@ -1,27 +1,27 @@
 """The first GPU run: every line docs/SCALING.md lists as needing CUDA, executed in one call, one report.
 
-    python benchmarks/gpu_first_run.py --out docs/gpu_first_run.md     # on a GPU: ~3 min expected, 6.5 at most
-    python benchmarks/gpu_first_run.py --dry_run --out /tmp/dry.md     # anywhere: every part at toy sizes
-    python benchmarks/gpu_first_run.py --parts kernels,gpu_step ...    # some parts only
+    python gpu_check/first_run.py --out docs/gpu_first_run.md     # on a GPU: ~3 min expected, 6.5 at most
+    python gpu_check/first_run.py --dry_run --out /tmp/dry.md     # anywhere: every part at toy sizes
+    python gpu_check/first_run.py --parts kernels,gpu_step ...    # some parts only
 
 Parts, each in its own process with its own time budget (a part that fails, crashes or runs out of time is
 recorded with the last lines of its output, and the others go on; a CUDA error cannot poison the next part):
 
 - grpo_base, edge_grpo, egpo, cw_grpo, pro_grpo: 2 GRPO steps of the script on the shipped demo model, as a
   user runs it (`--rollout hf --precision auto`: bf16 autocast over fp32 weights on a GPU; `--group_size 2`, so
-  that the default shared-prompt layout computes less and runs), through benchmarks/sync_guard.py, which runs
+  that the default shared-prompt layout computes less and runs), through gpu_check/sync_guard.py, which runs
   its scoring pass and update under `torch.cuda.set_sync_debug_mode`, attributes every host sync (none may be
   ours) and counts the layout each micro-batch ran in; each step's gap and rollout-correction figures are
   reported. The five run at once on a GPU (one process each).
 - cuda_lines: `device_memory_bytes`, `peak_memory_gb`, `_device_memory` and the chunk rows, `to_device`'s
   pinned copy and `select`'s layouts without a host sync, the run's dtypes, what is not installed
-  (benchmarks/gpu_parts.py).
+  (gpu_check/parts.py).
 - kernels: `addmm(..., out_dtype=float32)` in the chunked head, its gradient against the unchunked bf16 pass,
   the SDPA kernel for the shared-prompt mask (never math), shared and packed layouts equal to the padded one,
-  the chunk's speed (benchmarks/gpu_kernels.py).
+  the chunk's speed (gpu_check/kernels.py).
 - logp_gap: the trainer-vs-engine log-prob gap in bf16, mean and p99 per token, padded and shared-prompt
-  (benchmarks/gpu_parts.py).
-- gpu_step: benchmarks/gpu_step.py at Qwen2.5-Math-1.5B's shape (random weights): step time, tokens/s, MFU,
+  (gpu_check/parts.py).
+- gpu_step: gpu_check/step.py at Qwen2.5-Math-1.5B's shape (random weights): step time, tokens/s, MFU,
   peak memory against the memory preflight's prediction.
 
 The report (`--out`, markdown, and the same as JSON beside it) names each part's result, figures and checks,
@@ -38,7 +38,7 @@ root (`/.whl/` is in .gitignore):
 then one call of the device tool with carry [".whl"] and timeout_s 540, this command (one line there):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site
-    .whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 python3 benchmarks/gpu_first_run.py
+    .whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 python3 gpu_check/first_run.py
     --out $OUT/gpu_first_run.md --work_dir /tmp/gfr; s=$?; cd /tmp/gfr && tar czf $OUT/gpu_first_run_logs.tgz
     *.log *.json */metrics.jsonl; exit $s
 
@@ -82,7 +82,7 @@ PARTS = [Part(s, 120, 900, SCRIPT_PART.format(s)) for s in SCRIPTS] + [
     Part("cuda_lines", 30, 300, "the memory reads, the chunk rows, `to_device` and `select` without a host sync"),
     Part("kernels", 60, 600, "fp32-out `addmm`, the shared-prompt mask's SDPA kernel, the layouts, the chunk's speed"),
     Part("logp_gap", 45, 300, "trainer-vs-engine log-prob gap per sampled token, demo model, bf16"),
-    Part("gpu_step", 120, 300, "benchmarks/gpu_step.py at Qwen2.5-Math-1.5B's shape: time, MFU, peak memory"),
+    Part("gpu_step", 120, 300, "gpu_check/step.py at Qwen2.5-Math-1.5B's shape: time, MFU, peak memory"),
 ]
 # What a script's figures show of each logged step: the rollout correction's (common/rollout_correction.py
 # `figures`) say whether it acts (on a GPU --rollout_correction auto truncates: the trainer scores in bf16).
@@ -171,7 +171,7 @@ def finite(v) -> bool:
 
 
 def sync_figures(f, syncs: dict) -> None:
-    """The host syncs benchmarks/sync_guard.py saw in old_logprobs and update: none may be ours."""
+    """The host syncs gpu_check/sync_guard.py saw in old_logprobs and update: none may be ours."""
     f.figure("sync detector", syncs["detector"])
     f.figure("host syncs by kind (old_logprobs + update, 2 steps)", syncs["by_kind"] or "none")
     f.check("old_logprobs and update were wrapped", syncs["wrapped"] == ["old_logprobs", "update"], syncs["wrapped"])
@@ -220,7 +220,7 @@ def run_other(p: Part, work: Path, dry: bool, cuda: bool) -> dict:
     """A part other than the scripts' in its own process: `--part` of this file, or gpu_step.py."""
     budget, out, log = p.gpu_s if cuda else p.cpu_s, work / f"{p.name}.json", work / f"{p.name}.log"
     if p.name == "gpu_step":
-        cmd = [sys.executable, str(HERE / "gpu_step.py"), "--json", str(out)] + (["--size", "tiny"] if dry else [])
+        cmd = [sys.executable, str(HERE / "step.py"), "--json", str(out)] + (["--size", "tiny"] if dry else [])
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--part", p.name, "--part_out", str(out)]
         cmd += ["--dry_run"] if dry else []
@@ -229,7 +229,7 @@ def run_other(p: Part, work: Path, dry: bool, cuda: bool) -> dict:
     status = finish(launch(cmd, log, child_env(len(os.sched_getaffinity(0)))), start + budget)
     findings = json.loads(out.read_text()) if out.exists() else nothing_found()
     if p.name == "gpu_step" and out.exists():
-        from gpu_step import findings as step_findings
+        from step import findings as step_findings
 
         findings = step_findings(findings)
     exited = {"ok": status == 0, "detail": "timed out" if status is None else str(status)}
@@ -244,10 +244,10 @@ def nothing_found() -> dict:
 
 def run_part(name: str, out: Path, dry: bool) -> None:
     """`--part NAME`: one in-process part, its findings written to `out`."""
-    import gpu_kernels
-    import gpu_parts
+    import kernels
+    import parts
 
-    fn = {"cuda_lines": gpu_parts.cuda_lines, "kernels": gpu_kernels.run, "logp_gap": gpu_parts.logp_gap}[name]
+    fn = {"cuda_lines": parts.cuda_lines, "kernels": kernels.run, "logp_gap": parts.logp_gap}[name]
     out.write_text(json.dumps(fn(dry).record(), indent=1, default=str))
 
 
@@ -268,7 +268,7 @@ def main() -> int:
     if a.part:
         run_part(a.part, a.part_out, dry)
         return 0
-    from gpu_report import NOT_EXECUTED, command_line, environment, write
+    from report import NOT_EXECUTED, command_line, environment, write
 
     wanted = a.parts.split(",")
     unknown = set(wanted) - {x.name for x in PARTS}

@@ -1,4 +1,4 @@
-"""Two parts of the first GPU run (benchmarks/gpu_first_run.py), on the device there is:
+"""Two parts of the first GPU run (gpu_check/first_run.py), on the device there is:
 
 - "cuda_lines": each line docs/SCALING.md lists as needing CUDA that runs outside the scripts' step, called
   as the code calls it: `device_memory_bytes`, `peak_memory_gb`, `_device_memory` and the chunk rows it
@@ -48,7 +48,7 @@ def memory_lines(f: Findings, device) -> None:
 
 def copies_without_sync(f: Findings, device) -> None:
     """`to_device`'s pinned, non-blocking copy and the layouts `select` builds with it, under the sync detector."""
-    from gpu_kernels import grouped_batch
+    from kernels import grouped_batch
     from sync_guard import SyncLog
 
     from common.batching import Packed, SharedPrefix, select, to_device
@@ -139,7 +139,7 @@ def gap_figures(f: Findings, label: str, engine, policy, prompts: list, G: int, 
 def logp_gap(dry: bool) -> Findings:
     """The demo model's gap (module docstring), 64 prompts x 2 completions of up to 48 tokens (dry: 8 x 2 x 16):
     2 a prompt, so that the shared-prompt layout computes less than the padded one and runs (as in the scripts'
-    parts, benchmarks/gpu_first_run.py)."""
+    parts, gpu_check/first_run.py)."""
     from transformers import AutoTokenizer
 
     from common.distributed import make_accelerator

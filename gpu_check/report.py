@@ -1,4 +1,4 @@
-"""The first GPU run's report (benchmarks/gpu_first_run.py): the machine and the versions it ran with, one
+"""The first GPU run's report (gpu_check/first_run.py): the machine and the versions it ran with, one
 section per part (its figures, checks, notes, tables, and the tail of its error), and what stayed unexecuted.
 Markdown for docs/, the same as JSON beside it."""
 
@@ -120,7 +120,7 @@ def markdown(report: dict, command: str) -> str:
     out = [
         "# The first GPU run: the lines that need CUDA",
         "",
-        f'Written by `{command}` (benchmarks/gpu_first_run.py; docs/SCALING.md "Verified where" lists what needs CUDA).',
+        f'Written by `{command}` (gpu_check/first_run.py; docs/SCALING.md "Verified where" lists what needs CUDA).',
         "",
         f"- when: {env['date']}, commit {env['commit']}{', dry run (toy sizes)' if env['dry_run'] else ''}",
         f"- device: {where}, {env['cpu_cores']} CPU cores",

@@ -1,6 +1,6 @@
 """Run one of the five scripts as a user runs it, its scoring pass and update under torch's CUDA sync detector.
 
-    python benchmarks/sync_guard.py --report syncs.json grpo_base.py --rollout hf --steps 2   # the script's flags
+    python gpu_check/sync_guard.py --report syncs.json grpo_base.py --rollout hf --steps 2   # the script's flags
 
 The script is imported as a module (its `if __name__ == "__main__":` blocks stay out), its flags are parsed
 and checked as its own `__main__` does (`parse_args(Args, RunFlags)`, then `validate`), and its `main` runs
@@ -93,8 +93,8 @@ class SyncLog:
         """The CPU stand-in, installed at the first `watch`, after the models have loaded: a patched `torch.tensor`
         during transformers' loading on the meta device leaves buffers unset (the demo model then samples noise)."""
         if not self.cuda and not self.patched:
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
-            from host_syncs import patch
+            sys.path.insert(0, str(ROOT))
+            from benchmarks.host_syncs import patch
 
             patch(on_sync=self._host_read)
             self.patched = True
@@ -214,5 +214,5 @@ def run(report: Path, script: Path, argv: list[str]) -> int:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if len(args) < 3 or args[0] != "--report":
-        raise SystemExit("usage: python benchmarks/sync_guard.py --report REPORT.json SCRIPT.py [its flags ...]")
+        raise SystemExit("usage: python gpu_check/sync_guard.py --report REPORT.json SCRIPT.py [its flags ...]")
     raise SystemExit(run(Path(args[1]), Path(args[2]).resolve(), args[3:]))

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# benchmarks/gpu_first_run.py's dry run (every part at toy sizes, on CPU) under the lent GPU machine's versions:
+# gpu_check/first_run.py's dry run (every part at toy sizes, on CPU) under the lent GPU machine's versions:
 # Python 3.12, torch 2.11.0, transformers 5.17.0, accelerate 1.15.0 and math-verify 0.9.0's wheels; no vLLM,
 # no DeepSpeed. This machine's environment has other versions (torch 2.13+cpu, vLLM), so a dry run here can pass
 # where the GPU machine's first call fails on an import or an API that moved; this one runs what that call runs,
 # before device time is spent on it. Not a timing: the machine may be shared.
 #
-#   bash scripts/gpu_versions_dry_run.sh [REPORT]     # default docs/gpu_first_run_dry.md (its JSON beside it)
+#   bash gpu_check/gpu_versions_dry_run.sh [REPORT]     # default docs/gpu_first_run_dry.md (its JSON beside it)
 #
 # The virtual environment is .venv-gpu-versions/ (in .gitignore), made once and reused while its versions are
 # right; torch comes from PyPI (its plain Linux wheel, CUDA libraries and all: ~3 GB, once). Python: $PYTHON, else
@@ -29,7 +29,7 @@ find_python() {
         p=$(uv python find 3.12 2>/dev/null) || { uv python install 3.12 >&2 && p=$(uv python find 3.12); } || p=
         [[ -n $p ]] && { echo "$p"; return; }
     fi
-    echo "scripts/gpu_versions_dry_run.sh: no Python 3.12 found; using python3 (the GPU machine has 3.12)" >&2
+    echo "gpu_check/gpu_versions_dry_run.sh: no Python 3.12 found; using python3 (the GPU machine has 3.12)" >&2
     echo python3
 }
 
@@ -77,5 +77,5 @@ print(f"gpu_versions_dry_run: Python {sys.version.split()[0]}, torch {torch.__ve
 
 mkdir -p "$work" "$(dirname "$report")"
 status=0
-"$venv/bin/python" benchmarks/gpu_first_run.py --dry_run --out "$report" --work_dir "$work" || status=$?
+"$venv/bin/python" gpu_check/first_run.py --dry_run --out "$report" --work_dir "$work" || status=$?
 exit "$status"

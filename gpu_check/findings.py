@@ -1,4 +1,4 @@
-"""What one part of the first GPU run found (benchmarks/gpu_first_run.py): figures, checks, notes and small
+"""What one part of the first GPU run found (gpu_check/first_run.py): figures, checks, notes and small
 tables, as JSON. A check that fails, or a step that raises inside `attempt`, marks the part failed without
 stopping the part's other steps."""
 
