@@ -1,14 +1,13 @@
-"""The first GPU run's kernel checks (gpu_check/first_run.py, part "kernels"), each on the device there is:
+"""The part "kernels" of gpu_check/first_run.py, on the device there is:
 
 - the chunked head's fp32 accumulation: `common.logprobs._add_product` (on CUDA `addmm(..., out_dtype=float32)`)
-  against the same sum in bf16 and in fp64, and the tied weight's gradient of the whole chunked pass under
-  bf16 autocast against the unchunked pass (benchmarks/bf16_grads.py's yardstick, in one process);
-- which SDPA kernel torch picks for the shared-prompt layout's 4D mask, each backend alone, and that it runs
-  with the math kernel excluded (efficient or cuDNN), under bf16 autocast as the scripts train on a GPU;
+  against the same sum in bf16 and in fp64, and the tied weight's gradient of the chunked pass under bf16
+  autocast against the unchunked pass's (benchmarks/bf16_grads.py's yardstick);
+- the SDPA kernel torch picks for each layout's mask, the shared-prompt layout under each backend alone, and
+  with the math kernel excluded;
 - the shared-prompt and padding-free layouts against the padded one: log-probs, entropies and every
-  parameter's gradient (tests/test_logprobs.py's comparison, on the device, fp32; bf16 reported);
-- the output layer's chunk: the rows `head_chunk_rows` picks from `_device_memory`, and the time of a scoring
-  pass's forward + backward at Qwen2.5's vocabulary for 110 rows (CPU's), that and twice that.
+  parameter's gradient (tests/test_logprobs.py's comparison; fp32 checked, bf16 reported);
+- a scoring pass's time at Qwen2.5's vocabulary for the chunk rows picked here, CPU's 110, and twice the picked.
 
 `dry`: toy sizes, for the CPU dry run.
 """
@@ -18,7 +17,8 @@ import time
 import warnings
 
 import torch
-from findings import Findings
+
+from gpu_check.report import Findings
 
 # Groups of rows sharing a prompt: (prompt length, completion lengths), as tests/test_logprobs.py's SHARED_GROUPS.
 GROUPS = [(6, [4, 1, 0, 3]), (2, [5, 5]), (1, [2]), (9, [1, 3, 2])]
@@ -118,19 +118,6 @@ def chunked_head_gradient(f: Findings, device, dry: bool) -> None:
     )
 
 
-def _scoring_step(model, mb: dict, autocast: bool) -> None:
-    """One forward + backward of a micro-batch in its layout, as the update runs it."""
-    from common.logprobs import sequence_logprobs
-
-    C = mb["completion_mask"].shape[1]
-    model.zero_grad(set_to_none=True)
-    with torch.autocast(mb["input_ids"].device.type, dtype=torch.bfloat16, enabled=autocast):
-        logp, ent = sequence_logprobs(
-            model, mb["input_ids"], mb["attention_mask"], 0.7, C, with_entropy=True, layout=mb["layout"]
-        )
-    (logp.sum() + ent.sum()).backward()
-
-
 def sdpa_ops(step) -> list[str]:
     """The SDPA aten ops `step()` ran (the kernel torch picked), from the profiler's op names."""
     from torch.profiler import ProfilerActivity, profile
@@ -141,10 +128,25 @@ def sdpa_ops(step) -> list[str]:
     return sorted(n for n in names if n.startswith("_"))  # the kernels, not the dispatching op
 
 
+def _runs_under(backends: list, model, mb: dict, cuda: bool) -> tuple[bool, str, str]:
+    """Whether a forward + backward of `mb` runs with only `backends` allowed; if not, its error and torch's reason."""
+    from torch.nn.attention import sdpa_kernel
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_kernel(backends):
+                _layout_pass(model, mb, cuda)
+            return True, "ran", ""
+        except RuntimeError as e:
+            why = next((str(w.message) for w in seen if "attention" in str(w.message).lower()), "")
+            return False, str(e).splitlines()[0][:120], why[:160]
+
+
 def sdpa_kernels(f: Findings, device, dry: bool) -> None:
-    """Which SDPA kernel runs the shared-prompt layout's 4D mask (and the padded and packed layouts), each backend
-    alone, and the shared layout with the math kernel excluded."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    """Which SDPA kernel runs each layout's mask, the shared-prompt layout under each backend alone, and with the
+    math kernel excluded."""
+    from torch.nn.attention import SDPBackend as B
 
     from common.batching import SharedPrefix, select
 
@@ -152,35 +154,17 @@ def sdpa_kernels(f: Findings, device, dry: bool) -> None:
     model = small_qwen(device, hidden=256, heads=4)  # head_dim 64: within every fused kernel's limits
     batch, rows = grouped_batch(1024, device)
     layouts = {name: select(batch, rows, name) for name in ("shared", "padded", "packed")}
-    if not isinstance(layouts["shared"]["layout"], SharedPrefix):
+    shared = layouts["shared"]
+    if not isinstance(shared["layout"], SharedPrefix):
         raise AssertionError("select() kept the padded layout for the shared-prompt groups")
     for name, mb in layouts.items():
-        f.figure(
-            f"SDPA kernel torch picks, {name} layout", ", ".join(sdpa_ops(lambda mb=mb: _scoring_step(model, mb, cuda)))
-        )
-    results = []
-    for backend in (
-        SDPBackend.FLASH_ATTENTION,
-        SDPBackend.EFFICIENT_ATTENTION,
-        SDPBackend.CUDNN_ATTENTION,
-        SDPBackend.MATH,
-    ):
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            try:
-                with sdpa_kernel([backend]):
-                    _scoring_step(model, layouts["shared"], cuda)
-                results.append([backend.name, "ran", ""])
-            except RuntimeError as e:
-                why = next((str(w.message) for w in seen if "attention" in str(w.message).lower()), "")
-                results.append([backend.name, str(e).splitlines()[0][:120], why[:160]])
-    f.table("The shared-prompt layout (forward + backward) under one SDPA backend at a time", ["backend", "result", "torch's reason"], results)  # fmt: skip
-    try:
-        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
-            _scoring_step(model, layouts["shared"], cuda)
-        ok, detail = True, "ran"
-    except RuntimeError as e:
-        ok, detail = False, str(e).splitlines()[0]
+        picked = sdpa_ops(lambda mb=mb: _layout_pass(model, mb, cuda))
+        f.figure(f"SDPA kernel torch picks, {name} layout", ", ".join(picked))
+    backends = [B.FLASH_ATTENTION, B.EFFICIENT_ATTENTION, B.CUDNN_ATTENTION, B.MATH]
+    results = [[b.name, *_runs_under([b], model, shared, cuda)[1:]] for b in backends]
+    title = "The shared-prompt layout (forward + backward) under one SDPA backend at a time"
+    f.table(title, ["backend", "result", "torch's reason"], results)
+    ok, detail, _ = _runs_under([B.EFFICIENT_ATTENTION, B.CUDNN_ATTENTION], model, shared, cuda)
     if cuda:
         f.check("the shared-prompt layout runs with the math kernel excluded (efficient or cuDNN)", ok, detail)
         picked = f.figures["SDPA kernel torch picks, shared layout"]
@@ -224,16 +208,13 @@ def layouts_equal(f: Findings, device, dry: bool) -> None:
 
 
 def chunk_speed(f: Findings, device, dry: bool) -> None:
-    """The rows `head_chunk_rows` picks here, and a scoring pass's forward + backward time at Qwen2.5's vocabulary
-    (one decoder layer of Qwen2.5-1.5B's width: the output layer dominates) for several chunk sizes."""
+    """A scoring pass's forward + backward time at Qwen2.5's vocabulary (one decoder layer of Qwen2.5-1.5B's width:
+    the output layer dominates) for the rows `head_chunk_rows` picks here, CPU's 110 and twice the picked."""
     from common.logprobs import _device_memory, head_chunk_rows, sequence_logprobs
 
     cuda = device.type == "cuda"
     V, D, heads, N = (4096, 64, 4, 256) if dry else (151_936, 1536, 12, 8192)
-    memory = _device_memory(device)
-    picked = head_chunk_rows(V, device.type, memory)
-    f.figure("`_device_memory` (bytes)", memory)
-    f.figure(f"`head_chunk_rows` at V = {V:,}", picked)
+    picked = head_chunk_rows(V, device.type, _device_memory(device))  # the figures are cuda_lines' (parts.py)
     model = small_qwen(device, vocab=V, hidden=D, heads=heads, layers=1)
     ids = torch.randint(3, V, (2, N // 2 + 1), device=device)
     attn = torch.ones_like(ids)

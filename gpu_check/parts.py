@@ -1,10 +1,9 @@
-"""Two parts of the first GPU run (gpu_check/first_run.py), on the device there is:
+"""Two parts of gpu_check/first_run.py, on the device there is:
 
 - "cuda_lines": each line docs/SCALING.md lists as needing CUDA that runs outside the scripts' step, called
   as the code calls it: `device_memory_bytes`, `peak_memory_gb`, `_device_memory` and the chunk rows it
   gives, the pinned non-blocking copy of `to_device` and the shared-prompt and padding-free layouts that
-  `select` builds with it (under the sync detector: neither may make the host wait), the run's dtypes
-  (`precision_for`), and what is not installed to run (vLLM's sleep mode, flash-attn's varlen kernel);
+  `select` builds with it (under the sync detector: neither may make the host wait);
 - "logp_gap": the trainer-vs-engine log-prob gap of the demo model in the GPU's precision, per sampled
   token: the engine of `--rollout hf` (the policy itself, under the trainer's bf16 autocast) and a bf16
   copy of the weights (as vLLM samples), each scored by the trainer (fp32 weights, bf16 autocast) as
@@ -13,10 +12,9 @@
 `dry`: toy sizes, for the CPU dry run.
 """
 
-import importlib.util
-
 import torch
-from findings import Findings
+
+from gpu_check.report import Findings
 
 
 def memory_lines(f: Findings, device) -> None:
@@ -48,10 +46,9 @@ def memory_lines(f: Findings, device) -> None:
 
 def copies_without_sync(f: Findings, device) -> None:
     """`to_device`'s pinned, non-blocking copy and the layouts `select` builds with it, under the sync detector."""
-    from kernels import grouped_batch
-    from sync_guard import SyncLog
-
     from common.batching import Packed, SharedPrefix, select, to_device
+    from gpu_check.kernels import grouped_batch
+    from gpu_check.sync_guard import SyncLog
 
     cuda = device.type == "cuda"
     log = SyncLog(cuda)
@@ -73,28 +70,11 @@ def copies_without_sync(f: Findings, device) -> None:
         f.check("no host sync in `to_device` or `select`", not record["syncs"], record["syncs"])
 
 
-def installed(f: Findings, device) -> None:
-    """The run's dtypes on this device, and what is not installed to run."""
-    from common.models import precision_for
-
-    f.figure("`precision_for('auto', gpu)`", precision_for("auto", device.type == "cuda").record())
-    for package, what in [
-        ("vllm", None),  # the report's list of what is not executed says what vLLM would run
-        ("flash_attn", "flash-attn's varlen kernel (fed by `flash_varlen_kwargs`) and the syncs it saves"),
-        ("deepspeed", "DeepSpeed's ZeRO-2/3 engines on a GPU"),
-    ]:
-        there = importlib.util.find_spec(package) is not None
-        f.figure(f"{package} installed", there)
-        if not there and what:
-            f.note(f"not run here: {what}; {package} is not installed")
-
-
 def cuda_lines(dry: bool) -> Findings:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     f = Findings()
     f.attempt("memory lines", memory_lines, device)
     f.attempt("copies without sync", copies_without_sync, device)
-    f.attempt("installed", installed, device)
     return f
 
 
@@ -127,10 +107,11 @@ def gap_figures(f: Findings, label: str, engine, policy, prompts: list, G: int, 
         logp, ran = _trainer_logp(policy, batch, layout)
         f.check(f"{label}, {layout}: the {layout} layout ran", ran)
         gap = (logp - batch["rollout_logp"])[mask].abs().double()
-        f.figure(f"{label}, {layout}: tokens", gap.numel())
-        f.figure(f"{label}, {layout}: mean |gap|", gap.mean().item())
-        f.figure(f"{label}, {layout}: p99 |gap|", gap.quantile(0.99).item())
-        f.figure(f"{label}, {layout}: max |gap|", gap.max().item())
+        stats = {"mean": gap.mean(), "p99": gap.quantile(0.99), "max": gap.max()}
+        f.figure(
+            f"{label}, {layout}: |gap| per token",
+            {"tokens": gap.numel()} | {k: float(f"{v.item():.4g}") for k, v in stats.items()},
+        )
         f.check(f"{label}, {layout}: every gap finite", bool(gap.isfinite().all()) and gap.numel() > 0)
         if device.type == "cpu":  # fp32 on both sides: they must agree
             f.check(f"{label}, {layout}: fp32 engine and trainer agree (mean < 1e-4)", gap.mean().item() < 1e-4)
@@ -168,8 +149,5 @@ def logp_gap(dry: bool) -> Findings:
     for label, model in engines:
         engine = make_engine("hf", path, tokenizer, model, max_model_len=512, dtype=precision.engine)
         f.attempt(label, gap_figures, label, engine, policy, prompts, G, max_tokens, tokenizer.pad_token_id)
-    f.note(
-        "A random-weight Qwen2 was left out: its logits are near zero (init std 0.02), so bf16 rounds them "
-        "little and its gap would say nothing of a trained model's."
-    )
+    # Not a random-weight Qwen2: its logits are near zero (init std 0.02), so bf16 rounds them little.
     return f

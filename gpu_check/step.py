@@ -1,52 +1,30 @@
-"""The training step at real size: peak memory, step time, tokens/s and MFU of one update micro-batch.
+"""The part "gpu_step" of gpu_check/first_run.py: one update micro-batch at Qwen2.5-Math-1.5B's shape (random
+weights: memory and time depend on the shape alone; 4 sequences of 512 + 4,096 tokens), trained as the scripts
+train: bf16 autocast over fp32 weights, no weight cache (`autocast_options`), gradient checkpointing, fused AdamW
+(`optimizer_options("cuda")`, on CPU too), gradients zeroed, not freed, between steps (as DDP's buckets keep them).
+For the textbook log-prob path (full logits, fp32 log-softmax) and the scripts' chunked head: step time, tokens/s,
+MFU, and each phase's peak memory (forward, output layer's backward, layers' backward, embedding's backward,
+optimiser step: `torch.cuda.max_memory_allocated`, reset at each; on CPU benchmarks/memory.py's tracker), checked
+on a GPU against that phase's predicted terms (`common.preflight.update_phases`) with no margin.
 
-    python gpu_check/step.py                 # on a GPU: Qwen2.5-Math-1.5B's shape, 512 + 4,096 tokens, 4 sequences
-    python gpu_check/step.py --size tiny     # anywhere: the same code on a toy shape (a smoke run)
-    python gpu_check/step.py --json FILE     # the figures as JSON too (gpu_check/first_run.py reads them)
-
-A randomly initialised model with Qwen2.5-Math-1.5B's exact configuration (no download: the shape is all that
-matters for memory and time), bf16 autocast over fp32 weights as the scripts train (`--precision auto`; autocast
-without its weight cache, `common.models.autocast_options`), gradient checkpointing, AdamW as the trainer builds it
-on CUDA (fused, `common.models.optimizer_options`; torch's fused AdamW runs on CPU too), gradients kept between
-steps (zeroed, not freed: as DDP's buckets and a later micro-batch of an accumulation hold them). For each log-prob
-path, the textbook one (the model's full logits, an fp32 log-softmax) and the scripts' chunked head
-(`common.logprobs.sequence_logprobs`), it times forward + backward + optimiser step of one micro-batch and reports
-the peak memory of the step and of each of its phases: the forward, the output layer's backward (up to the
-gradient of the final norm's output), the layers' backward (up to the gradient of the embedding's output), the
-embedding's backward, the optimiser step (`torch.cuda.max_memory_allocated`, reset at each phase; on CPU the live
-bytes of every tensor made inside benchmarks/memory.py's `AllocationTracker`, the model's included).
-
-MFU: the step's model FLOPs over its time, over the GPU's peak dense bf16 FLOP/s. Model FLOPs per
-sequence of S tokens whose last K are scored (nanoGPT's `estimate_mfu`, after PaLM, arXiv 2204.02311,
-appendix B): 6 N S for the body's matrices (N: the parameters less the embedding table, a lookup),
-6 V D K for the output layer on the K scored positions, and 12 L D S^2 for attention's scores and
-values (the whole S x S matrix, as PaLM counts it; a causal kernel computes about half). Gradient
-checkpointing's recompute is not counted (MFU, not hardware FLOPs). Peak dense bf16: H100 SXM 989
-TFLOP/s, H100 NVL 835, H100 PCIe 756 (NVIDIA H100 datasheet, half its "with sparsity" figures), H200
-989 and H200 NVL 835 (NVIDIA H200 datasheet); another GPU gets no MFU.
-
-Predicted: each phase's terms (`common.preflight.update_phases`, as this step runs: mode single, --precision
-bf16-mixed), each against that phase's measured peak, with no margin: a term the plan leaves out shows in its
-phase (checked on a GPU, the device the terms are for). The training state is also given as the memory preflight
-plans it (`common.preflight.preflight_memory`, as `start_session` calls it, no reference model, no vLLM share).
-The figures belong in docs/SCALING.md beside the estimates.
+MFU: model FLOPs over the step's time over the GPU's peak dense bf16 FLOP/s. Model FLOPs of a sequence of S tokens
+whose last K are scored (nanoGPT's `estimate_mfu`, after PaLM, arXiv 2204.02311, appendix B): 6 N S for the body
+(N: parameters less the embedding table, a lookup), 6 V D K for the output layer, 12 L D S^2 for attention (the
+whole S x S); checkpointing's recompute not counted. Peak dense bf16 (NVIDIA's datasheets, half the "with
+sparsity" figures): H100 SXM and H200 989 TFLOP/s, H100 NVL and H200 NVL 835, H100 PCIe 756; other GPUs: no MFU.
 """
 
-import argparse
-import json
-import sys
+import contextlib
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.memory import AllocationTracker  # noqa: E402
-from common.logprobs import head_chunk_rows, sequence_logprobs  # noqa: E402
-from common.models import autocast_options, optimizer_options  # noqa: E402
+from benchmarks.memory import AllocationTracker
+from common.logprobs import head_chunk_rows, sequence_logprobs
+from common.models import autocast_options, optimizer_options
+from gpu_check.report import Findings
 
 # Qwen2.5-Math-1.5B's config.json (the fields that set the shape).
 QWEN25_MATH_15B = dict(
@@ -72,19 +50,12 @@ def chunked(model, ids, attn, K):
     return sequence_logprobs(model, ids, attn, 1.0, logits_to_keep=K)[0]
 
 
-def model_flops(config, batch: int, seq: int, scored: int) -> float:
+def model_flops(config, parameters: int, batch: int, seq: int, scored: int) -> float:
     """Model FLOPs of one forward + backward over `batch` sequences of `seq` tokens, `scored` of each through
     the output layer (module docstring)."""
     V, D, L = config.vocab_size, config.hidden_size, config.num_hidden_layers
-    body = _parameters(config) - V * D  # the embedding table is a lookup; a tied output layer is counted below
+    body = parameters - V * D  # the embedding table is a lookup; a tied output layer is counted below
     return batch * (6 * body * seq + 6 * V * D * scored + 12 * L * D * seq**2)
-
-
-def _parameters(config) -> int:
-    from transformers import Qwen2ForCausalLM
-
-    with torch.device("meta"):
-        return sum(p.numel() for p in Qwen2ForCausalLM(config).parameters())
 
 
 def peak_bf16_flops(device_name: str | None) -> float | None:
@@ -116,19 +87,11 @@ def predicted_memory(config, parameters: int, batch: int, prompt: int, completio
 
 
 class Meter:
-    """Peak GiB allocated since the last `lap`: CUDA's allocator counter, or on CPU an `AllocationTracker` entered
-    before the model is made (so both count the weights, gradients and optimiser state)."""
+    """Peak GiB allocated since the last `lap`: CUDA's allocator counter, or on CPU the `AllocationTracker` given,
+    entered before the model is made (so both count the weights, gradients and optimiser state)."""
 
-    def __init__(self, gpu: bool):
-        self.gpu, self.tracker = gpu, None if gpu else AllocationTracker()
-
-    def __enter__(self):
-        if self.tracker is not None:
-            self.tracker.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return None if self.tracker is None else self.tracker.__exit__(*exc)
+    def __init__(self, tracker: AllocationTracker | None):
+        self.tracker, self.gpu = tracker, tracker is None
 
     def lap(self) -> float:
         """The peak since the last lap, in GiB; the next lap counts from what is allocated now."""
@@ -196,8 +159,8 @@ def time_path(model, optimizer, path, ids, attn, K: int, repeats: int, meter: Me
 def measure(size: str, prompt: int, completion: int, batch: int, repeats: int) -> dict:
     """Both paths' figures at `size`'s shape, with the MFU and the predicted phases."""
     gpu = torch.cuda.is_available()
-    with Meter(gpu) as meter:  # on CPU the tracker must see the model made
-        return _measure(size, prompt, completion, batch, repeats, meter)
+    with contextlib.nullcontext() if gpu else AllocationTracker() as tracker:  # it must see the model made
+        return _measure(size, prompt, completion, batch, repeats, Meter(tracker))
 
 
 def _measure(size: str, prompt: int, completion: int, batch: int, repeats: int, meter: Meter) -> dict:
@@ -216,9 +179,9 @@ def _measure(size: str, prompt: int, completion: int, batch: int, repeats: int, 
     tokens = batch * (prompt + completion)
     name = torch.cuda.get_device_name() if meter.gpu else None
     peak = peak_bf16_flops(name)
-    flops = model_flops(config, batch, prompt + completion, completion)
-    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if meter.gpu else STATED_GIB
     parameters = sum(p.numel() for p in model.parameters())
+    flops = model_flops(config, parameters, batch, prompt + completion, completion)
+    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if meter.gpu else STATED_GIB
     plan, phases = predicted_memory(config, parameters, batch, prompt, completion, total_gib, device)
     out = {
         "size": size, "device": name or "cpu", "parameters": parameters, "batch": batch, "prompt": prompt,
@@ -238,10 +201,8 @@ def _measure(size: str, prompt: int, completion: int, batch: int, repeats: int, 
     return out
 
 
-def findings(r: dict) -> dict:
-    """`measure`'s result as the first GPU run reports a part (gpu_check/findings.py's record)."""
-    from findings import Findings
-
+def findings(r: dict) -> Findings:
+    """`measure`'s result as the part's findings."""
     f = Findings()
     f.figure(
         "shape",
@@ -266,7 +227,7 @@ def findings(r: dict) -> dict:
         if ratio is not None and r["device"] != "cpu":
             f.check(f"the {phase}'s measured peak is within its predicted terms", ratio <= 1.0, f"{ratio:.2f}")
     f.table("chunked head: each phase's peak (GiB)", ["phase", "measured", "predicted", "measured / predicted"], rows)
-    return f.record()
+    return f
 
 
 def _rounded(figures):
@@ -276,41 +237,6 @@ def _rounded(figures):
     return float(f"{figures:.4g}") if isinstance(figures, float) else figures
 
 
-def print_figures(r: dict) -> None:
-    print(
-        f"{r['size']}: {r['parameters'] / 1e9:.2f}B parameters, {r['batch']} x ({r['prompt']} + {r['completion']}) "
-        f"tokens, {r['device']}; {r['model_flops'] / 1e12:.1f} model TFLOPs a step\n"
-    )
-    print("| log-prob path | peak memory GiB | step s | tokens/s | MFU |\n|---|---|---|---|---|")
-    fmt = lambda v, spec: "-" if v is None else format(v, spec)
-    for label, f in r["paths"].items():
-        peak = f.get("error") or fmt(f["peak_gib"], ".1f")
-        print(
-            f"| {label} | {peak} | {fmt(f['step_s'], '.2f')} | {fmt(f['tokens_per_s'], ',.0f')} | {fmt(f['mfu'], '.1%')} |"
-        )
-    print("\n| phase (chunked head) | measured GiB | predicted GiB | predicted terms |\n|---|---|---|---|")
-    measured = r["paths"]["chunked head (the scripts')"]["phases_gib"]
-    for phase, terms in r["predicted_phases_gib"].items():
-        items = " + ".join(f"{v:.3g} {k}" for k, v in terms.items() if v)
-        print(f"| {phase} | {fmt(measured.get(phase), '.3g')} | {sum(terms.values()):.3g} | {items} |")
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", default="qwen2.5-math-1.5b", choices=["qwen2.5-math-1.5b", "tiny"])
-    p.add_argument("--prompt", type=int, default=512)
-    p.add_argument("--completion", type=int, default=4096)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    a = p.parse_args()
-    if a.size == "tiny":
-        a.prompt, a.completion = min(a.prompt, 32), min(a.completion, 96)
-    result = measure(a.size, a.prompt, a.completion, a.batch, a.repeats)
-    print_figures(result)
-    if a.json:
-        a.json.write_text(json.dumps(result, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+def run(dry: bool) -> Findings:
+    """The part's findings: the toy shape in the dry run, Qwen2.5-Math-1.5B's otherwise."""
+    return findings(measure("tiny", 32, 96, 4, 1) if dry else measure("qwen2.5-math-1.5b", 512, 4096, 4, 3))

@@ -2,30 +2,20 @@
 
     python gpu_check/sync_guard.py --report syncs.json grpo_base.py --rollout hf --steps 2   # the script's flags
 
-The script is imported as a module (its `if __name__ == "__main__":` blocks stay out), its flags are parsed
-and checked as its own `__main__` does (`parse_args(Args, RunFlags)`, then `validate`), and its `main` runs
-with two of its functions wrapped, by name: `old_logprobs` (the no-grad scoring pass, pi_old) and `update`
-(the micro-batches' forward and backward and the optimiser steps); inside them, each micro-batch's layout is
-counted from the script's `select` (the shared-prompt one is asked by default, and falls back to padded where it
-would not compute less). Nothing in the script or in common/ is edited: `main` and those two functions look
-the names up in the module when they call them.
+The script is imported as a module (its `__main__` block stays out), its flags parsed and checked as its own
+`__main__` does, and its `main` run with `old_logprobs` (the scoring pass) and `update` wrapped by name (`main`
+looks them up in the module; nothing in the script or common/ is edited). Inside them
+`torch.cuda.set_sync_debug_mode("warn")` is on, each micro-batch's layout is counted from the script's `select`,
+and each sync warning is attributed, from the Python stack at the time, to:
 
-Inside those two calls `torch.cuda.set_sync_debug_mode("warn")` is on, and each warning ("called a
-synchronizing CUDA operation") is attributed, from the Python stack at the time, to where it came from:
+- intended: inside `Trainer.optimizer_step` or `rows_with_loss`, the reads docs/SCALING.md names;
+- library: the innermost frame outside torch is an installed package's (transformers' SDPA mask check);
+- ours: the innermost frame outside torch is this repository's: a sync the code promises not to make;
+- backward: replayed by autograd at the `backward` call (a backward kernel; no Python frame says which).
 
-- intended: inside `Trainer.optimizer_step` (the step's sums and the gradient norm, read once per optimiser
-  step) or `rows_with_loss` (the rows to train, read once per update): the reads docs/SCALING.md names;
-- library: the innermost frame outside torch lies in an installed package (transformers' SDPA mask check
-  in the padded layout, `find_packed_sequence_indices` when packed);
-- ours: the innermost frame outside torch lies in this repository: a host sync the code promises not to make;
-- backward: replayed by autograd at the `backward` call (a kernel of the backward pass; no Python frame
-  says which).
-
-"warn", not "error": transformers' own syncs in the padded layout would stop the run at the first one and
-hide whatever came after; every sync is listed instead, and the report (`--report`, JSON) is written even
-when the script fails. A run with any "ours" or "backward" sync is a finding. Without CUDA (torch's detector
-works on CUDA only) the calls that would sync are caught by benchmarks/host_syncs.py's patches instead, and
-the report names the detector.
+"warn", not "error": a library's sync would stop the run at the first and hide the rest. The report (JSON) is
+written even when the script fails. Without CUDA the calls that would sync are caught by
+benchmarks/host_syncs.py's patches instead.
 """
 
 import collections
@@ -38,7 +28,15 @@ import traceback
 import warnings
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.host_syncs import patch  # noqa: E402
+from common.cli import parse_args  # noqa: E402
+from common.run_flags import RunFlags  # noqa: E402
+
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
 # (file in the repository, function): the host reads docs/SCALING.md "Host syncs" counts as intended.
 INTENDED = {("common/trainer.py", "optimizer_step"), ("common/batching.py", "rows_with_loss")}
@@ -78,9 +76,8 @@ def classify(stack: list[traceback.FrameSummary]) -> tuple[str, str]:
 
 
 class SyncLog:
-    """Host syncs seen inside `watch(phase)` blocks: counts per (phase, kind, where). Without CUDA, the calls
-    that would sync on a GPU are caught by benchmarks/host_syncs.py's patches instead (on CPU they also
-    catch reads of host tensors: an upper bound)."""
+    """Host syncs seen inside `watch(phase)` blocks, counted per (phase, kind, where); without CUDA, by
+    benchmarks/host_syncs.py's patches (which also catch reads of host tensors: an upper bound)."""
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
@@ -93,9 +90,6 @@ class SyncLog:
         """The CPU stand-in, installed at the first `watch`, after the models have loaded: a patched `torch.tensor`
         during transformers' loading on the meta device leaves buffers unset (the demo model then samples noise)."""
         if not self.cuda and not self.patched:
-            sys.path.insert(0, str(ROOT))
-            from benchmarks.host_syncs import patch
-
             patch(on_sync=self._host_read)
             self.patched = True
 
@@ -110,8 +104,6 @@ class SyncLog:
     @contextlib.contextmanager
     def watch(self, phase: str):
         """torch's detector in "warn" mode for the block (CUDA only); its warnings recorded here, not printed."""
-        import torch
-
         self._patch()
         with warnings.catch_warnings():  # restores the filters and showwarning afterwards
             warnings.filterwarnings("always", message=SYNC_MESSAGE)
@@ -156,19 +148,23 @@ def load_script(path: Path):
 
 
 def guard(module, log: SyncLog) -> list[str]:
-    """Wrap the module's `old_logprobs` and `update` (those it has) in `log.watch`, and its `select` to count the
-    layouts their micro-batches ran in (`select` may fall back from the asked one); returns the names wrapped."""
+    """Wrap the module's `old_logprobs` and `update` (those it has) in `log.watch`, and `select` where the
+    micro-batches are cut (the script or common/trainer.py) to count the layouts they ran in (`select` may fall
+    back from the asked one); returns the names wrapped."""
+    import common.trainer
+
     wrapped = []
-    if select := getattr(module, "select", None):
+    for owner in (module, common.trainer):
+        if select := getattr(owner, "select", None):
 
-        @functools.wraps(select)
-        def counted(*a, **k):
-            mb = select(*a, **k)
-            if log.phase is not None:
-                log.layouts[(log.phase, LAYOUTS.get(type(mb["layout"]).__name__, mb["layout"]))] += 1
-            return mb
+            @functools.wraps(select)
+            def counted(*a, __select=select, **k):
+                mb = __select(*a, **k)
+                if log.phase is not None:
+                    log.layouts[(log.phase, LAYOUTS.get(type(mb["layout"]).__name__, mb["layout"]))] += 1
+                return mb
 
-        module.select = counted
+            owner.select = counted
     for name in WRAPPED:
         fn = getattr(module, name, None)
         if fn is None:
@@ -186,12 +182,6 @@ def guard(module, log: SyncLog) -> list[str]:
 
 def run(report: Path, script: Path, argv: list[str]) -> int:
     """Run `script` with `argv` as its flags under the guard; write the report; the script's exit status."""
-    import torch
-
-    sys.path.insert(0, str(ROOT))
-    from common.cli import parse_args
-    from common.run_flags import RunFlags
-
     log, status, error = SyncLog(torch.cuda.is_available()), 0, None
     wrapped: list[str] = []
     try:

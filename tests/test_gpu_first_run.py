@@ -13,10 +13,7 @@ from pathlib import Path
 import pytest
 from train_utils import ROOT, user_env
 
-sys.path.insert(0, str(ROOT / "gpu_check"))
-
-import first_run as gpu_first_run  # noqa: E402
-import sync_guard  # noqa: E402
+from gpu_check import first_run, sync_guard
 
 
 def frame(path: str, name: str, line: int = 1) -> traceback.FrameSummary:
@@ -85,7 +82,7 @@ CORRECTION = ["rollout_logp_gap_p99", "rollout_is_ratio_max", "rollout_is_weight
 def test_a_scripts_steps_report_the_rollout_corrections_figures(tmp_path):
     """A script part's figures of each logged step hold the correction's figures (p99 gap, largest ratio, mean
     weight, corrected share), and a step that logged one as NaN fails its check."""
-    from findings import Findings
+    from gpu_check.report import Findings
 
     run = tmp_path / "run"
     run.mkdir()
@@ -94,7 +91,7 @@ def test_a_scripts_steps_report_the_rollout_corrections_figures(tmp_path):
     rows = [logged, logged | {"train/rollout_is_ratio_max": float("nan")}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     f = Findings()
-    gpu_first_run.run_figures(f, run, cuda=False)
+    first_run.run_figures(f, run, cuda=False)
     for step in ("step 1", "step 2"):
         assert set(CORRECTION) <= set(f.figures[step]), f.figures[step]
     assert f.figures["step 1"]["rollout_is_weight_mean"] == 0.99
@@ -105,9 +102,8 @@ def test_the_gap_parts_shared_pass_runs_the_shared_layout_at_its_gpu_size(monkey
     """logp_gap at its GPU size (here on CPU, fp32): each engine's samples are scored padded, then in the
     shared-prompt layout, not in `select`'s fallback to padded (at the demo's 16 prompts x 8 completions the
     "shared" pass was the padded one again), and the two agree."""
-    import parts as gpu_parts
-
     import common.logprobs as lp
+    from gpu_check import parts
 
     layouts, score = [], lp.sequence_logprobs
 
@@ -116,7 +112,7 @@ def test_the_gap_parts_shared_pass_runs_the_shared_layout_at_its_gpu_size(monkey
         return score(*a, layout=layout, **k)
 
     monkeypatch.setattr(lp, "sequence_logprobs", recorded)
-    findings = gpu_parts.logp_gap(dry=False).record()
+    findings = parts.logp_gap(dry=False).record()
     assert layouts == ["str", "SharedPrefix"] * 2
     assert findings["checks"] and all(c["ok"] for c in findings["checks"].values()), findings["checks"]
 
@@ -144,12 +140,12 @@ def assert_every_part_ran(proc, report: dict, text: str, names: list[str]) -> No
 @pytest.mark.slow
 def test_the_whole_dry_run(tmp_path):
     """Every part, the five scripts through the sync guard included: each ran, passed its checks, and its sync
-    report found no host sync of ours in scoring or update (CPU stand-in: host_syncs.py's patches)."""
-    names = [p.name for p in gpu_first_run.PARTS]
+    report found no host sync of ours in scoring or update (CPU stand-in: benchmarks/host_syncs.py's patches)."""
+    names = [p.name for p in first_run.PARTS]
     proc, report, text = run_dry(tmp_path, ",".join(names))
     assert_every_part_ran(proc, report, text, names)
     for p in report["parts"]:
-        if p["name"] in gpu_first_run.SCRIPTS:
+        if p["name"] in first_run.SCRIPTS:
             assert p["checks"]["no host sync of ours in scoring or update"]["ok"]
             assert "intended" in p["figures"]["host syncs by kind (old_logprobs + update, 2 steps)"]
             layouts = p["figures"]["micro-batches by layout"]  # what ran: `select` may fall back to padded

@@ -1,14 +1,9 @@
 """gpu_check/step.py's parts that need no GPU: the peak dense bf16 FLOP/s looked up by the device's name (issue
 51, item 8)."""
 
-import sys
-
 import pytest
-from train_utils import ROOT
 
-sys.path.insert(0, str(ROOT / "gpu_check"))
-
-import step as gpu_step  # noqa: E402
+from gpu_check import step as gpu_step
 
 
 @pytest.mark.parametrize(
@@ -44,7 +39,7 @@ def test_each_phase_is_measured_and_checked_against_its_own_terms():
     on_gpu["paths"]["chunked head (the scripts')"]["phases_gib"] = {
         phase: sum(terms.values()) * (1.01 if phase == "forward" else 0.99) for phase, terms in predicted.items()
     }
-    checks = gpu_step.findings(on_gpu)["checks"]
+    checks = gpu_step.findings(on_gpu).checks
     failed = [name for name, c in checks.items() if not c["ok"]]
     assert len(checks) == 1 + len(phases) and len(failed) == 1 and "forward" in failed[0]
-    assert all(c["ok"] for c in gpu_step.findings(r)["checks"].values())  # on CPU: reported, not checked
+    assert all(c["ok"] for c in gpu_step.findings(r).checks.values())  # on CPU: reported, not checked
