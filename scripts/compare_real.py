@@ -3,8 +3,8 @@ grpo_base, edge_grpo, egpo, cw_grpo and pro_grpo, the baselines dapo, dr_grpo, g
 method's ablations (its own script with its idea turned off), on the same data, seeds and budget; each run is
 evaluated before its first step and after its last on 100 held-out sums, then again at its own evaluation setting
 (and at those of the methods that read it). Then docs/results_real.md, docs/compare_real.png, the README's
-verdict table and each method page's comparisons, from the stored runs, read by paired intervals over seeds and
-problems (scripts/comparison/stats.py).
+verdict table and each method page's comparisons, from the stored runs, read by Student's t over the seeds' paired
+differences, the primary family (each run against GRPO at T = 1) Holm-adjusted (scripts/comparison/stats.py).
 
     python scripts/compare_real.py                 # every run not stored yet (hours on CPU), then the page
     python scripts/compare_real.py --render_only   # the page, the figure and the README block from the stored runs
@@ -16,7 +16,8 @@ cut short is started over, the stored ones are kept. A stored result made with o
 is refused: --fresh starts over, or --out keeps the new runs apart. A stored run lacking an evaluation is evaluated
 from its model, kept in --runs_dir; a run whose model is gone is trained again first (seeded, it gives the same
 answers; it says whether it did). The parts: scripts/comparison/ (grid: what runs; runs: running and storing;
-figures: a run's figures; stats and verdicts: the paired estimates; page, details, plot: the writing).
+figures: a run's figures; stats and verdicts: the paired estimates; design: the coverage and the detectable
+difference; page, details, plot: the writing).
 """
 
 import argparse

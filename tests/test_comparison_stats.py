@@ -11,42 +11,39 @@ SPEC = importlib.util.spec_from_file_location("compare_real", ROOT / "scripts" /
 compare = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(compare)  # puts the repository root on sys.path: scripts.comparison imports below
 
-from scripts.comparison import page, stats, verdicts  # noqa: E402
+from scripts.comparison import design, page, stats, verdicts  # noqa: E402
 from scripts.comparison.grid import BASE, P1  # noqa: E402
 
 
-def crossed_bootstrap(d: np.ndarray, draws: int, seed: int) -> tuple[float, float]:
-    """The oracle: seeds and problems drawn with replacement, independently, the mean of the paired differences
-    over the drawn grid; the 2.5th and 97.5th percentiles."""
-    rng = np.random.default_rng(seed)
-    S, J = d.shape
-    means = [d[rng.integers(0, S, S)][:, rng.integers(0, J, J)].mean() for _ in range(draws)]
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
-
-def test_the_interval_is_the_crossed_bootstrap_of_seeds_and_problems():
+def test_the_interval_is_students_t_over_the_seeds_mean_differences():
+    """By hand: seed means 0.1 .. 0.5 (each seed's problems spread around its mean), so the mean is 0.3, the SD
+    sqrt(0.025), and the half-width t(0.975, 4) = 2.776445 times 0.158114 / sqrt(5)."""
     rng = np.random.default_rng(1)
-    a = rng.random((5, 100)) + rng.normal(0, 0.1, (5, 1))  # a seed effect shared by every problem
-    b = rng.random((5, 100))
-    est = stats.paired_problems(a, b)
-    assert est.value == pytest.approx((a - b).mean()) and (est.seeds, est.problems) == (5, 100)
-    low, high = crossed_bootstrap(a - b, 4000, 2)
-    assert est.low == pytest.approx(low, abs=0.01) and est.high == pytest.approx(high, abs=0.01)
+    noise = rng.normal(0, 0.3, (5, 100))
+    d = np.array([[0.1], [0.2], [0.3], [0.4], [0.5]]) + noise - noise.mean(axis=1, keepdims=True)
+    est = stats.paired_problems(d + 0.25, np.full((5, 100), 0.25))
+    half = 2.776445 * np.sqrt(0.025) / np.sqrt(5)
+    assert est.value == pytest.approx(0.3) and (est.seeds, est.problems) == (5, 100)
+    assert (est.low, est.high) == pytest.approx((0.3 - half, 0.3 + half), abs=1e-5)
+    assert est.sd == pytest.approx(np.sqrt(0.025))
+    assert est.p == pytest.approx(2 * 0.0066169, abs=1e-5)  # t = 4.2426 on 4 degrees of freedom, two-sided
 
 
-def test_one_seeds_level_resamples_its_problems_and_the_page_says_so():
-    """A run stored for one seed so far (the grid runs seed by seed): its level's interval is over the problems alone,
-    the crossed bootstrap with the one seed always drawn, and its cell says so."""
+def test_one_seeds_level_is_over_its_problems_and_the_page_says_so():
+    """A run stored for one seed so far (the grid runs seed by seed): its level's interval is Student's t over the
+    problems alone, and its cell says so."""
+    from scipy.stats import ttest_1samp
+
     table = (np.random.default_rng(3).random((1, 100)) < 0.4).astype(float)
     est = stats.grid_mean(table)
-    low, high = crossed_bootstrap(table, 4000, 4)
+    low, high = ttest_1samp(table[0], 0).confidence_interval(0.95)
     assert (est.seeds, est.problems) == (1, 100) and est.value == pytest.approx(table.mean())
-    assert est.low == pytest.approx(low, abs=0.015) and est.high == pytest.approx(high, abs=0.015)
+    assert (est.low, est.high) == pytest.approx((low, high))
     assert page.pct(est).endswith("(1 seed: over problems only)")
 
 
-def test_a_seed_effect_widens_the_interval_and_resampling_problems_alone_would_miss_it():
-    """Seeds that move every problem together: the interval must carry that spread (it resamples seeds)."""
+def test_a_seed_effect_widens_the_interval_and_problems_alone_would_miss_it():
+    """Seeds that move every problem together: the interval must carry that spread (it is over the seeds)."""
     rng = np.random.default_rng(0)
     noise = rng.normal(0, 0.2, (5, 100))
     flat = stats.grid_mean(noise)
@@ -58,15 +55,31 @@ def test_constant_differences_give_the_value_itself():
     est = stats.paired_problems(np.full((3, 4), 0.75), np.full((3, 4), 0.5))
     assert (est.value, est.low, est.high, est.word) == (0.25, 0.25, 0.25, stats.HIGHER)
     same = stats.paired_problems(np.full((3, 4), 0.5), np.full((3, 4), 0.5))
-    assert same.word == stats.TIED and same.improve == 0.5
+    assert same.word == stats.TIED and (same.beats.value, same.beats.ties, same.p) == (0.5, 1.0, 1.0)
 
 
-def test_probability_of_improvement_is_rliables_mann_whitney_over_runs_averaged_over_problems():
-    a = np.array([[1.0, 0.0], [1.0, 0.5], [1.0, 0.0]])
-    b = np.array([[0.0, 0.0], [0.0, 0.5], [0.0, 0.0]])
-    # Problem 0: every run of a beats every run of b (1); problem 1: of the 9 pairs, (0.5 vs 0) twice wins,
-    # (0 vs 0.5) twice loses, the other 5 tie: (2 + 5 / 2) / 9 = 0.5. Mean: 0.75.
-    assert stats.paired_problems(a, b).improve == pytest.approx(0.75)
+def test_p_beats_is_paired_by_seed_and_problem_with_its_ties_said():
+    """Seed 0: a wins 2 of 4 problems, ties 2 (share 0.75); seed 1: wins 1, loses 1, ties 2 (0.5); seed 2: wins 3,
+    ties 1 (0.875). Mean 0.70833; ties 5 of 12; the interval Student's t over the three shares."""
+    from scipy.stats import ttest_1samp
+
+    a = np.array([[1, 1, 0, 0.5], [1, 0, 0.5, 0.5], [1, 1, 1, 0]], dtype=float)
+    b = np.array([[0, 0, 0, 0.5], [0, 1, 0.5, 0.5], [0, 0, 0, 0]], dtype=float)
+    beats = stats.paired_problems(a, b).beats
+    low, high = ttest_1samp([0.75, 0.5, 0.875], 0).confidence_interval(0.95)
+    assert beats.value == pytest.approx(0.708333, abs=1e-6) and beats.ties == pytest.approx(5 / 12)
+    assert (beats.low, beats.high) == (pytest.approx(max(low, 0.0)), pytest.approx(min(high, 1.0)))
+    assert beats.text() == f"0.71 [{stats.shown(max(low, 0), 2)}, {stats.shown(min(high, 1), 2)}], ties 0.42"
+
+
+def test_holm_against_a_worked_example():
+    """p = 0.01, 0.04, 0.03, 0.005 (m = 4): sorted 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06,
+    0.04 x 1 = 0.04, raised to 0.06 to keep the order; capped at 1."""
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.5, 0.4]) == pytest.approx([0.8, 0.8]) and stats.holm([0.9, 0.6, 0.7]) == [1.0, 1.0, 1.0]
+    multitest = pytest.importorskip("statsmodels.stats.multitest")
+    p = list(np.random.default_rng(0).random(9) / 10)
+    assert stats.holm(p) == pytest.approx(list(multitest.multipletests(p, method="holm")[1]))
 
 
 def test_a_figure_of_the_training_gets_the_paired_t_interval():
@@ -112,15 +125,50 @@ def figures_of(p1: dict, problems: int = 20, seed: int = 0) -> dict:
     return out
 
 
-def test_the_smallest_difference_told_leaves_out_runs_that_answered_alike():
-    """A run identical to GRPO (GSPO on-policy) has a zero-width interval: it says nothing of the design's reach."""
+def test_the_detectable_difference_leaves_out_runs_that_answered_alike():
+    """A run identical to GRPO (GSPO on-policy) has no spread: it says nothing of the design's reach."""
     figs = figures_of({BASE: [0.5] * 5, "egpo": [0.45] * 5, "cw_grpo": [0.3] * 5})
     figs["gspo"] = {s: dict(f) for s, f in figs[BASE].items()}
     reader = verdicts.Reader(figs)
-    assert reader.diff("gspo", BASE).half_width == 0
-    widths = [reader.diff(m, BASE).half_width for m in ("egpo", "cw_grpo")]
-    told = verdicts.smallest_told(reader, [(m, BASE, P1) for m in ("egpo", "cw_grpo", "gspo")])
-    assert told == (pytest.approx(np.median(widths)), min(widths), max(widths)) and min(widths) > 0
+    assert reader.diff("gspo", BASE).sd == 0
+    found = [design.mdd(reader.diff(m, BASE).sd, 5) for m in ("egpo", "cw_grpo")]
+    told = verdicts.detectable(reader, [(m, BASE, P1) for m in ("egpo", "cw_grpo", "gspo")])
+    assert told == (pytest.approx(np.median(found)), min(found), max(found)) and min(found) > 0
+
+
+def test_the_80_percent_power_difference_is_the_t_quantiles_formula_and_has_that_power():
+    """(t(0.975, 4) + t(0.8, 4)) x sd / sqrt(5) = (2.776445 + 0.940965) x 0.02 / sqrt(5); the paired t-test's
+    exact power there (the noncentral t) is 80% to within 2 points."""
+    from scipy.stats import nct, t
+
+    found = design.mdd(0.02, 5)
+    assert found == pytest.approx((2.776445 + 0.940965) * 0.02 / np.sqrt(5), abs=1e-6)
+    crit, ncp = t.ppf(0.975, 4), found / (0.02 / np.sqrt(5))
+    assert nct.sf(crit, 4, ncp) + nct.cdf(-crit, 4, ncp) == pytest.approx(0.8, abs=0.02)
+    assert design.mdd(0.02, 10) < found  # more seeds, a smaller difference found
+
+
+def test_the_variance_components_are_recovered_from_a_simulated_table():
+    """seed SD 0.05, problem SD 0.1, residual SD 0.2 over 40 seeds x 400 problems: the ANOVA estimates them."""
+    rng = np.random.default_rng(2)
+    d = rng.normal(0, 0.05, (40, 1)) + rng.normal(0, 0.1, (1, 400)) + rng.normal(0, 0.2, (40, 400))
+    c = design.components(d)
+    assert (c.seed, c.problem, c.residual) == pytest.approx((0.0025, 0.01, 0.04), rel=0.35)
+    assert c.pool.var() == pytest.approx(c.residual, rel=0.01)
+
+
+def test_the_t_interval_covers_near_nominal_and_the_check_can_fail():
+    """Simulated from components like the stored runs' (seeds dominating, skewed residuals), the 95% t interval
+    covers 95% at 5 and at 10 seeds (SIM_REPS designs: within 1.5 points); where the problems are taken as random
+    and their variance dominates, the same interval under-covers: the simulation can tell."""
+    rng = np.random.default_rng(0)
+    pool = rng.choice([-0.25, 0.0, 0.0, 0.125, 0.375], (5, 100))
+    c = design.Components(seed=4e-4, problem=0.05, residual=float(pool.var()), pool=pool - pool.mean())
+    for seeds in (5, 10):
+        assert design.coverage(c, seeds, np.random.default_rng(seeds)) == pytest.approx(0.95, abs=0.015)
+    assert design.coverage(c, 5, np.random.default_rng(1), random_problems=True) < 0.9
+    found = design.coverage_found([np.zeros((5, 100)), pool])  # a table with no spread: left out
+    assert list(found) == [(5, False), (10, False), (5, True)] and all(len(v) == 1 for v in found.values())
 
 
 def test_a_run_is_compared_on_the_seeds_both_have_and_needs_three():
@@ -134,7 +182,7 @@ def test_a_run_is_compared_on_the_seeds_both_have_and_needs_three():
 
 
 def test_the_reading_names_each_part_with_its_interval():
-    figs = figures_of({BASE: [0.6] * 3, "cw_grpo": [0.2] * 3, "cw_grpo-off": [0.4] * 3})
+    figs = figures_of({BASE: [0.6] * 3, "cw_grpo": [0.2] * 3, "cw_grpo-off": [0.4] * 3}, problems=100)
     infos = {
         m: {s: {"script_flags": {"temperature": t, "cw": m == "cw_grpo"}} for s in range(3)}
         for m, t in ((BASE, 1.0), ("cw_grpo", 0.7), ("cw_grpo-off", 0.7))
@@ -172,16 +220,55 @@ def test_a_comparison_short_of_seeds_is_listed_and_says_why():
     assert "**In short**" in page.summary_line(reader) and "not compared yet" in page.summary_line(reader)
 
 
-def test_a_mechanism_claim_is_read_against_the_methods_ablation_too():
-    """GRPO differs from EDGE-GRPO in its defaults as well: the zero-advantage claim is read again against EDGE-GRPO
-    with GEC and EDA off (the idea alone), which here is supported while the reading against GRPO is not told apart."""
-    zero_adv = {BASE: [0.30, 0.45, 0.38], "edge_grpo": [0.31, 0.36, 0.40], "edge_grpo-off": [0.62, 0.66, 0.71]}
-    figs = {run: {s: {"zero_adv": v} for s, v in enumerate(values)} for run, values in zero_adv.items()}
+def flags_at(temperatures: dict, seeds: int = 3) -> dict:
+    """run.json's as claims read them: each run's training temperature."""
+    return {m: {s: {"script_flags": {"temperature": t}} for s in range(seeds)} for m, t in temperatures.items()}
+
+
+def test_a_mechanism_claim_is_read_where_it_can_fail():
+    """CW-GRPO trains at T = 0.7, GRPO at 1.0: its entropy claim is read against its own ablation (the same script
+    and temperature), not GRPO; Pro-GRPO trains at GRPO's T: against GRPO, then against its ablation too;
+    EDGE-GRPO's zero-advantage claim holds by construction: one line saying so, no verdict."""
+    runs = {BASE: [0.30, 0.45, 0.38], "cw_grpo": [0.10, 0.12, 0.08], "cw_grpo-off": [0.20, 0.25, 0.15]}
+    runs |= {"pro_grpo": [0.31, 0.36, 0.40], "pro_grpo-off": [0.20, 0.25, 0.31], "edge_grpo": [0.1, 0.2, 0.3]}
+    figs = {
+        run: {s: {"entropy_drift": v, "entropy_late": v, "zero_adv": v} for s, v in enumerate(vs)}
+        for run, vs in runs.items()
+    }
+    infos = flags_at({BASE: 1.0, "cw_grpo": 0.7, "cw_grpo-off": 0.7, "pro_grpo": 1.0, "pro_grpo-off": 1.0})
+    infos |= flags_at({"edge_grpo": 0.6})
+    lines = page.claim_lines(verdicts.Reader(figs), infos)
+    cw = next(x for x in lines if "stable entropy" in x)
+    assert "minus CW-GRPO, the kernel off's (the same script and temperature): -0.100" in cw
+    assert "**supported** (exploratory)" in cw and "Against its ablation" not in cw
+    pro = next(x for x in lines if "exploration: higher policy entropy" in x)
+    assert (
+        "minus GRPO's: " in pro and "Against its ablation (the re-weighting off (alpha 0)), the idea alone: +0." in pro
+    )
+    edge = next(x for x in lines if "fewer groups with zero advantage" in x)
+    assert "**not testable here**: true by construction" in edge and "minus" not in edge
+    assert page.against_ablation(verdicts.Reader(figs), "edge_grpo", P1, "higher") == ""  # the ablation table's
+
+
+def test_the_primary_family_is_holm_adjusted_and_its_word_follows_the_adjusted_p():
+    """Each method and baseline against GRPO at T = 1: Holm over them; a difference whose own interval excludes
+    zero is not told apart when its adjusted p is 0.05 or more."""
+    figs = figures_of({BASE: [0.5] * 4, "egpo": [0.45] * 4, "cw_grpo": [0.3] * 4, "dapo": [0.52] * 4}, problems=40)
     reader = verdicts.Reader(figs)
-    line = next(x for x in page.claim_lines(reader) if "fewer groups with zero advantage" in x)
-    assert "**not told apart**" in line.split("Against")[0]
-    assert "Against its ablation (GEC and EDA off), the idea alone: -0." in line and line.endswith("**supported**.")
-    assert page.against_ablation(reader, "edge_grpo", P1, "higher") == ""  # accuracy: the ablation table's
+    family = verdicts.primary(reader)
+    assert list(family) == ["egpo", "cw_grpo", "dapo"]
+    raw = [reader.diff(m, BASE).p for m in family]
+    assert [p for _, p in family.values()] == pytest.approx(stats.holm(raw))
+    e = stats.Estimate(-0.02, -0.03, -0.01, 5, 100, p=0.02)
+    assert e.word == stats.LOWER and verdicts.primary_word(e, 0.06) == stats.TIED
+    assert verdicts.primary_word(e, 0.01) == stats.LOWER
+    assert (
+        verdicts.claim_word(e, "higher", 0.06) == "not told apart"
+        and verdicts.claim_word(e, "higher") == "contradicted"
+    )
+    infos = flags_at({m: 1.0 for m in figs}, 4)
+    row = next(r for r in page.verdict_table(reader, infos) if r.startswith("| CW-GRPO |"))
+    assert row.endswith(f"| {page.WORDS[verdicts.primary_word(*family['cw_grpo'])]} |")
 
 
 def test_the_short_answer_splits_a_methods_difference_by_its_ablation():
@@ -189,7 +276,7 @@ def test_the_short_answer_splits_a_methods_difference_by_its_ablation():
     difference is the idea and how much the method's other defaults."""
     figs = figures_of({BASE: [0.6] * 3, "cw_grpo": [0.2] * 3, "cw_grpo-off": [0.4] * 3}, problems=40)
     line = page.summary_line(verdicts.Reader(figs))
-    assert "better: none; worse: CW-GRPO." in line
+    assert "Holm-adjusted: better: none; worse: CW-GRPO." in line
     assert "CW-GRPO's idea -0." in line and ", its other defaults -0." in line
 
 

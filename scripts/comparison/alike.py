@@ -122,14 +122,18 @@ def alike_claims(found: list[tuple[list[str], float]], claimed: list[str]) -> st
     )
 
 
+def on_policy(infos: dict) -> bool:
+    """Whether every run took one optimiser step per rollout (the policy trained is the one that sampled)."""
+    flags = [f["script_flags"] for runs in infos.values() for f in runs.values()]
+    return all(f.get("mu") == 1 and f.get("num_minibatches") == 1 for f in flags)
+
+
 def section(reader: Reader, infos: dict) -> list[str]:
     """Why runs train alike, read from the runs' flags; nothing when none did."""
     if not (found := groups(reader)):
         return []
-    flags = [f["script_flags"] for runs in infos.values() for f in runs.values()]
-    on_policy = all(f.get("mu") == 1 and f.get("num_minibatches") == 1 for f in flags)
     L = ["### Runs that trained alike", ""]
-    if not on_policy:
+    if not on_policy(infos):
         return L + [
             "Some runs take several optimiser steps per rollout: runs that trained alike did so by the data.",
             "",

@@ -1,12 +1,16 @@
 """The page's details: what each mechanism did (EDGE-GRPO's GEC and EDA, CW-GRPO's kernel), held-out pass@k,
-training, calibration, cost, the runs' machines, and what this scale can and cannot show."""
+training, calibration, cost, the runs' machines, the statistics and their simulated coverage, and what this scale
+can and cannot show."""
 
 from collections import Counter
 
+import numpy as np
+
+from scripts.comparison.design import SIM_REPS, SIM_SEED, SIM_SEEDS, components, coverage_found
 from scripts.comparison.figures import mean
 from scripts.comparison.grid import ABLATIONS, BASE, EVAL_TEMPERATURE, NAMES, SCRIPT
-from scripts.comparison.stats import shown
-from scripts.comparison.verdicts import Reader, ablation_groups, fell
+from scripts.comparison.stats import CONFIDENCE, shown
+from scripts.comparison.verdicts import MIN_SEEDS, Reader, ablation_groups, fell, primary
 
 DASH, ARROW = "–", "→"
 KEY_NAMES = {
@@ -254,5 +258,58 @@ def scale_section(reader: Reader, infos: dict) -> list[str]:
         f"and whether a short run gains or loses held-out accuracy. {fell_line} It cannot show the papers' gains on "
         "their benchmarks, which come from hundreds of steps on larger models with long reasoning: short answers "
         "leave little room for the entropy and confidence signals these methods act on.",
+        "",
+    ]
+
+
+def coverage_text(reader: Reader) -> str:
+    """The t interval's coverage simulated from the primary family's measured variance components, in words."""
+    tables = [d for m in primary(reader) if (d := reader.differences(m, BASE)) is not None]
+    found = {case: c for case, c in coverage_found(tables).items() if c}
+    if not found:
+        return ""
+
+    def span(c: list) -> str:
+        return f"{min(c):.1%}" if min(c) == max(c) else f"{min(c):.1%} to {max(c):.1%}"
+
+    fixed = ", ".join(f"{span(found[(s, False)])} at {s} seeds" for s in SIM_SEEDS if (s, False) in found)
+    line = f"Simulated from the measured variance components, its {CONFIDENCE:.0%} interval covers the true difference "
+    line += f"in {fixed}"
+    if (key := (SIM_SEEDS[0], True)) in found:
+        line += f" ({span(found[key])} at {SIM_SEEDS[0]} seeds if the 100 sums are taken as a sample of all sums)"
+    return line + "."
+
+
+def statistics_section(reader: Reader) -> list[str]:
+    tables = [d for m in primary(reader) if (d := reader.differences(m, BASE)) is not None and np.ptp(d)]
+    shares = sorted(components(d).seed_share() for d in tables)
+    seeds_carry = (
+        f" In the primary family the seeds carry {shares[0]:.0%} to {shares[-1]:.0%} of the variance of a "
+        "difference's mean (the rest: the problems and the sampling)."
+        if shares
+        else ""
+    )
+    return [
+        "### Statistics",
+        "",
+        "Runs of one seed share the data order and the starting policy, and every run is evaluated on the same "
+        "held-out problems: two runs are paired by seed, and a held-out figure by seed and problem. A held-out "
+        f"difference's {CONFIDENCE:.0%} interval is Student's t over the seeds' paired differences, each seed's mean "
+        "over the held-out problems (`scipy.stats.ttest_1samp`, one degree of freedom fewer than the seeds): the "
+        "problems are fixed, the benchmark, and the seeds random. It replaces a bootstrap over seeds and problems, "
+        "which with 5 seeds shrank the seeds' variance by 4/5 and read a normal quantile (1.96 where 4 degrees of "
+        "freedom need 2.78), and under-covered. A run's own pass@1 interval is the same t over its seeds' means. A "
+        "figure of the training (entropy, advantage variance, AUROC, time per step: one number a run) gets the paired "
+        "t-interval over seeds (`scipy.stats.ttest_rel`). P(beats): on the same seed and problem, the chance that "
+        "the first run's pass@1 is above the second's, ties 1/2, its interval Student's t over the seeds' shares; "
+        "the share of ties is given beside it, since ties pull it to 1/2. The primary family (each method and "
+        f"baseline against GRPO, held-out pass@1 at T = {EVAL_TEMPERATURE}) is Holm-adjusted (Holm 1979); every other "
+        f"comparison is exploratory. A comparison needs {MIN_SEEDS} seeds in both runs." + seeds_carry,
+        "",
+        f"The coverage is simulated ({SIM_REPS:,} designs per comparison, generator seed {SIM_SEED}) from each "
+        "primary comparison's variance components (the two-way ANOVA's, seeds x problems): seed effects drawn "
+        "normal, residuals resampled from the measured ones, the problems fixed. The 80%-power difference is "
+        "(t(0.975, n - 1) + t(0.8, n - 1)) x the seeds' SD of the paired differences / sqrt(n). Code: "
+        "`scripts/comparison/stats.py` and `design.py`.",
         "",
     ]

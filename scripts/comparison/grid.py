@@ -87,7 +87,6 @@ P1 = "pass1_after"  # the accuracy a run is read by, at T = EVAL_TEMPERATURE
 # accuracy claim is read at T = EVAL_TEMPERATURE and again at the run's own evaluation setting.
 CLAIMS = [
     ("edge_grpo", "GEC gives all-equal groups a signal: fewer groups with zero advantage", "zero_adv", "lower"),
-    # GEC's edits enter this figure too (a replaced completion's reward, EDA's P on it): it reads GEC + EDA together.
     ("edge_grpo", "GEC + EDA spread the advantages: larger within-group advantage variance", "adv_var", "higher"),
     ("edge_grpo", "higher accuracy", P1, "higher"),
     ("egpo", "calibration: its confidence separates right from wrong answers better", "auroc_after", "higher"),
@@ -105,6 +104,17 @@ CLAIMS = [
     ("clip_cov", "exploration: higher policy entropy", "entropy_late", "higher"),
     ("clip_cov", "higher accuracy", P1, "higher"),
 ]
+# Figures of the training, measured at a run's own sampling temperature: a method trained at another T than GRPO
+# is read against its whole ablation (its own script and T), not against GRPO.
+TRAINING_KEYS = {"entropy_late", "entropy_drift", "zero_adv", "adv_var"}
+# Claims that cannot fail on this grid, and why (the page says so in one line, with no verdict).
+UNTESTABLE = {
+    ("edge_grpo", "zero_adv"): "true by construction against its ablation (GEC edits every wrong answer, so an "
+    "all-wrong group gains right ones), and against GRPO confounded by its T = 0.6 and format reward",
+    ("edge_grpo", "adv_var"): "true by construction: for std-normalised runs the within-group advantage variance "
+    "is 1 minus the zero-advantage share (GEC lowers it, as above), and EDA divides the advantages by "
+    "P_i / mean(P), which spreads them whatever they do; against GRPO confounded as above",
+}
 
 
 def method_of(run: str) -> str:

@@ -3,6 +3,7 @@ method against its ablations and its paper's baselines, the mechanisms' figures,
 and read. The README's block and each method page's block are parts of it. Nothing here is typed by hand."""
 
 from scripts.comparison import alike, details
+from scripts.comparison.design import POWER
 from scripts.comparison.grid import (
     ABLATIONS,
     BASE,
@@ -11,6 +12,7 @@ from scripts.comparison.grid import (
     EVAL_TEMPERATURE,
     METHODS,
     NAMES,
+    P1,
     SCRIPT,
     STABILISERS,
     own_setting,
@@ -19,7 +21,7 @@ from scripts.comparison.grid import (
     setting_text,
     whose_setting,
 )
-from scripts.comparison.stats import CONFIDENCE, METHOD, N_RESAMPLES, RNG_SEED, Estimate, shown
+from scripts.comparison.stats import ALPHA, CONFIDENCE, Estimate, shown
 from scripts.comparison.verdicts import (
     CONTRADICTED,
     MIN_SEEDS,
@@ -30,9 +32,11 @@ from scripts.comparison.verdicts import (
     claim_word,
     claims,
     comparisons,
+    detectable,
     evaluations,
+    primary,
+    primary_word,
     reading,
-    smallest_told,
 )
 
 PAGE, FIGURE, STORE = "results_real.md", "compare_real.png", "real_compare"
@@ -59,11 +63,20 @@ def diff_cell(e: Estimate | None, gap: tuple[float, int] | None = None) -> str:
 
 
 def improve_cell(e: Estimate | None) -> str:
-    return "-" if e is None or e.improve is None else shown(e.improve, 2)
+    return "-" if e is None or e.beats is None else e.beats.text()
 
 
 def word(e: Estimate | None) -> str:
+    """An exploratory difference's word, off its unadjusted interval."""
     return "-" if e is None else WORDS[e.word]
+
+
+def primary_cells(reader: Reader, m: str) -> tuple[str, str]:
+    """(Holm-adjusted p, the word it gives) of a run in the primary family; ('-', '-') outside it."""
+    if (found := primary(reader).get(m)) is None:
+        return "-", "-"
+    e, p = found
+    return ("< 0.001" if p < 0.001 else shown(p, 3)), WORDS[primary_word(e, p)]
 
 
 def runs_of(figures: dict) -> list[str]:
@@ -72,41 +85,51 @@ def runs_of(figures: dict) -> list[str]:
 
 
 def verdict_table(reader: Reader, infos: dict) -> list[str]:
-    """Every method and baseline at T = EVAL_TEMPERATURE: held-out pass@1, the difference to GRPO, the chance it
-    beats GRPO, and one word."""
+    """The primary family: every method and baseline at T = EVAL_TEMPERATURE, its held-out pass@1, the difference
+    to GRPO, its Holm-adjusted p, the chance it beats GRPO, and one word."""
     L = [
-        "| run | trained at | seeds | held-out pass@1 [95% CI] | minus GRPO's [95% CI] | P(beats GRPO) | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| run | trained at | seeds | held-out pass@1 [95% CI] | minus GRPO's [95% CI] | p, Holm-adjusted "
+        "| P(beats GRPO) [95% CI], ties | verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     found = alike.groups(reader)  # runs that trained as another did: noted in their verdicts
     for m in runs_of(reader.figures):
         t = infos[m][min(infos[m])]["script_flags"]["temperature"]
         e = None if m == BASE else reader.diff(m, BASE)
+        p, said = primary_cells(reader, m)
         L.append(
             f"| {NAMES[m]} | T = {t} | {len(reader.figures[m])} | {pct(reader.level(m))} | "
-            f"{'-' if m == BASE else diff_cell(e, reader.gap(m, BASE))} | {'-' if m == BASE else improve_cell(e)} | "
-            f"{'(the yardstick)' if m == BASE else word(e) + alike.tag(found, m)} |"
+            f"{'-' if m == BASE else diff_cell(e, reader.gap(m, BASE))} | {p} | "
+            f"{'-' if m == BASE else improve_cell(e)} | "
+            f"{'(the yardstick)' if m == BASE else said + alike.tag(found, m)} |"
         )
     return L + [
         "",
-        "A difference is paired over the seeds both runs have (the seeds column counts a run's own). P(beats GRPO): "
-        "rliable's probability of improvement, the chance that a run of it beats a run of GRPO on a held-out "
-        "problem, ties 1/2.",
+        f"This table is the primary family: its {len(primary(reader))} differences are Holm-adjusted together, a "
+        f"verdict when the adjusted p is under {ALPHA:.2f}; everything else on the page is exploratory. A difference "
+        "is paired over the seeds both runs have (the seeds column counts a run's own). P(beats GRPO): on the same "
+        "seed and held-out problem, the chance its pass@1 is above GRPO's, ties 1/2, with the share of ties.",
     ]
 
 
-def summary_line(reader: Reader) -> str:
-    """The verdict table in one sentence: the runs better than GRPO, worse, not told apart, not compared yet."""
+def primary_said(reader: Reader) -> str:
+    """The primary family in words: the runs better than GRPO, worse, not told apart, not compared yet."""
     said = {"better": [], "worse": [], "not told apart": [], f"not compared yet (fewer than {MIN_SEEDS} seeds)": []}
+    family = primary(reader)
     for m in runs_of(reader.figures):
         if m != BASE:
-            e = reader.diff(m, BASE)
-            said[WORDS[e.word] if e else list(said)[-1]].append(NAMES[m])
-    parts = [f"{w}: {', '.join(names) or 'none'}" for w, names in said.items() if names or w == "better"]
-    line = f"**In short**, against GRPO at T = {EVAL_TEMPERATURE}: " + "; ".join(parts) + "."
+            said[WORDS[primary_word(*family[m])] if m in family else list(said)[-1]].append(NAMES[m])
+    return "; ".join(f"{w}: {', '.join(names) or 'none'}" for w, names in said.items() if names or w == "better")
+
+
+def summary_line(reader: Reader) -> str:
+    """The verdict table in one sentence, and how each method's difference splits by its ablation."""
+    line = f"**In short**, against GRPO at T = {EVAL_TEMPERATURE}, Holm-adjusted: {primary_said(reader)}."
     why = [f"{NAMES[m]}'s idea {a.text()}, its other defaults {b.text()}" for m, (a, b) in split_by_ablation(reader)]
     return line + (
-        f" Why, from each method's ablation (the difference to GRPO split in two): {'; '.join(why)}." if why else ""
+        f" Why, from each method's ablation (the difference to GRPO split in two, exploratory): {'; '.join(why)}."
+        if why
+        else ""
     )
 
 
@@ -114,9 +137,9 @@ def split_by_ablation(reader: Reader) -> list[tuple[str, tuple[Estimate, Estimat
     """(method, (the method against its whole ablation, that ablation against GRPO)) at T = EVAL_TEMPERATURE, for
     each method told apart from GRPO whose two halves are both compared."""
     out = []
-    for m in runs_of(reader.figures):
-        whole, off = reader.diff(m, BASE), f"{m}-off"
-        if whole is not None and whole.word != UNDECIDED and off in reader.figures:
+    for m, (whole, p) in primary(reader).items():
+        off = f"{m}-off"
+        if primary_word(whole, p) != UNDECIDED and off in reader.figures:
             idea, rest = reader.diff(m, off), reader.diff(off, BASE)
             out += [(m, (idea, rest))] if idea is not None and rest is not None else []
     return out
@@ -129,10 +152,11 @@ def own_setting_table(reader: Reader) -> list[str]:
     if not rows:
         return []
     L = [
-        "At each run's own evaluation setting (whose: the last column), beside GRPO's runs evaluated there:",
+        "At each run's own evaluation setting (whose: the last column), beside GRPO's runs evaluated there "
+        "(exploratory):",
         "",
         "| run | setting | held-out pass@1 [95% CI] | GRPO's there, on the same seeds | minus GRPO's [95% CI] "
-        "| P(beats GRPO) | verdict | whose setting |",
+        "| P(beats GRPO) [95% CI], ties | verdict | whose setting |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for m, st in rows:
@@ -145,21 +169,35 @@ def own_setting_table(reader: Reader) -> list[str]:
     return L
 
 
+def grpo_pairs(reader: Reader) -> list[tuple[str, str, str]]:
+    """(run, GRPO, key) of each held-out pass@1 comparison with GRPO, at every evaluation a run is read by."""
+    return [(m, BASE, k) for m in runs_of(reader.figures) if m != BASE for k, _ in evaluations(m)]
+
+
 def rule_line(reader: Reader) -> str:
-    """How a verdict is reached, and the smallest difference this design tells apart."""
-    told = smallest_told(
-        reader, [(m, BASE, k) for m in runs_of(reader.figures) if m != BASE for k, _ in evaluations(m)]
-    )
+    """How a verdict is reached, the smallest difference detected with 80% power, and the interval's coverage."""
     line = (
-        f"A verdict word is read off the {CONFIDENCE:.0%} interval of the difference, paired by seed and problem: "
-        "better or worse when it excludes zero, not told apart when it does not ([how](#how-it-was-run-and-read))."
+        "A difference's interval is Student's t over the seeds' paired differences ([how](#statistics)). The "
+        f"verdicts above are Holm-adjusted; every other verdict word on the page is read off its unadjusted "
+        f"{CONFIDENCE:.0%} interval (better or worse when it excludes zero) and is exploratory."
     )
-    if told:
+    if found := detectable(reader, grpo_pairs(reader)):
         line += (
-            f" This design tells a difference in pass@1 from GRPO's when it exceeds the interval's half-width: "
-            f"{shown(told[0])} at the median of the comparisons with GRPO ({shown(told[1])} to {shown(told[2])})."
+            f" With these seeds a difference in pass@1 from GRPO's is detected with {POWER:.0%} power when it is at "
+            f"least {shown(found[0])} at the median of the comparisons with GRPO ({shown(found[1])} to "
+            f"{shown(found[2])}): a smaller one is more likely missed than found."
         )
-    return line
+    return " ".join(x for x in (line, details.coverage_text(reader)) if x)
+
+
+def regime_line(infos: dict) -> str:
+    """The regime the stored runs are in, in one line."""
+    if not alike.on_policy(infos):
+        return "Some stored runs take several optimiser steps per rollout: the clip binds in those."
+    return (
+        "The stored grid is the on-policy regime (one optimiser step per rollout), in which the clip never binds "
+        "([why](#runs-that-trained-alike))."
+    )
 
 
 def against_ablation(reader: Reader, m: str, key: str, direction: str) -> str:
@@ -171,32 +209,43 @@ def against_ablation(reader: Reader, m: str, key: str, direction: str) -> str:
     return f" Against its ablation ({ABLATIONS[off][2]}), the idea alone: {e.text()}, **{claim_word(e, direction)}**."
 
 
-def claim_lines(reader: Reader) -> list[str]:
-    """One computed sentence per claim."""
-    L = []
-    for m, text, where, key, direction, est, v in claims(reader):
-        at = f", at {where}" if where else ""
-        what = details.key_name(key)
-        if est is None:  # listed below, in one line
-            continue
-        L.append(
-            f"- **{NAMES[m]}**, {text}{at}: **{v}**. {what[0].upper() + what[1:]} minus GRPO's: {est.text()} "
-            f"({direction} claimed; {est.seeds} seeds{f' x {est.problems} problems' if est.problems > 1 else ''})."
-            + against_ablation(reader, m, key, direction)
-        )
+def claim_line(c) -> str:
+    """One computed sentence for a tested claim."""
+    at = f", at {c.where}" if c.where else ""
+    what = details.key_name(c.key)
+    other = "GRPO's" if c.against == BASE else f"{NAMES[c.against]}'s (the same script and temperature)"
+    how = "primary, Holm-adjusted" if c.primary else "exploratory"
+    cells = f"{c.est.seeds} seeds{f' x {c.est.problems} problems' if c.est.problems > 1 else ''}"
+    return (
+        f"- **{NAMES[c.method]}**, {c.text}{at}: **{c.verdict}** ({how}). {what[0].upper() + what[1:]} minus "
+        f"{other}: {c.est.text()} ({c.direction} claimed; {cells})."
+    )
+
+
+def claim_lines(reader: Reader, infos: dict) -> list[str]:
+    """One computed sentence per claim; the claims that cannot fail here, one line each."""
+    L, found = [], claims(reader, infos)
+    for c in found:
+        if c.untestable:
+            L.append(f"- **{NAMES[c.method]}**, {c.text}: **not testable here**: {c.untestable}.")
+        elif c.est is not None:  # the untested: listed below, in one line
+            again = against_ablation(reader, c.method, c.key, c.direction) if c.against == BASE else ""
+            L.append(claim_line(c) + again)
     untested = {}
-    for m, *_, est, _ in claims(reader):
-        untested[m] = untested.get(m, 0) + (est is None)
+    for c in found:
+        untested[c.method] = untested.get(c.method, 0) + (c.est is None and not c.untestable)
     if untested := {m: n for m, n in untested.items() if n}:
         listed = ", ".join(f"{NAMES[m]} ({n})" for m, n in untested.items())
         L.append(f"- Not tested yet (fewer than {MIN_SEEDS} seeds run and evaluated by both): {listed}.")
-    tested = [c for c in claims(reader) if c[-2] is not None]
-    counts = {w: sum(c[-1] == w for c in tested) for w in (SUPPORTED, CONTRADICTED, UNDECIDED)}
+    tested = [c for c in found if c.est is not None]
+    counts = {w: sum(c.verdict == w for c in tested) for w in (SUPPORTED, CONTRADICTED, UNDECIDED)}
+    held = {w: sum(c.verdict == w for c in tested if c.primary) for w in (SUPPORTED, CONTRADICTED)}
     L += [
         "",
-        f"Of {len(claims(reader))} claims, {len(tested)} tested: {counts[SUPPORTED]} supported, "
-        f"{counts[CONTRADICTED]} contradicted, {counts[UNDECIDED]} not told apart from GRPO."
-        + alike.alike_claims(alike.groups(reader), [c[0] for c in tested]),
+        f"Of {len(found)} claims, {len(tested)} tested, {sum(bool(c.untestable) for c in found)} not testable here: "
+        f"{counts[SUPPORTED]} supported, {counts[CONTRADICTED]} contradicted, {counts[UNDECIDED]} not told apart; "
+        f"of the primary ones (accuracy at T = {EVAL_TEMPERATURE}, Holm-adjusted), {held[SUPPORTED]} supported and "
+        f"{held[CONTRADICTED]} contradicted." + alike.alike_claims(alike.groups(reader), [c.method for c in tested]),
     ]
     return L
 
@@ -217,7 +266,8 @@ def what_it_reads(a: str, b: str) -> str:
 def comparison_table(reader: Reader) -> list[str]:
     """Each method against its ablations and the baselines its paper compares with, at each evaluation."""
     L = [
-        "| first | second | reads | evaluated at | first minus second [95% CI] | P(first beats second) | verdict |",
+        "| first | second | reads | evaluated at | first minus second [95% CI] | P(first beats second) [95% CI], ties "
+        "| verdict |",
         "|---|---|---|---|---|---|---|",
     ]
     for a, b in comparisons(reader.figures):
@@ -319,28 +369,6 @@ def seeds_text(infos: dict) -> str:
     return line
 
 
-def statistics_section(reader: Reader) -> list[str]:
-    most = max(len(seeds) for seeds in reader.figures.values())
-    return [
-        "### Statistics",
-        "",
-        "Runs of one seed share the data order and the starting policy, and every run is evaluated on the same "
-        "held-out problems: two runs are paired by seed, and a held-out figure by seed and problem. A held-out "
-        f"difference's {CONFIDENCE:.0%} interval is `scipy.stats.bootstrap`'s ({METHOD}, {N_RESAMPLES:,} draws, "
-        f"generator seed {RNG_SEED}) over the seeds both runs have: each draw takes seeds and problems with "
-        "replacement, independently, and averages the paired differences over them, so the interval covers the "
-        "training's seed-to-seed variation and the choice of problems; a run's own pass@1 interval is drawn the "
-        "same way. A figure of the training (entropy, advantage variance, AUROC, time per step: one number a run) "
-        "gets the paired t-interval over seeds (`scipy.stats.ttest_rel`): a bootstrap over a handful of numbers "
-        "would be narrower than they allow. P(beats) is rliable's probability of improvement (Agarwal et al., "
-        "NeurIPS 2021): the chance that a run of the first beats a run of the second on a problem, ties 1/2, "
-        f"averaged over problems. A comparison needs {MIN_SEEDS} seeds in both runs. With {most} seeds at the most "
-        f"here, a percentile bootstrap sees the seeds' spread through {most} numbers: an interval that only just "
-        "excludes zero is a weak verdict. Code: `scripts/comparison/stats.py`.",
-        "",
-    ]
-
-
 def page(figures: dict, infos: dict, task: str) -> str:
     reader = Reader(figures)
     L = [
@@ -355,6 +383,8 @@ def page(figures: dict, infos: dict, task: str) -> str:
         "",
         *verdict_table(reader, infos),
         "",
+        regime_line(infos),
+        "",
         summary_line(reader),
         "",
         *alike.lines(reader, infos, BOOKKEEPING),
@@ -364,26 +394,32 @@ def page(figures: dict, infos: dict, task: str) -> str:
         "",
         "## The papers' claims",
         "",
-        *claim_lines(reader),
+        *claim_lines(reader, infos),
         "",
         *ablation_section(reader, infos),
         *details.mechanism_sections(reader, infos),
         *details.detail_sections(reader, infos),
         *setup_section(reader, infos, task),
         *alike.section(reader, infos),
-        *statistics_section(reader),
+        *details.statistics_section(reader),
         *details.scale_section(reader, infos),
     ]
     return "\n".join(L)
 
 
 def readme_block(figures: dict, infos: dict, docs: str = "docs") -> str:
-    """The README's lines: the verdict table and the links."""
+    """The README's lines: the primary table, one line, and the links."""
     L = [f"[{docs}/{PAGE}]({docs}/{PAGE}) (figure: [{docs}/{FIGURE}]({docs}/{FIGURE})):", ""]
     if figures:
         reader = Reader(figures)
-        L += verdict_table(reader, infos) + ["", summary_line(reader), ""]
-        L += [rule_line(reader).replace("](#", f"]({docs}/{PAGE}#")]
+        found = detectable(reader, grpo_pairs(reader))
+        reach = f"; a difference under {shown(found[0])} is more likely missed than found" if found else ""
+        L += verdict_table(reader, infos)[:-2] + [
+            "",
+            f"Against GRPO at T = {EVAL_TEMPERATURE}, Holm-adjusted over these {len(primary(reader))}: "
+            f"{primary_said(reader)}{reach}; the rest of the page is exploratory "
+            f"([how]({docs}/{PAGE}#statistics)).",
+        ]
     return "\n".join(L)
 
 
@@ -392,7 +428,8 @@ def method_block(m: str, figures: dict, infos: dict) -> str:
     reader = Reader(figures)
     rows = [line for line in comparison_table(reader)[2:] if line.startswith(f"| {NAMES[m]} ")]
     whole = [
-        f"| {NAMES[m]} | GRPO | the whole method | {where} | {diff_cell(e)} | {improve_cell(e)} | {word(e)} |"
+        f"| {NAMES[m]} | GRPO | the whole method | {where} | {diff_cell(e)} | {improve_cell(e)} | "
+        f"{primary_cells(reader, m)[1] + ' (primary, Holm)' if key == P1 else word(e)} |"
         for key, where in evaluations(m)
         if (e := reader.diff(m, BASE, key)) is not None
     ]
@@ -400,7 +437,8 @@ def method_block(m: str, figures: dict, infos: dict) -> str:
     return "\n".join(
         [
             f"On `--model {base['model']}`, {base['steps']} steps ([results_real.md](../{PAGE}), the runs in "
-            f"[real_compare/](../{STORE}/)):",
+            f"[real_compare/](../{STORE}/)); the verdict against GRPO at T = {EVAL_TEMPERATURE} is Holm-adjusted "
+            "(the primary family), the others are exploratory:",
             "",
             *comparison_table(reader)[:2],
             *whole,

@@ -24,7 +24,7 @@ def draw(reader: Reader, runs: list[str], model: str, path: Path) -> None:
         e = reader.level(m)
         ax.errorbar(e.value, yi, xerr=[[e.value - e.low], [e.high - e.value]], fmt="o", color=COLORS[m], capsize=3)
     ax.set_yticks(y, [NAMES[m] for m in runs])
-    ax.set(title=f"Held-out pass@1 after training, T = {EVAL_TEMPERATURE} (95% interval)", xlabel="pass@1")
+    ax.set(title=f"Held-out pass@1 after training, T = {EVAL_TEMPERATURE} (95% t interval over seeds)", xlabel="pass@1")
     ax.legend(fontsize=8, loc="lower right")
     ax = axes[0][1]
     ax.axvline(0, color="black", lw=0.8)
@@ -33,7 +33,7 @@ def draw(reader: Reader, runs: list[str], model: str, path: Path) -> None:
         if (e := reader.diff(m, BASE)) is not None:
             ax.errorbar(e.value, yi, xerr=[[e.value - e.low], [e.high - e.value]], fmt="o", color=COLORS[m], capsize=3)
     ax.set_yticks(list(range(len(others)))[::-1], [NAMES[m] for m in others])
-    ax.set(title="Minus GRPO's, paired by seed and problem (95% interval)", xlabel="difference in pass@1")
+    ax.set(title="Minus GRPO's, paired by seed (95% t interval over seeds)", xlabel="difference in pass@1")
     curves = [
         ("acc", "Training accuracy (the policy's own)", "fraction correct"),
         ("entropy", "Policy entropy", "nats"),

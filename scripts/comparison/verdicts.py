@@ -1,26 +1,44 @@
 """The comparisons the page reads, each a paired estimate (stats.py) over the seeds both runs have: a run against
-GRPO, a method against its ablations and its paper's baselines, and each paper's claims."""
+GRPO, a method against its ablations and its paper's baselines, and each paper's claims. One small primary family
+(each method and baseline against GRPO, held-out pass@1 at T = EVAL_TEMPERATURE) is Holm-adjusted; every other
+comparison is exploratory: its 95% interval read alone."""
+
+from dataclasses import dataclass
 
 import numpy as np
 
+from scripts.comparison.design import mdd
 from scripts.comparison.grid import (
     ABLATIONS,
     BASE,
+    BASELINES,
     CLAIMS,
     COMPARED_WITH,
     EVAL_TEMPERATURE,
     METHODS,
     P1,
     STABILISERS,
+    TRAINING_KEYS,
+    UNTESTABLE,
     method_of,
     own_setting,
     pass_key,
     setting_text,
 )
-from scripts.comparison.stats import HIGHER, LOWER, Estimate, grid_mean, paired_problems, paired_seeds
+from scripts.comparison.stats import (
+    ALPHA,
+    HIGHER,
+    LOWER,
+    TIED,
+    Estimate,
+    grid_mean,
+    holm,
+    paired_problems,
+    paired_seeds,
+)
 
 SUPPORTED, CONTRADICTED, UNDECIDED = "supported", "contradicted", "not told apart"
-MIN_SEEDS = 3  # fewer seeds in both runs: not compared (2 seeds give a bootstrap 3 distinct draws of them)
+MIN_SEEDS = 3  # fewer seeds in both runs: not compared (over 2 seeds, t's quantile is 12.7)
 
 
 class Reader:
@@ -61,6 +79,14 @@ class Reader:
             [self.figures[r][s][f"{key}_problems" if per_problem else key] for s in seeds] for r in (a, b)
         ]
 
+    def differences(self, a: str, b: str, key: str = P1) -> np.ndarray | None:
+        """a - b, [seeds, problems], of a held-out figure over the seeds both have; None under MIN_SEEDS seeds."""
+        seeds = self.seeds(key, a, b)
+        if len(seeds) < MIN_SEEDS:
+            return None
+        _, vals = self._paired(a, b, key, seeds)
+        return np.array(vals[0], dtype=float) - np.array(vals[1], dtype=float)
+
     def diff(self, a: str, b: str, key: str = P1) -> Estimate | None:
         """a - b over the seeds both have it (paired by seed, and by problem for a held-out figure); None under
         MIN_SEEDS seeds."""
@@ -74,11 +100,26 @@ class Reader:
         return self._cache[(a, b, key)]
 
 
-def claim_word(est: Estimate | None, direction: str) -> str:
-    """A claim's verdict: supported when the interval excludes zero on the claimed side, contradicted on the other."""
-    if est is None or est.word not in (HIGHER, LOWER):
+def claim_word(est: Estimate | None, direction: str, p_holm: float | None = None) -> str:
+    """A claim's verdict: supported when the difference is told apart from zero on the claimed side, contradicted
+    on the other; told apart: its interval excludes zero, or in the primary family its Holm-adjusted p < ALPHA."""
+    said = None if est is None else est.word if p_holm is None else primary_word(est, p_holm)
+    if said not in (HIGHER, LOWER):
         return UNDECIDED
-    return SUPPORTED if (est.word == HIGHER) == (direction == "higher") else CONTRADICTED
+    return SUPPORTED if (said == HIGHER) == (direction == "higher") else CONTRADICTED
+
+
+def primary(reader: Reader) -> dict[str, tuple[Estimate, float]]:
+    """{run: (its difference to GRPO in held-out pass@1 at T = EVAL_TEMPERATURE, its Holm-adjusted p)} of each
+    method and baseline compared: the primary family."""
+    runs = [m for m in reader.figures if m in METHODS + BASELINES and m != BASE and reader.diff(m, BASE)]
+    ests = [reader.diff(m, BASE) for m in runs]
+    return dict(zip(runs, zip(ests, holm([e.p for e in ests]))))
+
+
+def primary_word(est: Estimate, p_holm: float) -> str:
+    """higher / lower when the Holm-adjusted p is under ALPHA, else not told apart."""
+    return TIED if p_holm >= ALPHA else HIGHER if est.value > 0 else LOWER
 
 
 def evaluations(run: str) -> list[tuple[str, str]]:
@@ -90,16 +131,43 @@ def evaluations(run: str) -> list[tuple[str, str]]:
     return out
 
 
-def claims(reader: Reader) -> list[tuple]:
-    """(method, claim, where, figure key, direction, estimate against GRPO, verdict) of the stored methods; an
-    accuracy claim at T = EVAL_TEMPERATURE and again at the method's own evaluation setting."""
-    out = []
+@dataclass(frozen=True)
+class Claim:
+    """A paper's claim as read here: against GRPO, or against the method's whole ablation where the figure is one of
+    the training and the method trained at another temperature than GRPO; `untestable`: why it cannot fail here."""
+
+    method: str
+    text: str
+    where: str
+    key: str
+    direction: str
+    against: str
+    est: Estimate | None
+    verdict: str
+    primary: bool
+    untestable: str = ""
+
+
+def trained_at(infos: dict, run: str) -> float:
+    return infos[run][min(infos[run])]["script_flags"]["temperature"]
+
+
+def claims(reader: Reader, infos: dict) -> list[Claim]:
+    """Each stored method's claims; an accuracy claim at T = EVAL_TEMPERATURE (primary: Holm-adjusted) and again at
+    the method's own evaluation setting (exploratory)."""
+    out, family = [], primary(reader)
     for m, text, key, direction in CLAIMS:
         if m not in reader.figures:
             continue
+        if why := UNTESTABLE.get((m, key)):
+            out.append(Claim(m, text, "", key, direction, BASE, None, UNDECIDED, False, why))
+            continue
+        # Entropy and the advantage signal are measured at the run's own sampling temperature: read at the same one.
+        other_t = key in TRAINING_KEYS and trained_at(infos, m) != trained_at(infos, BASE)
+        against = f"{m}-off" if other_t else BASE
         for k, where in evaluations(m) if key == P1 else [(key, "")]:
-            est = reader.diff(m, BASE, k)
-            out.append((m, text, where, k, direction, est, claim_word(est, direction)))
+            est, p = family.get(m, (None, None)) if k == P1 else (reader.diff(m, against, k), None)
+            out.append(Claim(m, text, where, k, direction, against, est, claim_word(est, direction, p), k == P1))
     return out
 
 
@@ -169,12 +237,12 @@ def fell(reader: Reader, runs: list) -> list[tuple[str, int, float, float]]:
     return out
 
 
-def smallest_told(reader: Reader, pairs: list[tuple[str, str, str]]) -> tuple[float, float, float] | None:
-    """(median, lowest, highest) half-width of the 95% intervals of held-out pass@1 differences among `pairs`
-    ((a, b, key)): a difference smaller than its half-width is not told from zero by this design. A pair that
-    answered every problem alike on every seed (runs that trained alike) has a zero-width interval that says
-    nothing of the design: left out."""
-    widths = sorted(e.half_width for a, b, k in pairs if (e := reader.diff(a, b, k)) is not None and e.half_width)
-    if not widths:
+def detectable(reader: Reader, pairs: list[tuple[str, str, str]]) -> tuple[float, float, float] | None:
+    """(median, lowest, highest) over `pairs` ((a, b, key)) of the held-out pass@1 difference the design detects
+    with 80% power (design.mdd, from each pair's between-seed SD of the paired differences). A pair that answered
+    every problem alike on every seed (runs that trained alike) has no spread that says anything of the design:
+    left out."""
+    found = sorted(mdd(e.sd, e.seeds) for a, b, k in pairs if (e := reader.diff(a, b, k)) is not None and e.sd)
+    if not found:
         return None
-    return float(np.median(widths)), widths[0], widths[-1]
+    return float(np.median(found)), found[0], found[-1]
