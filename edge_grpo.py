@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from common.batching import pack, rows_with_loss, select
+from common.batching import pack, rows_with_loss
 from common.cli import arg, flag_record, parse_args, require
 from common.distributed import global_sum
-from common.logprobs import masked_mean, sequence_logprobs
+from common.logprobs import masked_mean
 from common.prompts import TEMPLATE_CHOICES
 from common.rewards import accuracy_reward
 from common.rollout import Completion, prompt_seeds
@@ -281,20 +281,12 @@ def old_logprobs(trainer, batch: dict, args: Args) -> dict:
     entropies [N, C], and the reference model's log-probs when --beta > 0."""
     out = {k: torch.zeros_like(batch["completion_mask"]) for k in ("logp", "entropy", "ref_logp")}
     with torch.no_grad():
-        for idx in trainer.micro_batch_plan(batch, list(range(len(batch["input_ids"])))):
-            mb = select(batch, idx, trainer.layout)
-            at = mb["rows"][: len(idx)]  # on the device (a list index would be a blocking copy); none if idx is empty
-            C = mb["completion_mask"].shape[1]
-            ids, attn = mb["input_ids"], mb["attention_mask"]
-            logp, ent = sequence_logprobs(
-                trainer.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=True, layout=mb["layout"]
-            )
-            out["logp"][at, :C], out["entropy"][at, :C] = logp[: len(idx)], ent[: len(idx)]
+        for mb in trainer.micro_batches(batch, range(len(batch["input_ids"]))):
+            at, n, C = mb["rows"][: mb.n], mb.n, mb["completion_mask"].shape[1]  # the real rows, on the device
+            logp, ent = mb.logprobs(trainer.model, args.temperature, with_entropy=True)
+            out["logp"][at, :C], out["entropy"][at, :C] = logp[:n], ent[:n]
             if trainer.ref_model is not None:
-                ref_logp, _ = sequence_logprobs(
-                    trainer.ref_model, ids, attn, args.temperature, logits_to_keep=C, layout=mb["layout"]
-                )
-                out["ref_logp"][at, :C] = ref_logp[: len(idx)]
+                out["ref_logp"][at, :C] = mb.logprobs(trainer.ref_model, args.temperature)[0][:n]
     return out
 
 
@@ -315,31 +307,24 @@ def update(trainer, batch: dict, old: dict, advantages: torch.Tensor, is_weight,
             num_tokens = (
                 global_sum(trainer.accelerator, sum(batch["completion_lens"][i] for i in minibatch)) / trainer.world
             )
-            plan, local = trainer.micro_batch_plan(batch, [i for i in minibatch if live[i]]), Counter()
-            for i, idx in enumerate(plan):
-                mb = select(batch, idx, trainer.layout)
+            local = Counter()
+            for mb in trainer.micro_batches(batch, [i for i in minibatch if live[i]], train=True):
                 at = mb["rows"]  # the micro-batch's rows of the batch, on the device
-                with trainer.accumulate(last=i == len(plan) - 1):
-                    C = mb["completion_mask"].shape[1]
-                    ids, attn, mask = mb["input_ids"], mb["attention_mask"], mb["completion_mask"]
-                    logp, ent = sequence_logprobs(
-                        trainer.model, ids, attn, args.temperature, logits_to_keep=C, with_entropy=args.eda_entropy_grad,
-                        layout=mb["layout"],
-                    )  # fmt: skip
-                    adv = advantages[at]
-                    if (
-                        args.eda_entropy_grad
-                    ):  # the authors' code: P_i from this very pass, with its gradient through 1 / P_i
-                        adv = (
-                            adv
-                            * masked_mean(old["entropy"][at], batch["completion_mask"][at], dim=-1).clamp(min=1e-6)
-                            / masked_mean(ent, mask, dim=-1).clamp(min=1e-6)
-                        )
-                    loss, stats = policy_loss(
-                        logp, old["logp"][at], adv, mb["completion_mask"], args, len(minibatch), num_tokens,
-                        old["ref_logp"][at], None if is_weight is None else is_weight[at],
-                    )  # fmt: skip
-                    trainer.accelerator.backward(loss)
+                logp, ent = mb.logprobs(trainer.model, args.temperature, with_entropy=args.eda_entropy_grad)
+                adv = advantages[at]
+                if (
+                    args.eda_entropy_grad
+                ):  # the authors' code: P_i from this very pass, with its gradient through 1 / P_i
+                    adv = (
+                        adv
+                        * masked_mean(old["entropy"][at], batch["completion_mask"][at], dim=-1).clamp(min=1e-6)
+                        / masked_mean(ent, mb["completion_mask"], dim=-1).clamp(min=1e-6)
+                    )
+                loss, stats = policy_loss(
+                    logp, old["logp"][at], adv, mb["completion_mask"], args, len(minibatch), num_tokens,
+                    old["ref_logp"][at], None if is_weight is None else is_weight[at],
+                )  # fmt: skip
+                trainer.accelerator.backward(loss)
                 local.update(stats | {"loss": loss.detach()})
             opt = trainer.optimizer_step(step + 1, local)  # clip; a NaN/inf or spiking update is skipped
             sums.update(opt.sums | {"loss": opt.loss, "skipped": not opt.applied, "optimizer_steps": 1})

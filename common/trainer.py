@@ -1,15 +1,18 @@
 """The trainer of a session: the accelerator, the policy (and the reference model), the optimiser and its
 learning-rate schedule, the micro-batches of a pass and the optimiser step (`Trainer`, built by
-`open_trainer`). The scripts' old_logprobs(), update() and step_metrics() take it."""
+`open_trainer`). The scripts' old_logprobs(), update() and step_metrics() take it; their one seam is
+`Trainer.micro_batches`, which cuts, lays out and (in training) accumulates each forward's rows."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.batching import select
 from common.cli import require
+from common.logprobs import sequence_logprobs
 from common.metrics import UpdateGuard
 from common.models import Precision
 from common.run_flags import RunFlags
@@ -21,6 +24,25 @@ class OptimizerStep:
     grad_norm: float  # before clipping (NaN when DeepSpeed clips inside its own step)
     applied: bool  # False: skipped (not finite, or a gradient-norm spike)
     sums: dict  # the micro-batches' sums over all ranks, as floats (the loss summed, not averaged)
+
+
+class MicroBatch(dict):
+    """One forward's rows of a `pack`ed batch: `common.batching.select`'s tensors ("rows", their indices in the
+    batch, on the device; "input_ids", "completion_mask" [rows, C], ...) and `n`, how many rows are real: 0 for
+    the filler a rank runs to keep step with its peers (row 0, its completion mask all 0)."""
+
+    def __init__(self, tensors: dict, n: int):
+        super().__init__(tensors)
+        self.n = n
+
+    def logprobs(self, model, temperature: float, with_entropy: bool = False, whole: bool = False):
+        """(log pi(o_t | o_<t), entropy or zeros) of its completion tokens, [rows, C], under `model` from logits / T
+        (`common.logprobs.sequence_logprobs`); `whole`: of every token after the first, [rows, L - 1]."""
+        C = None if whole else self["completion_mask"].shape[1]
+        return sequence_logprobs(
+            model, self["input_ids"], self["attention_mask"], temperature, logits_to_keep=C,
+            with_entropy=with_entropy, layout=self["layout"],
+        )  # fmt: skip
 
 
 @dataclass
@@ -61,6 +83,19 @@ class Trainer:
         return micro_batch_plan(
             self.accelerator, batch, rows, self.micro_batch_size, self.max_tokens_per_micro_batch, self.memory_tokens
         )
+
+    def micro_batches(self, batch: dict, rows: Iterable[int], train: bool = False) -> Iterator[MicroBatch]:
+        """The micro-batches of `rows` of `batch` (`micro_batch_plan`), each cut to its own lengths in the passes'
+        layout; with `train`, each is handed out inside its gradient-accumulation context (`accumulate`), so that
+        the caller's backward of it is reduced over ranks at the last one."""
+        plan = self.micro_batch_plan(batch, list(rows))
+        for i, idx in enumerate(plan):
+            mb = MicroBatch(select(batch, idx, self.layout), len(idx))
+            if not train:
+                yield mb
+                continue
+            with self.accumulate(last=i == len(plan) - 1):
+                yield mb
 
     def accumulate(self, last: bool):
         """Context of one micro-batch's forward/backward; gradients are reduced over ranks on the `last`."""

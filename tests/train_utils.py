@@ -88,7 +88,11 @@ def scoring_session(model, micro_batch_size: int = 8, ref_model=None, layout: st
         lens = batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist()
         return micro_batches(*lens, rows, micro_batch_size)
 
-    return SimpleNamespace(model=model, ref_model=ref_model, micro_batch_plan=plan, layout=layout)
+    from common.trainer import Trainer
+
+    s = SimpleNamespace(model=model, ref_model=ref_model, micro_batch_plan=plan, layout=layout)
+    s.micro_batches = lambda batch, rows, train=False: Trainer.micro_batches(s, batch, rows, train)  # the real seam
+    return s
 
 
 def demo_learns_and_smollm2_runs(script: str, tmp_path: Path, *flags: str, smollm2: bool = True) -> list[dict]:
