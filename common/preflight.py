@@ -73,7 +73,7 @@ def update_phases(
     CUDA). The state holds its gradients throughout (DDP's buckets; a later micro-batch of an accumulation), so each
     new gradient is summed into it. Under bf16 autocast over fp32 weights (single, DDP) the residual stream stays
     fp32 and the output layer is cast to bf16 once a forward (common/logprobs.py `scoring_forward`); FSDP2 and
-    ZeRO-3 gather it. An estimate from the shapes: benchmarks/gpu_step.py measures each phase."""
+    ZeRO-3 gather it. An estimate from the shapes: gpu_check/step.py measures each phase."""
     from common.batching import activation_bytes_per_token
 
     V, D, L = config.vocab_size, config.hidden_size, config.num_hidden_layers
