@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.answers import extract_answer
-from common.benchmarks import AGGREGATES
 from common.cli import not_utf8
+from common.eval_sets import AGGREGATES
 from common.prompts import few_shot_examples, format_few_shot_prompt
 from common.run_dir import read_jsonl, write_jsonl
 from common.verifier import MathVerifier
@@ -145,7 +145,7 @@ def evaluate(
     """Sample n completions per problem with `engine` (a `common.rollout` engine: the training loop's
     live one samples the policy being trained) and score them; returns (flat summary, per-problem records).
 
-    benchmarks: {name: rows with "problem" and "answer"} (`common.benchmarks.load_benchmarks`).
+    benchmarks: {name: rows with "problem" and "answer"} (`common.eval_sets.load_benchmarks`).
     max_prompt_len: longer prompts are not generated (a vLLM engine built for training would reject
     them) and count as wrong; their records say so. accelerator: with several processes, each rank
     samples every world-th problem and every rank gets all records, so the summary is the same on
@@ -226,7 +226,7 @@ class TrainingEval:
 
     every: int  # --eval_steps (0: never)
     benchmarks: str  # --eval_benchmarks as given, recorded with the results
-    sets: dict[str, list[dict]]  # `common.benchmarks.load_benchmarks`
+    sets: dict[str, list[dict]]  # `common.eval_sets.load_benchmarks`
     n: int  # samples per problem
     temperature: float
     template: str

@@ -222,7 +222,7 @@ def _raw_rows(source: str, split: str, config: str | None) -> Iterator[dict]:
 FIELD_HINT = (
     "Pass --{key}_field with the field that holds the {key} (dotted paths such as reward_model.ground_truth reach "
     "nested fields)."
-)  # how a training run or a data command maps a field; a benchmark says it its own way (`common.benchmarks`)
+)  # how a training run or a data command maps a field; a benchmark says it its own way (`common.eval_sets`)
 
 
 class _Lacking:

@@ -17,7 +17,7 @@ The parts, each built by the module that holds it:
 - `s.io` (`RunIO`, below): the run directory, the log, checkpoints, the evaluation during training and the
   health checks that read the steps.
 
-`start_session` checks what it can before a model loads (common/before_loading.py), then builds the trainer,
+`start_session` checks what it can before a model loads (common/checks.py), then builds the trainer,
 the rollout side, resumes from the newest good checkpoint when asked, builds the rewards and the run's I/O,
 and records the run's flags. The scripts never see a flag of RunFlags by name, and common/ reads a script's
 Args once, by the names of the flags every script shares, into the spec of what is trained
@@ -155,7 +155,7 @@ def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict
     and passed down (`precision_for`, the memory preflight)."""
     import torch
 
-    from common.before_loading import check_before_loading, check_launch_and_rewards, check_prompt_format
+    from common.checks import check_before_loading, check_launch_and_rewards, check_prompt_format
     from common.evaluation import TrainingEval
     from common.metrics import describe_machine
     from common.models import announce_loading, precision_for
@@ -279,7 +279,7 @@ class RunIO:
 def open_run_io(script: str, run: RunFlags, pre, values: dict, accelerator, mode, start_step: int, machine: dict,
                 evaluation: TrainingEval, group_size: int) -> RunIO:  # fmt: skip
     """Once everything has loaded: the run directory made this run's (`pre`: what was checked before loading,
-    `common.before_loading.Prepared`; `values`: the flags for run_config.json; `machine`: what it runs on and in
+    `common.checks.Prepared`; `values`: the flags for run_config.json; `machine`: what it runs on and in
     which precision, recorded with the launch), the logger, the checkpoint schedule and the health checks,
     which speak through the log."""
     from common.run_dir import start_run_dir

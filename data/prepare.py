@@ -221,7 +221,7 @@ def main(args: Args) -> None:
                 summaries += [openr1_summary(r, config) for r in source_rows]
             test_problems = []
             if args.decontaminate:
-                from common.benchmarks import load_benchmarks
+                from common.eval_sets import load_benchmarks
 
                 with clear_errors("--decontaminate"):  # its errors name this command's flags
                     benchmarks = load_benchmarks(args.decontaminate, args.data_dir, data_dir_flag="--data_dir")

@@ -229,7 +229,9 @@ def check_command(argv: list[str]) -> str | None:
         return f"unexpanded shell variable in {shlex.join([target, *rest])}"
     if target.endswith(".py") and not (ROOT / target).is_file():
         return f"no script {target}"
-    if target.startswith(("benchmarks/", "scripts/", "gpu_check/")):  # plain argparse inside main(): its add_argument calls
+    if target.startswith(
+        ("benchmarks/", "scripts/", "gpu_check/")
+    ):  # plain argparse inside main(): its add_argument calls
         known = set(re.findall(r'add_argument\(\s*"--(\w+)"', (ROOT / target).read_text())) | {"help"}
         unknown = [t for t in args if t.startswith("--") and t[2:].split("=")[0] not in known]
         return f"{target}: unknown flag(s) {unknown}" if unknown else None

@@ -219,7 +219,7 @@ def _named(key: str, value) -> tuple[str | None, bool]:
 
 
 def _items(benchmarks: str) -> list[tuple[str, str | None]]:
-    from common.benchmarks import parse_benchmarks
+    from common.eval_sets import parse_benchmarks
 
     try:
         return parse_benchmarks(benchmarks)
@@ -397,8 +397,8 @@ def main(args: Args, ks: list[int] | None, given: set[str] | None = None, engine
         given = {f.name for f in dataclasses.fields(Args) if getattr(args, f.name) != f.default}
     if args.rescore:
         return rescore_main(args, ks)
-    from common.benchmarks import load_benchmarks
     from common.cli import clear_errors
+    from common.eval_sets import load_benchmarks
     from common.models import offline_unless_hub_reachable
     from common.run_dir import write_jsonl
 

@@ -109,7 +109,7 @@ def check_before_loading(script: str, spec, run: RunFlags, values: dict, resumab
         print(f"{script}: {length}, {spec.prompts_per_step} prompts x {spec.group_size} completions a step")
     eval_sets = {}
     if run.eval_steps:  # fail fast, before training
-        from common.benchmarks import load_benchmarks
+        from common.eval_sets import load_benchmarks
 
         with clear_errors("--eval_benchmarks"):
             eval_sets = load_benchmarks(run.eval_benchmarks)
