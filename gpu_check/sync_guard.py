@@ -5,7 +5,7 @@
 The script is imported as a module (its `__main__` block stays out), its flags parsed and checked as its own
 `__main__` does, and its `main` run with `old_logprobs` (the scoring pass) and `update` wrapped by name (`main`
 looks them up in the module; nothing in the script or common/ is edited). Inside them
-`torch.cuda.set_sync_debug_mode("warn")` is on, each micro-batch's layout is counted from the script's `select`,
+`torch.cuda.set_sync_debug_mode("warn")` is on, each micro-batch's layout is counted from `select` in `Trainer.micro_batches`,
 and each sync warning is attributed, from the Python stack at the time, to:
 
 - intended: inside `Trainer.optimizer_step` or `rows_with_loss`, the reads docs/SCALING.md names;
@@ -148,23 +148,22 @@ def load_script(path: Path):
 
 
 def guard(module, log: SyncLog) -> list[str]:
-    """Wrap the module's `old_logprobs` and `update` (those it has) in `log.watch`, and `select` where the
-    micro-batches are cut (the script or common/trainer.py) to count the layouts they ran in (`select` may fall
-    back from the asked one); returns the names wrapped."""
+    """Wrap the module's `old_logprobs` and `update` (those it has) in `log.watch`, and `select` where every pass
+    cuts its micro-batches (`common.trainer.Trainer.micro_batches`) to count the layouts they ran in (`select` may
+    fall back from the asked one); returns the names wrapped."""
     import common.trainer
 
+    select = common.trainer.select
+
+    @functools.wraps(select)
+    def counted(*a, **k):
+        mb = select(*a, **k)
+        if log.phase is not None:
+            log.layouts[(log.phase, LAYOUTS.get(type(mb["layout"]).__name__, mb["layout"]))] += 1
+        return mb
+
+    common.trainer.select = counted
     wrapped = []
-    for owner in (module, common.trainer):
-        if select := getattr(owner, "select", None):
-
-            @functools.wraps(select)
-            def counted(*a, __select=select, **k):
-                mb = __select(*a, **k)
-                if log.phase is not None:
-                    log.layouts[(log.phase, LAYOUTS.get(type(mb["layout"]).__name__, mb["layout"]))] += 1
-                return mb
-
-            owner.select = counted
     for name in WRAPPED:
         fn = getattr(module, name, None)
         if fn is None:
