@@ -150,14 +150,14 @@ def make_engine(
     )
 
 
-# The rollout side of a session: the engine that samples the policy (`common.rollout`: vLLM in-process, or
+# The rollout side of a session: the engine that samples the policy (vLLM in-process, or
 # transformers), the prompt sampler, each prompt's seed, and the engine's memory given to the trainer and
 # taken back with the new weights (`Rollout.sleep`, then `Rollout.sync_weights`). Built by `open_rollout`.
 
 
 @dataclass
 class Rollout:
-    engine: RolloutEngine  # common.rollout's VLLMEngine or HFEngine
+    engine: RolloutEngine  # VLLMEngine or HFEngine
     sampler: PromptSampler  # each step's prompts, this rank's share
     tokenizer: object  # the policy's: prompts in, completions out
     seed: int  # --seed
@@ -167,7 +167,7 @@ class Rollout:
 
     def seeds(self, step: int, n: int) -> list[int]:
         """One seed per prompt of this rank's `n` at `step`, from its place in the global batch
-        (`common.rollout.prompt_seeds`): the samples do not depend on how the batch is split over ranks."""
+        (`prompt_seeds`): the samples do not depend on how the batch is split over ranks."""
 
         return prompt_seeds(self.seed, step, self.prompts_per_step, self.rank, n)
 
@@ -240,7 +240,7 @@ def rollout_engine(
     run: RunFlags, model_path: str, tokenizer, policy, mode, precision: Precision, *, seed: int, size: EngineSize,
     added_len: int, rows: list[dict], prompts_per_step: int, group_size: int, say, stop: list[str] = (),
 ):  # fmt: skip
-    """The rollout engine of --rollout (`common.rollout.make_engine`) of `size` (`engine_size`); `seed`: this
+    """The rollout engine of --rollout (`make_engine`) of `size` (`engine_size`); `seed`: this
     rank's; `added_len`: the tokens a sequence adds to its prompt (completion, extra context); `stop`: the stop
     strings. Says when its KV cache cannot hold a step at once."""
 

@@ -21,7 +21,7 @@ The parts, each built by the module that holds it:
 the rollout side, resumes from the newest good checkpoint when asked, builds the rewards and the run's I/O,
 and records the run's flags. The scripts never see a flag of RunFlags by name, and common/ reads a script's
 Args once, by the names of the flags every script shares, into the spec of what is trained
-(`common.session.spec_from`).
+(`spec_from`, below).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class Session:
 
 def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict, set[str]]) -> Session:
     """Set up a run (module docstring). `script`: the script's name (the default --output_dir is
-    runs/<script>); `spec`: what is trained (`common.session.spec_from`); `run`: how the run goes; `flags`:
+    runs/<script>); `spec`: what is trained (`spec_from`); `run`: how the run goes; `flags`:
     `common.cli.flag_record(args, run)`, recorded in run_config.json. Whether a GPU trains is asked here once
     and passed down (`precision_for`, the memory preflight)."""
     import torch
@@ -309,7 +309,7 @@ def open_run_io(script: str, run: RunFlags, pre, values: dict, accelerator, mode
 #
 # The flags every script shares are read from `Args` by name (`FROM_ARGS`); what a script decides itself
 # (its optimiser, how many optimiser steps its update takes, whether a reference model loads, the context
-# a sequence may grow by, a check of its data) it passes by keyword. `common.session.start_session` takes
+# a sequence may grow by, a check of its data) it passes by keyword. `start_session` takes
 # the spec and the run's flags (`common.run_flags.RunFlags`); past `spec_from`, nothing in common/ sees `Args`.
 
 
