@@ -209,7 +209,7 @@ def target_of(argv: list[str]) -> tuple[str, list[str]] | str | None:
             at += 1
         return argv[at].removeprefix("./"), argv[at + 1 :]
     if len(argv) > 2 and argv[1] == "-m":
-        return (argv[2], argv[3:]) if argv[2] not in ("pytest", "pip") else None
+        return (argv[2], argv[3:]) if argv[2] not in ("pytest", "pip", "ruff") else None
     if len(argv) > 1 and argv[1].endswith(".py"):
         return argv[1].removeprefix("./"), argv[2:]
     return None  # python -c, python --version: not a CLI of this project
