@@ -104,6 +104,20 @@ def test_weight_sync_and_prefix_cache_reset(vllm_engine, tiny_random_dir, prompt
     assert stale > 100 * max(synced, 1e-5), f"stale prefix cache should show: stale={stale}, synced={synced}"
 
 
+@needs_vllm
+@pytest.mark.vllm
+@pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's CPU block size")
+def test_a_prompt_shorter_than_vllms_cpu_default_block_shares_its_prefill(vllm_engine):
+    """A 100-token prompt asked again is read from the prefix cache, three whole 32-token blocks of it: in vLLM's
+    CPU default of 128-token blocks none of it was, and a prompt's n samples each computed it again."""
+    from vllm import SamplingParams, TokensPrompt
+
+    prompt = TokensPrompt(prompt_token_ids=list(range(5, 105)))
+    params = SamplingParams(max_tokens=1, seed=0)
+    cached = [vllm_engine.llm.generate([prompt], params, use_tqdm=False)[0].num_cached_tokens for _ in range(2)]
+    assert cached == [0, 96]
+
+
 def test_stop_tokens_are_one_function_for_training_and_evaluation(tiny_random_dir, tmp_path):
     """EOS <|endoftext|> with <|im_end|> in the vocabulary, and a generation-config EOS: all stop, wherever asked."""
     import shutil
@@ -240,7 +254,7 @@ def test_vllm_on_cpu_holds_every_sequence_at_its_longest_in_the_cache_it_is_give
     sequences, length = config.scheduler_config.max_num_seqs, config.model_config.max_model_len
     assert config.cache_config.block_size == VLLM_CPU_BLOCK  # what the size is counted in
     assert vllm_engine.kv_cache_tokens - VLLM_CPU_BLOCK >= sequences * length
-    assert config.cache_config.kv_cache_memory_bytes == 16 * (1024 + 128) * 2048 // 2**20 * 2**20  # 36 MiB
+    assert config.cache_config.kv_cache_memory_bytes == 16 * (1024 + VLLM_CPU_BLOCK) * 2048 // 2**20 * 2**20
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="VLLM_CPU_KVCACHE_SPACE is read on CPU only")
@@ -281,15 +295,15 @@ def test_the_cpu_kv_cache_is_what_the_engine_decodes_at_once_in_the_model_s_dtyp
     for other in (LlamaConfig(num_hidden_layers=0), DeepseekV3Config(), Qwen3NextConfig(), Gemma4Config()):
         assert kv_cache_per_token(other, "bfloat16") is None, type(other).__name__
     mib, cap = 2**20, CPU_KV_CACHE_GIB * 2**30
-    assert kv_tokens(100, 16) == 16 * 256 and kv_tokens(128, 1) == 256 and kv_tokens(129, 1) == 384
-    assert cpu_kv_cache_bytes(2048, 100, 16) == 8 * mib  # 16 x 256 tokens x 2 KiB
+    assert kv_tokens(100, 16) == 16 * 160 and kv_tokens(128, 1) == 160 and kv_tokens(129, 1) == 192  # 32-token blocks
+    assert cpu_kv_cache_bytes(2048, 100, 16) == 5 * mib  # 16 x 160 tokens x 2 KiB
     assert cpu_kv_cache_bytes(2048, 100, None) == cpu_kv_cache_bytes(2048, 100, VLLM_CPU_MAX_NUM_SEQS)
     assert cpu_kv_cache_bytes(57_344, 8192, 64) == cpu_kv_cache_bytes(None, 100, 1) == cap  # a 7B's long rollout
-    assert cpu_kv_cache_bytes(46_080, 544, 48) == 1_620 * mib  # SmolLM2, 48 sequences of 544 tokens: 6 blocks
+    assert cpu_kv_cache_bytes(46_080, 544, 48) == 1_215 * mib  # SmolLM2, 48 sequences of 544 tokens: 18 blocks
     tiny = str(tiny_random_dir)
     assert engine_kv_cache_bytes({"VLLM_CPU_KVCACHE_SPACE": "3"}, "no/such/model", "float32", 100, 16) is None
     environ = {"VLLM_CPU_KVCACHE_SPACE": "  "}  # blank: the engine's size, and vLLM must not read it
-    assert engine_kv_cache_bytes(environ, tiny, "float32", 100, 16) == 8 * mib and environ == {}
+    assert engine_kv_cache_bytes(environ, tiny, "float32", 100, 16) == 5 * mib and environ == {}
     assert engine_kv_cache_bytes({}, tiny, "float32", 100, 16) == cpu_kv_cache_bytes(2 * 4 * 2 * 32 * 4, 100, 16)
     assert engine_kv_cache_bytes({}, str(tiny_random_dir.parent), "float32", 100, 16) == cap  # no config there
     with pytest.raises(SystemExit, match=r"^error: one sequence of 1,280,000 tokens needs 2\.4 GiB .*=3$"):
