@@ -1,6 +1,7 @@
 """The transformers rollout engine: `generate` on the training model itself, for CPU runs or when vLLM is
-absent. It is always in sync (`load_weights` is a no-op); each row samples under its own seeded generator
-(`_RowSampler`), and stops once its text holds a stop string (`_StopStrings`), then is cut as `cut_at_stop` says.
+absent. It is always in sync (`load_weights` is a no-op); each prompt is prefilled once for its n rows
+(`HFEngine._prefill`), each row samples under its own seeded generator (`_RowSampler`), and stops once its text
+holds a stop string (`_StopStrings`), then is cut as `cut_at_stop` says.
 """
 
 import math
@@ -109,7 +110,7 @@ class HFEngine:
         top_p: float = 1.0,
         seed: int | list[int] | None = None,
     ) -> list[list[Completion]]:
-        """n completions for each prompt, all prompts in one `generate` call (`batch_size` rows at a time).
+        """n completions for each prompt, in `generate` calls of whole groups (`batch_size` rows, at least a group).
 
         With one seed per prompt, each completion is drawn with its own generator, seeded by
         (its prompt's seed, its index in the group): what a prompt gets does not depend on which
@@ -135,33 +136,48 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         device = next(self.model.parameters()).device
-        rows = [(p, s, j) for p, s in zip(prompts, seeds) for j in range(n)]
-        calls = math.ceil(len(rows) / self.batch_size)
+        per_call = max(1, self.batch_size // n)  # whole groups: a prompt's n rows share one prefill
+        calls = math.ceil(len(prompts) / per_call)
         if self.synced:  # every rank makes the most calls any rank makes (an idle rank steps on a dummy row)
             count = torch.tensor(calls, device=device)
             torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
             calls = int(count)
         results: list[Completion] = []
         for c in range(calls):
-            chunk = rows[c * self.batch_size : (c + 1) * self.batch_size]
-            results += self._sample(chunk or [([self.pad_token_id], 0, 0)], max_tokens, temperature, top_p, device)[
-                : len(chunk)
+            chunk = list(zip(prompts, seeds))[c * per_call : (c + 1) * per_call]
+            results += self._sample(chunk or [([self.pad_token_id], 0)], n, max_tokens, temperature, top_p, device)[
+                : len(chunk) * n
             ]
         self.model.train(was_training)
         return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _sample(self, rows, max_tokens: int, temperature: float, top_p: float, device) -> list[Completion]:
-        """One `generate` call over rows of (prompt, seed, index in the group)."""
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, n: int):
+        """The prompts' KV cache but for their last token, computed once and repeated for each prompt's n rows: what
+        `generate` then computes is the last prompt token and the completions (positions from the mask, as its own)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1],
+                   past_key_values=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
+        cache.batch_repeat_interleave(n)
+        return cache
+
+    def _sample(self, prompts, n: int, max_tokens: int, temperature: float, top_p: float, device) -> list[Completion]:
+        """One `generate` call over (prompt, seed) pairs, n rows each."""
         generators = []
-        for _, s, j in rows:
-            row_seed = int(torch.randint(0, 2**62, ())) if s is None else completion_seed(s, j)
-            generators.append(torch.Generator(device=device).manual_seed(row_seed))
+        for _, s in prompts:
+            for j in range(n):
+                row_seed = int(torch.randint(0, 2**62, ())) if s is None else completion_seed(s, j)
+                generators.append(torch.Generator(device=device).manual_seed(row_seed))
         sampler = _RowSampler(generators, temperature, top_p)
-        width = max(len(p) for p, _, _ in rows)
+        width = max(2, *(len(p) for p, _ in prompts))  # a token to prefill, on every rank (a synced forward)
         stops = _StopStrings(self.stop, self.decode, width) if self.stop else None
         # Left padding: every prompt ends where generation starts.
-        ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p, _, _ in rows], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _, _ in rows], device=device)
+        ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p, _ in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in prompts], device=device)
+        cache = self._prefill(ids, mask, n)
+        ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
         from transformers import GenerationConfig, StoppingCriteriaList
 
         # Every setting explicit: `generate` fills what is left unset from the model's own
@@ -185,9 +201,10 @@ class HFEngine:
             logits_processor=[sampler],
             stopping_criteria=StoppingCriteriaList([stops] if stops else []),
             synced_gpus=self.synced,
+            past_key_values=cache,
         )
         new = out[:, width:].tolist()
-        logps = torch.stack(sampler.logprobs, 1).tolist() if sampler.logprobs else [[] for _ in rows]
+        logps = torch.stack(sampler.logprobs, 1).tolist() if sampler.logprobs else [[] for _ in new]
         results = []
         for i, (row, row_logp) in enumerate(zip(new, logps)):
             stop = next((j for j, t in enumerate(row) if t in self.stop_token_ids), None)
