@@ -14,7 +14,11 @@ and lengths. The run is stored (machine, load, command, figures) and docs/SCALIN
   cross-entropy over them, in the same micro-batches: what any GRPO step must compute.
 - TRL: `GRPOTrainer` (HF generation, one pass, no reference model) on the same prompts, G, lengths and learning
   rate: the mean step over steps 2..--steps. Not a dependency: `pip install trl` for it, else it is skipped.
-- matmul: a 2,048 x 2,048 matmul's GFLOP/s in fp32 and in bf16, what this CPU's bf16 units give before any model.
+- evaluation: `tools.evaluate` of SmolLM2 on 100 held-out sums x 8 samples at T = 1 (<= 32 tokens, 2 worked
+  examples), here and at each `--eval_at` commit (a git worktree of it), one after another in this run.
+- matmul: a 2,048 x 2,048 matmul's GFLOP/s in fp32 and in bf16, at the start and at the end of the run: what this
+  CPU's bf16 units give before any model, and the rate the floors take (the faster).
+- floors: each phase's FLOPs over that matmul rate (real_step_render.py's `floor_flops` says what is counted).
 
 Time it alone: vLLM's CPU threads spin, and beside another busy process a step takes several times as long (the
 stored load average says what the cores were doing).
@@ -79,7 +83,85 @@ def ours(a, data: Path, config: str, out: Path) -> dict:
     return t
 
 
-def prompts_and_model(a, data: Path):
+EVAL = [
+    "--model",
+    "smollm2",
+    "--few_shot",
+    "2",
+    "--limit",
+    "100",
+    "--n",
+    "8",
+    "--temperature",
+    "1",
+    "--max_tokens",
+    "32",
+]
+
+
+def evaluation(root: Path, out: Path) -> dict:
+    """`tools.evaluate` at `root` (EVAL's flags): its own time (`eval_s`: sampling and scoring, not the engine's
+    start), the tokens of its prompts (each, and the prefix they all share) and of its samples, and its pass@1."""
+    cmd = [sys.executable, "-m", "tools.evaluate", *EVAL, "--output_dir", str(out)]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(root)})
+    if proc.returncode:
+        raise SystemExit(f"tools.evaluate at {root} failed:\n{proc.stderr[-3000:]}")
+    results = json.loads((out / "eval_results.json").read_text())
+    records = [json.loads(line) for line in (out / "eval_records.jsonl").read_text().splitlines()]
+    return {
+        "eval_s": results["config"]["eval_s"],
+        "prompts": len(records),
+        "prompt_tokens": sum(r["prompt_tokens"] for r in records),
+        "shared_prefix": eval_prefix([r["problem"] for r in records]),
+        "completions": sum(len(r["num_tokens"]) for r in records),
+        "tokens": sum(sum(r["num_tokens"]) for r in records),
+        "pass@1": results["summary"]["eval/overall/pass@1"],
+    }
+
+
+def eval_prefix(problems: list[str]) -> int:
+    """The tokens every evaluation prompt begins with (the template and the worked examples), as this tree builds them."""
+    from common.evaluation import prompt_ids
+    from common.models import ensure_smollm2, load_tokenizer
+    from tools.evaluate import Args, few_shot_pool_for
+
+    tok, pool = load_tokenizer(str(ensure_smollm2())), few_shot_pool_for(Args(few_shot=2), None)
+    return len(os.path.commonprefix([prompt_ids(p, Args.template, tok, 2, pool) for p in problems]))
+
+
+def evaluations(commits: list[str], tmp: Path) -> dict:
+    """The evaluation here and at each commit (checked out in a worktree under `tmp`), in that order."""
+    roots = {"this tree": ROOT}
+    for commit in commits:
+        roots[commit] = tmp / f"tree-{commit}"
+        subprocess.run(["git", "worktree", "add", "--detach", str(roots[commit]), commit], cwd=ROOT, check=True)
+    try:
+        return {name: evaluation(root, tmp / f"eval-{i}") for i, (name, root) in enumerate(roots.items())}
+    finally:
+        for commit in commits:
+            subprocess.run(["git", "worktree", "remove", "--force", str(roots[commit])], cwd=ROOT, check=True)
+
+
+def model_params() -> dict:
+    """What a token's forward multiplies by: the body's matrices (not the embedding, a lookup, nor the norms' scales)
+    and the LM head (SmolLM2's is the embedding)."""
+    from transformers import AutoModelForCausalLM
+
+    from common.models import ensure_smollm2
+
+    model = AutoModelForCausalLM.from_pretrained(str(ensure_smollm2()))
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2 and p is not embedding and p is not head)
+    return {"body": matrices, "head": head.numel()}
+
+
+def prompt_lengths(rows: list[dict]) -> dict:
+    """The training prompts' mean length and the prefix they all share (template and worked examples), tokens."""
+    ids = [r["prompt_ids"] for r in rows]
+    return {"mean": sum(map(len, ids)) / len(ids), "shared": len(os.path.commonprefix(ids))}
+
+
+def prompts_and_model(a, data: Path, rows_only: bool = False):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -89,6 +171,8 @@ def prompts_and_model(a, data: Path):
     path = str(ensure_smollm2())
     tok = load_tokenizer(path)
     rows, _ = load_prompts(str(data), tok, "qwen_math", 512, few_shot=2, say=lambda _: None)
+    if rows_only:
+        return rows
     torch.manual_seed(0)
     return path, tok, [r for r in rows[: a.prompts]], AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
@@ -170,17 +254,19 @@ def trl(a, data: Path) -> dict:
     return {"step_s": sum(steps[1:]) / max(1, len(steps) - 1), "steps": steps, "version": trl_module.__version__}
 
 
-def matmul(n: int = 2048, repeats: int = 10) -> dict:
-    """GFLOP/s of an n x n matmul in fp32 and in bf16 on this CPU (the best of `repeats`, after a warm-up)."""
+def matmul(n: int = 2048, seconds: float = 5.0) -> dict:
+    """GFLOP/s of an n x n matmul in fp32 and in bf16 on this CPU: the best of `seconds` of repeats each (a shared
+    VM's cores ramp up: the first tenth of a second ran 96 where the next seconds reached 168 in fp32)."""
     import torch
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     out = {"n": n}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         x, y = a.to(dtype), b.to(dtype)
-        x @ y
-        best = min(_timed(lambda x=x, y=y: x @ y) for _ in range(repeats))
-        out[f"{name}_gflops"] = 2 * n**3 / best / 1e9
+        times, end = [], time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            times.append(_timed(lambda x=x, y=y: x @ y))
+        out[f"{name}_gflops"] = 2 * n**3 / min(times) / 1e9
     return out
 
 
@@ -196,11 +282,13 @@ def run(a) -> dict:
     result |= {
         "args": {k: v for k, v in vars(a).items() if k not in ("render_only", "memory", "out", "doc")},
         "matmul": matmul(),
+        "model": model_params(),
         "ours": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "sums.jsonl"
         write_data(data)
+        result["prompt_len"] = prompt_lengths(prompts_and_model(a, data, rows_only=True))
         for config in filter(None, a.runs.split(",")):
             result["ours"][config] = ours(a, data, config, Path(tmp) / config.replace(":", "-").replace("@", "-"))
             print(f"ours ({config}):", json.dumps(result["ours"][config]), flush=True)
@@ -209,6 +297,9 @@ def run(a) -> dict:
             result["trl"] = trl(a, data) if "trl" not in a.skip else {"skipped": "--skip trl"}
         except Exception as e:  # noqa: BLE001 - a TRL version this benchmark does not fit: say so, keep the rest
             result["trl"] = {"skipped": f"failed ({type(e).__name__}: {str(e)[:300]})"}
+        if "eval" not in a.skip:
+            result["evaluation"] = evaluations(list(filter(None, a.eval_at.split(","))), Path(tmp))
+    result["matmul_end"] = matmul()  # the floors take the faster of the two
     return result
 
 
@@ -224,7 +315,8 @@ def main() -> None:
         default="vllm@fp32,vllm@bf16-mixed,vllm:padded@fp32,hf@fp32",
         help="our runs, comma-separated: engine (vllm, hf)[:padded: no shared prompts]@--precision",
     )
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: bare, trl")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: bare, trl, eval")
+    p.add_argument("--eval_at", default="", help="comma-separated commits whose evaluation is timed beside this tree's")
     p.add_argument("--memory", action="store_true", help="only the memory breakdown of a step, in one process")
     p.add_argument("--out", default=None, help=f"where the run is stored (default {STORED.relative_to(ROOT)})")
     p.add_argument("--doc", default=str(DOC), help="the page whose block is written ('' for none)")

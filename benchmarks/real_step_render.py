@@ -68,6 +68,64 @@ def precision_table(result: dict) -> list[str]:
     return L
 
 
+def floor_flops(body: float, head: float, prompts: float, prompt_tokens: float, shared: float, samples: float,
+                tokens: float) -> dict:  # fmt: skip
+    """FLOPs each phase must compute (2 a weight a token forward, 6 forward and backward), attention left out (a few
+    percent at these lengths). Sampling: each prompt's prefill once (the prefix all prompts share, once), a forward
+    of the body a sampled token after each completion's first (which the prefill's last position gives), the head
+    a sampled token. Scoring (pi_old) and the update: the prompt once per group (the shared-prompt layout) and each
+    completion token, the head on completion tokens only."""
+    prefill = prompt_tokens - (prompts - 1) * shared
+    sampling = 2 * body * (prefill + tokens - samples) + 2 * head * tokens
+    forward = 2 * body * (prompt_tokens + tokens) + 2 * head * tokens
+    return {"rollout_s": sampling, "old_logp_s": forward, "update_s": 3 * forward}
+
+
+def best_rate(result: dict, precision: str) -> float:
+    """FLOP/s of the matmul in `precision`, the faster of the run's start and end."""
+    return max(result[k][f"{precision}_gflops"] for k in ("matmul", "matmul_end") if k in result) * 1e9
+
+
+def run_floors(result: dict, config: str) -> dict:
+    """A run's floor, seconds a phase (and the step: rollout, pi_old and update), at its precision's matmul rate."""
+    r, args, m, p = result["ours"][config], result["args"], result["model"], result["prompt_len"]
+    prompts = args["prompts"]
+    flops = floor_flops(m["body"], m["head"], prompts, prompts * p["mean"], p["shared"], prompts * args["group"],
+                        r["tokens"])  # fmt: skip
+    rate = best_rate(result, "bf16" if config.endswith("bf16-mixed") else "fp32")
+    floors = {k: f / rate for k, f in flops.items()}
+    return floors | {"step_s": sum(floors.values())}
+
+
+def floor_table(result: dict) -> list[str]:
+    """Each run's phases as measured / floor."""
+    keys = ["rollout_s", "old_logp_s", "update_s", "step_s"]
+    L = ["| run | rollout | old_logp | update | step (floor s) |", "|---" * 5 + "|"]
+    for config, r in result["ours"].items():
+        floors = run_floors(result, config)
+        cells = [f"{r[k] / floors[k]:.2f}x" for k in keys]
+        L.append(f"| {label(config)} | " + " | ".join(cells[:-1]) + f" | {cells[-1]} ({floors['step_s']:.1f}) |")
+    return L
+
+
+def eval_lines(result: dict) -> list[str]:
+    """The evaluation here and at earlier commits: seconds, the floor, and this tree's share of each commit's time."""
+    if "evaluation" not in result:
+        return []
+    m, rate = result["model"], best_rate(result, "fp32")
+    L = ["| evaluation at | eval s | sampled tokens | floor s | / floor | pass@1 |", "|---" * 6 + "|"]
+    for name, e in result["evaluation"].items():
+        flops = floor_flops(m["body"], m["head"], e["prompts"], e["prompt_tokens"], e["shared_prefix"],
+                            e["completions"], e["tokens"])["rollout_s"]  # fmt: skip
+        L.append(f"| {name} | {e['eval_s']:.1f} | {e['tokens']:,} | {flops / rate:.1f} | "
+                 f"{e['eval_s'] * rate / flops:.2f}x | {e['pass@1']:.3f} |")  # fmt: skip
+    here = result["evaluation"]["this tree"]["eval_s"]
+    for name, e in result["evaluation"].items():
+        if name != "this tree":
+            L += ["", f"This tree's evaluation takes {100 * here / e['eval_s']:.0f}% of {name}'s time."]
+    return L
+
+
 def render(result: dict) -> str:
     mm, args = result["matmul"], result["args"]
     L = [
@@ -83,9 +141,24 @@ def render(result: dict) -> str:
         f"The GPU's mode against fp32 on this CPU (`--rollout vllm`, shared prompts; the gap is |log p_trainer - "
         f"log p_vLLM| per sampled token, nats, after step 1's first sync of weights and at the last step). A "
         f"{mm['n']:,}² matmul alone ran at {mm['fp32_gflops']:.0f} GFLOP/s in fp32 and {mm['bf16_gflops']:.0f} in bf16 "
-        f"({mm['bf16_gflops'] / mm['fp32_gflops']:.2f}x):",
+        f"({mm['bf16_gflops'] / mm['fp32_gflops']:.2f}x) at the start"
+        + (
+            f", {end['fp32_gflops']:.0f} and {end['bf16_gflops']:.0f} at the end"
+            if (end := result.get("matmul_end"))
+            else ""
+        )
+        + ":",
         "",
         *precision_table(result),
+        "",
+        f"Each phase against its floor, the FLOPs it must compute over that matmul rate (the precision's, the faster; "
+        f"`floor_flops` in benchmarks/real_step_render.py says what is counted; SmolLM2: "
+        f"{result['model']['body'] / 1e6:.0f}M weights in the body, {result['model']['head'] / 1e6:.0f}M in the head; "
+        f"the training prompts {result['prompt_len']['mean']:.0f} tokens, {result['prompt_len']['shared']} shared by all):",
+        "",
+        *floor_table(result),
+        "",
+        *eval_lines(result),
     ]
     return "\n".join(L)
 

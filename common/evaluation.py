@@ -168,7 +168,7 @@ def evaluate(
             seeds = prompt_seeds(seed, 0, 0, 0, first + len(rows))[first:]  # unique across benchmarks too
             first += len(rows)
             mine = list(range(rank, len(rows), world))
-            prompts = {i: _prompt_ids(rows[i]["problem"], template, tokenizer, few_shot, few_shot_pool) for i in mine}
+            prompts = {i: prompt_ids(rows[i]["problem"], template, tokenizer, few_shot, few_shot_pool) for i in mine}
             keep = [i for i in mine if max_prompt_len is None or len(prompts[i]) <= max_prompt_len]
             # Called on every rank even with nothing to sample: a synced engine steps with its peers.
             groups = engine.generate(
@@ -189,7 +189,7 @@ def evaluate(
     return summarize(records, ks), records
 
 
-def _prompt_ids(problem: str, template: str, tokenizer, few_shot: int, pool: list[dict] | None) -> list[int]:
+def prompt_ids(problem: str, template: str, tokenizer, few_shot: int, pool: list[dict] | None) -> list[int]:
     """A problem as the policy's prompt: the template, and K worked examples from the pool before it."""
     examples = few_shot_examples(problem, pool, few_shot) if few_shot else []
     text = format_few_shot_prompt(problem, template, examples, tokenizer)
