@@ -262,7 +262,7 @@ def test_a_step_on_smollm2(tmp_path):
     step: the weight sync and the step after it on this model are GRPO's (tests/test_real_model.py)."""
     flags = ["--model", "smollm2", "--rollout", ROLLOUT, "--few_shot", "2", "--lr", "1e-5", *ONE_STEP]
     # 32 tokens: 16 would cut "a + b = c. The answer is \\boxed{c}." before its box closes.
-    more = ("--max_completion_len", "32", "--max_gen_batches", "3")
+    more = ("--max_completion_len", "32", "--max_gen_batches", "3", "--prompts_per_step", "4")
     rows = run_script("baselines/dapo.py", tmp_path, *flags, *more, timeout=600)
     assert [r["step"] for r in rows] == [1] and rows[0]["train/skipped_steps"] == 0
     assert 1 <= rows[0]["dapo/gen_batches"] <= 3
