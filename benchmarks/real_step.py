@@ -83,20 +83,7 @@ def ours(a, data: Path, config: str, out: Path) -> dict:
     return t
 
 
-EVAL = [
-    "--model",
-    "smollm2",
-    "--few_shot",
-    "2",
-    "--limit",
-    "100",
-    "--n",
-    "8",
-    "--temperature",
-    "1",
-    "--max_tokens",
-    "32",
-]
+EVAL = "--model smollm2 --few_shot 2 --limit 100 --n 8 --temperature 1 --max_tokens 32".split()
 
 
 def evaluation(root: Path, out: Path) -> dict:
@@ -161,18 +148,22 @@ def prompt_lengths(rows: list[dict]) -> dict:
     return {"mean": sum(map(len, ids)) / len(ids), "shared": len(os.path.commonprefix(ids))}
 
 
-def prompts_and_model(a, data: Path, rows_only: bool = False):
-    import torch
-    from transformers import AutoModelForCausalLM
-
+def training_rows(data: Path):
+    """The model's path, its tokenizer and the training prompts, as grpo_base.py loads them (2 worked examples)."""
     from common.math_data import load_prompts
     from common.models import ensure_smollm2, load_tokenizer
 
     path = str(ensure_smollm2())
     tok = load_tokenizer(path)
     rows, _ = load_prompts(str(data), tok, "qwen_math", 512, few_shot=2, say=lambda _: None)
-    if rows_only:
-        return rows
+    return path, tok, rows
+
+
+def prompts_and_model(a, data: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path, tok, rows = training_rows(data)
     torch.manual_seed(0)
     return path, tok, [r for r in rows[: a.prompts]], AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
@@ -288,7 +279,7 @@ def run(a) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "sums.jsonl"
         write_data(data)
-        result["prompt_len"] = prompt_lengths(prompts_and_model(a, data, rows_only=True))
+        result["prompt_len"] = prompt_lengths(training_rows(data)[2])
         for config in filter(None, a.runs.split(",")):
             result["ours"][config] = ours(a, data, config, Path(tmp) / config.replace(":", "-").replace("@", "-"))
             print(f"ours ({config}):", json.dumps(result["ours"][config]), flush=True)

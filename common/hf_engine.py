@@ -137,14 +137,15 @@ class HFEngine:
         self.model.eval()
         device = next(self.model.parameters()).device
         per_call = max(1, self.batch_size // n)  # whole groups: a prompt's n rows share one prefill
-        calls = math.ceil(len(prompts) / per_call)
+        pairs = list(zip(prompts, seeds))
+        calls = math.ceil(len(pairs) / per_call)
         if self.synced:  # every rank makes the most calls any rank makes (an idle rank steps on a dummy row)
             count = torch.tensor(calls, device=device)
             torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
             calls = int(count)
         results: list[Completion] = []
         for c in range(calls):
-            chunk = list(zip(prompts, seeds))[c * per_call : (c + 1) * per_call]
+            chunk = pairs[c * per_call : (c + 1) * per_call]
             results += self._sample(chunk or [([self.pad_token_id], 0)], n, max_tokens, temperature, top_p, device)[
                 : len(chunk) * n
             ]

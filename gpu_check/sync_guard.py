@@ -5,8 +5,8 @@
 The script is imported as a module (its `__main__` block stays out), its flags parsed and checked as its own
 `__main__` does, and its `main` run with `old_logprobs` (the scoring pass) and `update` wrapped by name (`main`
 looks them up in the module; nothing in the script or common/ is edited). Inside them
-`torch.cuda.set_sync_debug_mode("warn")` is on, each micro-batch's layout is counted from `select` in `Trainer.micro_batches`,
-and each sync warning is attributed, from the Python stack at the time, to:
+`torch.cuda.set_sync_debug_mode("warn")` is on, each micro-batch's layout is counted from `select` in
+`Trainer.micro_batches`, and each sync warning is attributed, from the Python stack at the time, to:
 
 - intended: inside `Trainer.optimizer_step` or `rows_with_loss`, the reads docs/SCALING.md names;
 - library: the innermost frame outside torch is an installed package's (transformers' SDPA mask check);
