@@ -1,21 +1,8 @@
-"""Reward terms for verifiable math, and a step's rewards.
-
-    rewards = compute_rewards(completions, answers, ["accuracy", "boxed_format"], verifier)
-    rewards.total, rewards.accuracy, rewards.checked
-
-A reward term maps the step's completions and gold answers to one float per completion:
-
-    term(completions: list[str], answers: list[str], verifier: MathVerifier) -> list[float]
-
-The built-in terms are REWARD_FUNCS; `--reward_fn module:function` (or `path/to/file.py:function`)
-adds a term of your own with the same signature (README, "Your own reward"); a function of your own that
-takes keyword arguments (or **kwargs, as TRL's reward functions do) also gets `prompts` (as the policy saw
-them), `problems` and each column of the dataset, one value per completion. An answer the
-verifier had no time to check within the step's budget is neither right nor wrong: its
-accuracy is None and `checked` says so (the scripts then train its group on nothing).
+"""Reward terms for verifiable math, and a step's rewards (`compute_rewards`). A term maps the step's
+completions and gold answers to one float per completion, `term(completions, answers, verifier)`: the
+built-in REWARD_FUNCS, and `--reward_fn module:function` of your own (README, "Your own reward"). An answer
+the verifier had no time to check is neither right nor wrong: `checked` says so.
 """
-
-from __future__ import annotations
 
 import importlib
 import importlib.util
@@ -30,21 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.answers import extract_answer, extract_boxed
+from common.prompts import answer_cue
 from common.verifier import MathVerifier
 
 RewardFn = Callable[[list[str], list[str], MathVerifier], list[float]]
 
 
 def accuracy_reward(completions: list[str], answers: list[str], verifier: MathVerifier) -> list[float | None]:
-    """1.0 if the completion's final answer (`extract_answer`) equals the gold answer, else 0.0;
-    None where the verifier ran out of its time budget before checking it."""
+    """1.0 if the final answer (`extract_answer`) equals the gold one, else 0.0; None if left unchecked."""
     preds = [extract_answer(c) for c in completions]
     return [None if ok is None else float(ok) for ok in verifier.verify_batch(preds, answers)]
 
 
 def boxed_format_reward(completions: list[str], answers=None, verifier=None) -> list[float]:
-    """1.0 if the completion has a complete (balanced) final box with non-empty content, else 0.0:
-    exactly the answers the accuracy reward can read (an unbalanced last box scores 0)."""
+    """1.0 if the last box is complete and non-empty, else 0.0."""
     return [float(bool((extract_boxed(c) or "").strip())) for c in completions]
 
 
@@ -56,20 +42,13 @@ def _opened(c: str, prompt_ends_with_think: bool) -> str:
 def think_format_reward(
     completions: list[str], answers=None, verifier=None, *, prompt_ends_with_think: bool = False
 ) -> list[float]:
-    """CW-GRPO's format term (arXiv 2605.11538, App. C): 1.0 when the `<think>` tags are properly
-    matched, i.e. exactly one `<think>` and one `</think>` after it, else 0.0. What follows (the
-    answer) is not checked.
-
-    With `prompt_ends_with_think=True` (chat templates that end the prompt with "<think>"), the
-    completion is judged as if that "<think>" were its start, so it may begin with the reasoning
-    directly; a completion that repeats the "<think>" tag itself is accepted too.
-    """
-    scores = []
-    for c in completions:
-        c = _opened(c, prompt_ends_with_think)
-        ok = c.count("<think>") == 1 and c.count("</think>") == 1 and c.index("<think>") < c.index("</think>")
-        scores.append(float(ok))
-    return scores
+    """CW-GRPO's format term (arXiv 2605.11538, App. C): 1.0 for exactly one `<think>` and one `</think>`
+    after it, else 0.0. `prompt_ends_with_think`: the template put the "<think>" (`_opened`)."""
+    opened = [_opened(c, prompt_ends_with_think) for c in completions]
+    return [
+        float(c.count("<think>") == c.count("</think>") == 1 and c.index("<think>") < c.index("</think>"))
+        for c in opened
+    ]
 
 
 _THINK_ANSWER_RE = re.compile(r"^<think>\n?.*?\n?</think>\s*<answer>\n?.*?\n?</answer>$", re.DOTALL)
@@ -79,21 +58,14 @@ _THINK_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 def think_answer_format_reward(
     completions: list[str], answers=None, verifier=None, *, prompt_ends_with_think: bool = False
 ) -> list[float]:
-    """The stricter R1 format: 1.0 for `<think>...</think> <answer>...</answer>` and nothing else,
-    exactly one of each tag, else 0.0; `prompt_ends_with_think` as in `think_format_reward`."""
-    scores = []
-    for c in completions:
-        c = _opened(c, prompt_ends_with_think)
-        # Count first: it rules out nested/repeated tags the lazy regex would accept.
-        ok = all(c.count(tag) == 1 for tag in _THINK_TAGS) and _THINK_ANSWER_RE.match(c) is not None
-        scores.append(float(ok))
-    return scores
+    """The stricter R1 format: 1.0 for `<think>...</think> <answer>...</answer>` and nothing else, else 0.0."""
+    opened = [_opened(c, prompt_ends_with_think) for c in completions]
+    # Count first: it rules out nested/repeated tags the lazy regex would accept.
+    return [float(all(c.count(t) == 1 for t in _THINK_TAGS) and _THINK_ANSWER_RE.match(c) is not None) for c in opened]
 
 
-# DAPO's reward (arXiv 2503.14476), as verl's DAPO scorer (verl/utils/reward_score/math_dapo.py)
-# computes it: the text after the last "Answer:" in the response's final 300 characters, up to the
-# line's end, normalised the Minerva way (below) and compared with the normalised gold answer as
-# text. No \boxed{} and no symbolic check: "Answer: 0.5" against "\frac{1}{2}" is wrong.
+# DAPO's reward (arXiv 2503.14476) as verl computes it (verl/utils/reward_score/math_dapo.py): text, not
+# symbolic, so "Answer: 0.5" against "\frac{1}{2}" is wrong.
 _DAPO_TAIL_CHARS = 300
 _DAPO_ANSWER = re.compile(r"answer\s*:\s*([^\n]+)", re.IGNORECASE)
 _DAPO_REWRITES = [
@@ -129,14 +101,10 @@ def dapo_normalize(answer: str) -> str:
 
 
 def dapo_reward(completions: list[str], answers: list[str], verifier=None) -> list[float]:
-    """DAPO's reward: +1.0 if the last "Answer:" line of the completion's final 300 characters equals
-    the gold answer once both are normalised (`dapo_normalize`), else -1.0 (no such line included)."""
-    scores = []
-    for c, gold in zip(completions, answers):
-        found = _DAPO_ANSWER.findall(c[-_DAPO_TAIL_CHARS:])
-        ok = bool(found) and dapo_normalize(found[-1]) == dapo_normalize(gold)
-        scores.append(1.0 if ok else -1.0)
-    return scores
+    """+1.0 if the last "Answer:" line of the final 300 characters equals the gold answer once both are
+    normalised (`dapo_normalize`), else -1.0."""
+    found = [_DAPO_ANSWER.findall(c[-_DAPO_TAIL_CHARS:]) for c in completions]
+    return [1.0 if f and dapo_normalize(f[-1]) == dapo_normalize(gold) else -1.0 for f, gold in zip(found, answers)]
 
 
 REWARD_FUNCS: dict[str, Callable[..., list]] = {
@@ -149,12 +117,9 @@ REWARD_FUNCS: dict[str, Callable[..., list]] = {
 
 
 def load_reward_fn(spec: str) -> RewardFn:
-    """The function `spec` names: "package.module:function" (importable from the working directory)
-    or "path/to/file.py:function". ValueError with the reason if it cannot be found, or cannot take
-    (completions, answers, verifier) positionally. Keyword arguments it requires are the dataset's columns:
-    the probe (`probe_reward_fn`) checks them against the loaded rows. The same spec gives the same function
-    object for the process's life (a file is executed once, as an imported module is), so the function the
-    probe calls is the one training calls."""
+    """The function "package.module:function" or "path/to/file.py:function" names (the same object for the
+    process's life, so the probe calls what training calls); ValueError if it cannot be found or cannot take
+    (completions, answers, verifier) positionally. Its required keywords are checked by `probe_reward_fn`."""
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name.isidentifier():
         raise ValueError(f"{spec!r} is not module:function (e.g. my_rewards:brevity or path/to/rewards.py:brevity)")
@@ -189,7 +154,7 @@ _FILE_MODULES: dict[Path, tuple[tuple[int, int], object]] = {}  # path -> ((mtim
 
 
 def _file_module(path: Path):
-    """The module a .py file defines, executed once per version of the file (as `import` caches a module)."""
+    """The module a .py file defines, executed once per version of the file."""
     if not path.is_file():
         raise FileNotFoundError(f"no file {path}")
     version = (path.stat().st_mtime_ns, path.stat().st_size)
@@ -213,8 +178,7 @@ PROBE_ROWS = 4  # dataset rows the probe takes at the least, spread over the dat
 
 
 def stand_ins(answer: str) -> list[str]:
-    """What the probe gives a --reward_fn function for a row of gold `answer`, as a group of completions would
-    be: right, right but unreadable (no box), wrong, empty."""
+    """The probe's completions for gold `answer`: right, right but unboxed, wrong, empty."""
     return [
         f"The answer is \\boxed{{{answer}}}.",
         f"The answer is {answer}.",
@@ -224,12 +188,9 @@ def stand_ins(answer: str) -> list[str]:
 
 
 def probe_reward_fn(fn: RewardFn, rows: list[dict], decode, per_step: int, say=print) -> RewardFn:
-    """Call `fn` before any model loads exactly as training calls it (`common.scoring.Scorer.score`): stand-in
-    completions (`stand_ins`) for a few of the loaded dataset `rows` (`decode`: token ids -> text, the prompts as
-    the policy sees them), their gold answers, a real verifier, and the keyword arguments it takes from the rows'
-    columns (`reward_columns`). A bad value or an error stops the run now (`RewardFnError`, naming the rows), not
-    after the first rollout. A function that would take more than SLOW_STEP_S for a step's `per_step` completions
-    (timed on a second call when the first was slow, which may have started the verifier) gets a note."""
+    """Call `fn` before any model loads as `common.scoring.Scorer.score` will (`stand_ins` for a few `rows`, a
+    real verifier, `reward_columns`), so that an error stops the run now (`RewardFnError`), not after the first
+    rollout. Slower than SLOW_STEP_S a step (timed twice: the first call may start the verifier): a note."""
     indices = probe_indices(rows)
     picked = [rows[i] for i in indices]
     group = [r for r in picked for _ in stand_ins("")]  # each completion's row, as the sampler gives them
@@ -256,8 +217,7 @@ def probe_reward_fn(fn: RewardFn, rows: list[dict], decode, per_step: int, say=p
 
 
 def probe_indices(rows: list[dict]) -> list[int]:
-    """The rows the probe takes: PROBE_ROWS spread over the data, and for each column some rows lack (or hold None
-    in), the first such row: a function that reads a column fails on it in training as it does here."""
+    """PROBE_ROWS rows spread over the data, and the first row lacking each column some rows lack."""
     spread = {round(k * (len(rows) - 1) / (PROBE_ROWS - 1)) for k in range(PROBE_ROWS)}
     names = dict.fromkeys(k for r in rows for k in r.get("columns", {}))
     lacking = (next((i for i, r in enumerate(rows) if r.get("columns", {}).get(k) is None), None) for k in names)
@@ -265,8 +225,7 @@ def probe_indices(rows: list[dict]) -> list[int]:
 
 
 def keyword_columns(fn, columns: dict[str, list]) -> dict[str, list]:
-    """The `columns` `fn` takes as keyword arguments: all of them for a **kwargs, else those it names (none for
-    the plain `fn(completions, answers, verifier)`, which keeps working as it did)."""
+    """The `columns` `fn` takes as keyword arguments: all for a **kwargs, else those it names."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -277,9 +236,8 @@ def keyword_columns(fn, columns: dict[str, list]) -> dict[str, list]:
 
 
 def reward_columns(rows: list[dict], decode) -> dict[str, list]:
-    """What a reward function of your own may take besides the completions, one value per completion:
-    `prompts` (the prompt text as the policy saw it, template and worked examples included), `problems`,
-    and each column of the dataset (`load_prompts` keeps them), as TRL passes them."""
+    """The keyword arguments a reward function of yours may take, one value per completion, as TRL passes
+    them: `prompts` (as the policy saw them), `problems`, and each dataset column (`load_prompts`)."""
     prompts = {}
     for r in rows:  # the G completions of a group share their row: decode its prompt once
         if id(r) not in prompts:
@@ -293,9 +251,8 @@ def reward_columns(rows: list[dict], decode) -> dict[str, list]:
 def custom_scores(
     fn: RewardFn, completions: list[str], answers: list[str], verifier, columns: dict[str, list] | None = None
 ) -> list[float]:
-    """`fn`'s scores as floats (numpy / torch scalars and arrays accepted); RewardFnError naming the function,
-    the completion and what it returned, or the first completion it raises on (tried one by one).
-    `columns`: keyword arguments it may take (`reward_columns`, `keyword_columns`)."""
+    """`fn`'s scores as floats (numpy / torch accepted); RewardFnError naming what it returned, or the first
+    completion it raises on. `columns`: see `reward_columns`."""
     kwargs = keyword_columns(fn, columns or {})
     try:
         scores = fn(completions, answers, verifier, **kwargs)
@@ -373,13 +330,8 @@ def compute_rewards(
     custom: list[RewardFn] = (),
     columns: dict[str, list] | None = None,
 ) -> Rewards:
-    """Every named term (REWARD_FUNCS) and every `custom` one, summed per completion.
-
-    Accuracy is always computed (it is the metric to log) and reused when "accuracy" is a term.
-    With "dapo" among the terms, accuracy is DAPO's verdict (reward > 0), not math-verify's.
-    A custom term must return one finite number per completion (`custom_scores`; RewardFnError otherwise);
-    `columns`: the keyword arguments it may take (`reward_columns`).
-    """
+    """Every named term (REWARD_FUNCS) and `custom` one (`custom_scores`), summed per completion. Accuracy
+    is always computed, as the metric; with "dapo" among the terms it is DAPO's verdict, not math-verify's."""
     unknown = [name for name in terms if name not in REWARD_FUNCS]
     if unknown:
         raise ValueError(f"unknown reward name(s) {unknown}; valid choices: {sorted(REWARD_FUNCS)}")
@@ -405,8 +357,7 @@ def compute_rewards(
     return Rewards(total, accuracy, [v is not None for v in verdicts], by_term)
 
 
-# The answer format each built-in term reads, and how a prompt asks for one (its instruction, or its worked
-# examples). A reward reading a format the prompt does not ask for scores every completion alike.
+# The answer format each built-in term reads; one the prompt does not ask for scores every completion alike.
 READS = {"accuracy": "boxed", "boxed_format": "boxed", "dapo": "answer_line", "think_format": "think"}
 READS["think_answer_format"] = "think"
 FORMATS = {
@@ -417,9 +368,8 @@ FORMATS = {
 
 
 def prompt_asks(prompt: str, cue: str = "") -> set[str]:
-    """The answer formats a rendered prompt asks for (FORMATS), in its instruction or its worked examples.
-    The template's answer `cue` ("Answer:" of `plain`, before each example's answer and at the end) is not
-    an "Answer:" line: the completion follows it."""
+    """The answer formats (FORMATS) a rendered prompt asks for, in its instruction or worked examples. The
+    template's answer `cue` ("Answer:" of `plain`) is not an "Answer:" line: the completion follows it."""
     text = prompt.replace(cue, "") if cue else prompt
     asks = set()
     if "\\boxed" in text or "<answer>" in text:
@@ -432,12 +382,9 @@ def prompt_asks(prompt: str, cue: str = "") -> set[str]:
 
 
 def format_mismatch(terms: list[str], prompt: str, template: str, who: str = "") -> tuple[str, str] | None:
-    """("error" or "warning", one line) when a reward term reads an answer format the prompt does not ask for:
-    an error when the prompt asks for another answer format instead (every completion would score alike:
-    `--rewards dapo` under a \\boxed{} template), a warning when it asks for none; None when they agree.
+    """("error" or "warning", one line) when a term reads a format the prompt does not ask for: an error if it
+    asks for another (`--rewards dapo` under a \\boxed{} template), a warning if for none; else None.
     `who`: the reader, when it is not a reward (an evaluation reads as `accuracy` does)."""
-    from common.prompts import answer_cue
-
     asks = prompt_asks(prompt, answer_cue(template))
     for term in terms:
         reads = READS.get(term)
@@ -462,8 +409,7 @@ def format_mismatch(terms: list[str], prompt: str, template: str, who: str = "")
 
 
 def flat_reason(rewards: Rewards, completions: list[str], group_size: int) -> str | None:
-    """Why every group of a step has equal rewards (nothing to learn from), or None if some group does not:
-    the terms that scored every completion alike, their value, and a completion as the policy wrote it."""
+    """Why every group of a step has equal rewards (nothing to learn from), or None if some group does not."""
     total = rewards.total
     groups = [total[i : i + group_size] for i in range(0, len(total), group_size)]
     if not groups or any(max(g) != min(g) for g in groups):

@@ -1,16 +1,14 @@
-"""The rewards of a session: a step's completions scored by the reward terms (`common.rewards`) with the answer
-verifier (`common.verifier`), as tensors on the training device (`Scorer.score` -> `Scores`). It keeps no
-count and says nothing: the run's health reads what each scoring returns (`common.metrics.ScoreWatch`)."""
-
-from __future__ import annotations
+"""A step's completions scored by the reward terms (`common.rewards`), as tensors on the training device
+(`Scorer.score` -> `Scores`). It keeps no count: the run's health reads what it returns (`metrics.ScoreWatch`)."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from common.rewards import Rewards
+from common.rewards import RewardFnError, Rewards, compute_rewards, reward_columns
 from common.run_flags import RunFlags
+from common.verifier import MathVerifier, default_workers
 
 
 @dataclass
@@ -25,7 +23,7 @@ class Scores:
 
 @dataclass
 class Scorer:
-    verifier: object  # common.verifier.MathVerifier: math-verify in child processes, bounded in time and memory
+    verifier: object  # common.verifier.MathVerifier
     terms: list[str]  # --rewards
     custom: list  # --reward_fn's functions, probed at start
     opens_think: bool  # the template's prompt ends inside <think>
@@ -35,10 +33,6 @@ class Scorer:
     def score(self, texts: list[str], rows: list[dict]) -> Scores:
         """Rewards of the step's completions `texts` (`rows`: each completion's dataset row). A --reward_fn of
         yours that raises, or returns other than one finite number per completion, stops the run in one line."""
-        import torch
-
-        from common.rewards import RewardFnError, compute_rewards, reward_columns
-
         columns = reward_columns(rows, self.decode) if self.custom else None
         try:
             record = compute_rewards(
@@ -58,10 +52,7 @@ class Scorer:
 
 
 def open_scorer(run: RunFlags, terms: list[str], custom: list, opens_think: bool, tokenizer, device) -> Scorer:
-    """The scorer of the reward `terms` and `custom` functions, its verifier under --verifier_workers,
-    --verifier_memory_mb and --reward_time_budget_s."""
-    from common.verifier import MathVerifier, default_workers
-
+    """The scorer, its verifier under --verifier_workers, --verifier_memory_mb and --reward_time_budget_s."""
     verifier = MathVerifier(
         workers=run.verifier_workers or default_workers(),
         memory_mb=run.verifier_memory_mb,
@@ -70,12 +61,8 @@ def open_scorer(run: RunFlags, terms: list[str], custom: list, opens_think: bool
     return Scorer(verifier, terms, custom, opens_think, tokenizer.decode, device)
 
 
-# What every script does to its method's advantages: a group holding an answer the verifier had no time to
-# check gets none (`without_unchecked_groups`).
-
-
 def without_unchecked_groups(advantages: torch.Tensor, checked: torch.Tensor, G: int) -> torch.Tensor:
-    """`advantages` ([N] or [N, C]) with every group of G that holds an unchecked answer (`checked` [N] False)
-    set to 0: its rewards would score that answer wrong, a guess; no advantage is better than a wrong one."""
+    """`advantages` ([N] or [N, C]) with every group of G holding an unchecked answer (`checked` False) set to 0
+    (every script does this): its rewards would score that answer wrong, a guess; no advantage beats a wrong one."""
     keep = checked.view(-1, G).all(1).repeat_interleave(G).float()
     return advantages * keep.view(-1, *[1] * (advantages.dim() - 1))

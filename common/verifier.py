@@ -1,21 +1,12 @@
-"""Symbolic answer checking with math-verify in child processes, bounded in time and memory.
+"""Symbolic answer checking with math-verify (sympy) in child processes, bounded in time and memory:
+sympy can hang in C code no signal interrupts (10^{10^{10^{10}}}), so only a process boundary bounds it.
 
     with MathVerifier(workers=8) as verifier:
         verifier.verify_batch(["\\frac{1}{2}", "0.6"], ["0.5", "0.5"])   # [True, False]
 
-An answer that the exact-match fast path (`common.answers.normalize`) cannot settle
-goes to HuggingFace's math-verify (sympy) in a child process that is killed when it
-takes too long: sympy can hang on model-written expressions (10^{10^{10^{10}}}) in C
-code that no signal interrupts, so only a process boundary bounds it.
-
-The children are forked from one 'spawn'ed process that has math-verify imported and
-warmed up (a "zygote"): a fresh interpreter, so safe to start after torch / vLLM threads
-exist, and a child killed for a hard answer is replaced in milliseconds, with its memory
-shared copy-on-write, instead of by a new interpreter importing sympy (~1 s of CPU each). What runs in
-those processes, and the handle on the zygote: common/verifier_processes.py.
+The children fork from a warmed-up "zygote" (common/verifier_processes.py), so a killed one is replaced in
+milliseconds, sharing its memory, instead of by a new interpreter importing sympy (~1 s of CPU).
 """
-
-from __future__ import annotations
 
 import atexit
 import math
@@ -29,33 +20,22 @@ from multiprocessing import connection as mp_connection
 from common.answers import balanced, canonical_answer, normalize
 from common.verifier_processes import Zygote, cpu_seconds
 
-# Answers longer than this never reach sympy (a prediction scores False, a gold answer
-# only by exact match). A real final answer is short; a long "answer" is a rambling or
-# degenerate generation, and parsing/simplifying a giant expression (thousands of
-# nested \frac, a 100k-digit number) costs seconds of CPU each and would burn a full
-# timeout plus a child restart per completion.
+# Longer answers never reach sympy (scored by exact match only): a real answer is short, and a giant
+# expression (a 100k-digit number) would burn a full timeout and a child restart per completion.
 MAX_PRED_CHARS = 1000
 MAX_GOLD_CHARS = 1000
-# A check takes milliseconds of CPU; one that has used this much CPU is almost always going to time
-# out (sympy grinding on a tower of powers). Its child drops to the lowest CPU priority, so that it
-# takes only what the quick checks leave of the cores, and is replaced once it answers. CPU time,
-# not wall time: on a loaded machine a quick check can wait longer than this for a core, and
-# lowering its priority then would starve it into a timeout. Looked at every NICE_POLL_S.
+# A check that has used this much CPU will almost always time out: its child drops to the lowest CPU
+# priority, leaving the cores to the quick checks, and is replaced once it answers. CPU time, not wall
+# time: on a loaded machine a quick check can wait this long for a core, and nicing it would starve it.
 NICE_AFTER_S = 0.5
 NICE_POLL_S = 0.25
 
 
 def default_workers() -> int:
-    """Verifier children per trainer process: two per core this process may use, shared by the ranks
-    of a node (accelerate's LOCAL_WORLD_SIZE), between 8 and 16.
-
-    More children than cores on purpose: a child held by a sympy-hard answer waits out its timeout at
-    the lowest CPU priority (`NICE_AFTER_S`), so the pool's size is how many hard answers can wait at
-    once while the quick checks keep the cores. A forked child costs milliseconds and, sharing the
-    zygote's memory, ~15 MB of its own. Hard answers are checked in waves of `workers` timeouts:
-    with 8 children and a 5 s timeout a step absorbs 1.6 a second (benchmarks/rewards.py: 2,000
-    answers, 17 of them hard, all checked in 16-21 s on 2 cores).
-    """
+    """Verifier children per trainer process: two per usable core, shared by a node's ranks
+    (LOCAL_WORLD_SIZE), between 8 and 16. More than cores on purpose: a hard answer waits out its timeout
+    niced (`NICE_AFTER_S`), so the pool's size is how many can wait at once (~15 MB each; 8 children, 5 s
+    timeout: 1.6 hard answers a second; benchmarks/rewards.py)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     return max(8, min(16, 2 * cores // local_ranks))
@@ -76,21 +56,6 @@ class _Child:
         self.next_look = math.inf  # when to look at that check's CPU time next
         self.niced = False
 
-    def take_ready(self, readable: bool) -> None:
-        """Read the child's start-up message if it has come (`readable`); RuntimeError if it
-        reported an error, exited, or has not come within its start-up time."""
-        status, detail = None, "no reply"
-        try:
-            if readable:
-                status, detail = self.conn.recv()
-            elif time.monotonic() < self.start_deadline:
-                return
-        except (EOFError, OSError):
-            detail = "child exited during start-up"
-        if status != "ready":
-            raise RuntimeError(f"MathVerifier child failed to start: {detail}")
-        self.ready, self.cpu_base = True, detail
-
     def grinding(self, now: float) -> bool:
         """Has its check used NICE_AFTER_S of CPU (of wall time where there is no /proc)?"""
         self.next_look = now + NICE_POLL_S
@@ -98,7 +63,7 @@ class _Child:
         return (now - self.started if cpu is None else cpu - self.cpu_base) >= NICE_AFTER_S
 
 
-_LIVE_VERIFIERS: weakref.WeakSet[MathVerifier] = weakref.WeakSet()
+_LIVE_VERIFIERS: "weakref.WeakSet[MathVerifier]" = weakref.WeakSet()
 
 
 @atexit.register
@@ -108,29 +73,13 @@ def _close_all_verifiers() -> None:
 
 
 class MathVerifier:
-    """Symbolic answer checking with math-verify, bounded in time and memory.
-
-    math_verify.parse/verify run in up to `workers` child processes, forked from one process
-    started with the 'spawn' context (a fresh interpreter, so safe to use after torch / vLLM threads
-    exist; forking the trainer would copy their locks mid-state), a batch spread over them in order
-    (so what a budget leaves unchecked is the batch's tail: as few groups of completions as can be).
-    Each check waits at most `timeout_s` seconds and may use `memory_mb` MB of address space (0: no
-    limit); a check that runs out of time (or whose child dies) scores False, like math-verify's own
-    timeouts, and counts in `take_timeouts()` (the `reward/timeouts` metric); its child is killed and
-    replaced at once. A check that has used `NICE_AFTER_S` of CPU gets the lowest CPU priority, so
-    hard answers waiting out their timeouts do not slow the others down.
-
-    `verify_batch(..., budget_s=...)` bounds a whole batch (default: the verifier's own `budget_s`;
-    None or math.inf: no limit): a pair still unchecked when it runs out gets None, neither right nor
-    wrong. The children start lazily, die with the trainer (even kill -9), and are killed by
-    `close()`, the context manager, garbage collection or interpreter exit. Nothing a model can
-    output may crash or hang the trainer.
-
-    Not for concurrent use from several threads at once (calls are serialised by a lock). Start-up
-    (~2 s, once: math-verify imported and warmed up) is bounded by `startup_timeout_s`, and failing
-    to start (e.g. math-verify not installed, `memory_mb` too small) raises RuntimeError: that is a
-    setup error, not a wrong answer.
-    """
+    """math-verify in up to `workers` children, a batch spread over them in order (so a budget leaves the
+    batch's tail unchecked: as few groups as can be). A check waits at most `timeout_s` and may use
+    `memory_mb` MB of address space (0: no limit); one that times out (or whose child dies) scores False,
+    counts in `take_timeouts()`, and its child is replaced. The children start lazily and die with the
+    trainer (even kill -9), on `close()` or exit: nothing a model writes may crash or hang the trainer.
+    Calls are serialised by a lock. Failing to start within `startup_timeout_s` (math-verify missing,
+    `memory_mb` too small) raises RuntimeError: a setup error, not a wrong answer."""
 
     def __init__(
         self,
@@ -143,7 +92,7 @@ class MathVerifier:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.timeout_s = timeout_s
-        self.budget_s = budget_s  # default time budget of a verify_batch call (None: no limit)
+        self.budget_s = budget_s  # default budget of a verify_batch call (None: no limit)
         self.workers = workers
         self.memory_mb = memory_mb
         self.startup_timeout_s = startup_timeout_s
@@ -152,8 +101,6 @@ class MathVerifier:
         self._lock = threading.Lock()
         self.timeouts = 0  # checks scored False for running out of time, since the last take_timeouts()
         _LIVE_VERIFIERS.add(self)
-
-    # -- children -----------------------------------------------------------
 
     def _fork(self) -> _Child:
         """A new child from the zygote, (re)starting the zygote if there is none or it has died."""
@@ -175,15 +122,13 @@ class MathVerifier:
         raise AssertionError("unreachable")
 
     def _retire(self, child: _Child) -> None:
-        """Kill a child (stuck, dead, niced or no longer wanted); the pool forks its successor when
-        there is work for it."""
+        """Kill a child (stuck, dead, niced or unwanted); its successor is forked when there is work."""
         self._children.remove(child)
         child.conn.close()
         self._zygote.tell("kill", child.pid)
 
     def _ensure_children(self, n: int | None = None) -> None:
-        """At least `n` (default: `workers`) live children, ready; those that died between batches
-        are replaced."""
+        """At least `n` (default: `workers`) live, ready children; those that died in between replaced."""
         n = self.workers if n is None else min(n, self.workers)
         if self._zygote is not None and not self._zygote.proc.is_alive():
             self._kill_all()
@@ -199,15 +144,23 @@ class MathVerifier:
                 self._take_ready(c, c.conn.poll(max(0.0, deadline - time.monotonic())))
 
     def _take_ready(self, child: _Child, readable: bool) -> None:
+        """Read a child's start-up message if `readable`; retired and RuntimeError if it failed, exited or is late."""
+        status, detail = None, "no reply"
         try:
-            child.take_ready(readable)
-        except RuntimeError:
+            if readable:
+                status, detail = child.conn.recv()
+            elif time.monotonic() < child.start_deadline:
+                return
+        except (EOFError, OSError):
+            detail = "child exited during start-up"
+        if status != "ready":
             self._retire(child)
-            raise
+            raise RuntimeError(f"MathVerifier child failed to start: {detail}")
+        child.ready, child.cpu_base = True, detail
 
     def _check_in_children(self, pairs: list[tuple[str, str]], budget_s: float) -> list[bool | None]:
-        """Check (pred, gold) pairs on the children, in order: False for each one that times out (counted
-        in `timeouts`), None for each one still unchecked when `budget_s` seconds have passed."""
+        """Check (pred, gold) pairs on the children, in order: False for a timeout (counted in `timeouts`),
+        None for a pair still unchecked after `budget_s` seconds."""
         self._ensure_children(len(pairs))
         results: list[bool | None] = [None] * len(pairs)
         todo = deque(range(len(pairs)))
@@ -228,12 +181,10 @@ class MathVerifier:
                         pass
             # Busy children, and successors still starting up (they take work once ready).
             waiting = [c for c in self._children if c.task is not None or not c.ready]
-            wakes = [end]
-            for c in waiting:
-                if not c.ready:
-                    wakes.append(c.start_deadline)
-                else:
-                    wakes.append(c.deadline if c.niced else min(c.deadline, c.next_look))
+            wakes = [end] + [
+                c.start_deadline if not c.ready else c.deadline if c.niced else min(c.deadline, c.next_look)
+                for c in waiting
+            ]
             readable = set(mp_connection.wait([c.conn for c in waiting], timeout=max(0.0, min(wakes) - now)))
             now = time.monotonic()
             for c in waiting:
@@ -261,8 +212,6 @@ class MathVerifier:
             self._retire(c)
         return results
 
-    # -- public API -----------------------------------------------------------
-
     def _triage(self, pred, gold) -> tuple[bool | None, str, str]:
         """(the verdict without a child, or None if it needs math-verify; both answers canonical)."""
         if not isinstance(pred, str) or not isinstance(gold, str):
@@ -278,7 +227,6 @@ class MathVerifier:
         return None, pred, gold
 
     def _fast(self, pred, gold) -> bool | None:
-        """The verdict without a child, or None if it needs math-verify."""
         return self._triage(pred, gold)[0]
 
     def _slow(self, pred: str, gold: str) -> bool:
@@ -288,21 +236,15 @@ class MathVerifier:
             return self._check_in_children([(pred, gold)], math.inf)[0]
 
     def verify(self, pred: str, gold: str) -> bool:
-        """True if the predicted answer is mathematically equivalent to the gold answer (no time budget).
-
-        Decided behaviours (from math-verify): "x=2" matches "2" (an assignment
-        counts as its right-hand side), "1,2" matches "2,1" (comma lists are
-        sets), a number matches its percentage form ("50\\%" vs "50"). An explicit set
-        ("\\{1,2\\}") never matches an interval or a tuple ("(1,2)").
-        """
+        """Is `pred` mathematically equivalent to `gold` (no time budget)? As math-verify decides: "x=2"
+        matches "2", "1,2" matches "2,1", "50\\%" matches "50"; an explicit set never matches "(1,2)"."""
         return bool(self.verify_batch([pred], [gold], budget_s=math.inf)[0])
 
     def verify_batch(
         self, preds: list[str | None], golds: list[str], budget_s: float | None = None
     ) -> list[bool | None]:
-        """`verify` over pairs, spread over the children in order; a None prediction (nothing extracted)
-        is False without IPC. A pair still unchecked after `budget_s` seconds gets None, neither right
-        nor wrong (default: the verifier's own `budget_s`; None there, or math.inf: no limit)."""
+        """`verify` over pairs; a None prediction is False. A pair still unchecked after `budget_s` (default
+        the verifier's; None or math.inf: no limit) gets None, neither right nor wrong."""
         if len(preds) != len(golds):
             raise ValueError(f"got {len(preds)} predictions for {len(golds)} gold answers")
         triaged = [(False, "", "") if p is None else self._triage(p, g) for p, g in zip(preds, golds)]
@@ -320,8 +262,8 @@ class MathVerifier:
         return verdicts
 
     def take_timeouts(self) -> int:
-        """Checks scored False for running out of time (or their child dying) since the last call
-        (the `reward/timeouts` metric). Pairs the batch budget left unchecked (None) are not counted."""
+        """Checks scored False for a timeout or a dead child since the last call (`reward/timeouts`);
+        pairs a budget left unchecked are not counted."""
         n, self.timeouts = self.timeouts, 0
         return n
 
@@ -338,7 +280,7 @@ class MathVerifier:
         if zygote is not None:
             zygote.kill()  # it kills and reaps the children
 
-    def __enter__(self) -> MathVerifier:
+    def __enter__(self) -> "MathVerifier":
         return self
 
     def __exit__(self, *exc) -> None:

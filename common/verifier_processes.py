@@ -1,14 +1,15 @@
-"""The processes behind `common.verifier.MathVerifier`: the zygote, started once with 'spawn', which imports
-math-verify and warms it up, then forks a checking child per request (`_zygote`); a checking child's loop
-(`_worker`) and the check it runs (`_check`, math-verify's parse and verify with the fixes it needs); and
-the parent's handle on the zygote (`Zygote`). Everything here but `Zygote` runs in those processes.
-"""
-
-from __future__ import annotations
+"""The processes behind `common.verifier.MathVerifier`: the zygote (`_zygote`), started once with 'spawn'
+(a fresh interpreter, safe after torch / vLLM threads exist), which warms math-verify up and forks a checking
+child (`_worker`, `_check`) per request; and the parent's handle on it (`Zygote`), the one thing here that
+runs in the parent."""
 
 import contextlib
+import ctypes
+import logging
 import multiprocessing as mp
 import os
+import resource
+import signal
 import socket
 import sys
 import threading
@@ -19,35 +20,20 @@ from multiprocessing import reduction
 
 from common.answers import balanced, explicit_set
 
-# Answer forms whose first check imports or builds something (factorisation for roots, sets,
-# intervals, relations, matrices): the zygote checks them once, so that no child pays for it
-# against its timeout.
+# Answer forms whose first check imports or builds something (roots, sets, intervals, relations, matrices):
+# the zygote checks them once, so that no child pays for it against its timeout.
 _WARM_UP = [
-    ("\\frac{1}{2}", "0.5"),
-    ("\\sqrt{95823}", "39\\sqrt{63}"),
-    ("\\{1,2\\}", "(1,2)"),
-    ("2,1", "1,2"),
-    ("[1, 3)", "[1,3)"),
-    ("(2,1)", "(1,2)"),
-    ("x=2", "2"),
-    ("1<x<2", "(1,2)"),
-    ("50\\%", "0.5"),
-    ("\\pi/3", "\\frac{\\pi}{3}"),
-    ("3.0", "3"),
-    ("x^2+2x+1", "(x+1)^2"),
-    ("60^\\circ", "60"),
-    ("\\text{east}", "east"),
-    ("1\\times10^{3}", "1000"),
-    ("2+3i", "3i+2"),
-    ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}"),
-    ("\\log_2 8", "3"),
+    ("\\frac{1}{2}", "0.5"), ("\\sqrt{95823}", "39\\sqrt{63}"), ("\\{1,2\\}", "(1,2)"), ("2,1", "1,2"),
+    ("[1, 3)", "[1,3)"), ("(2,1)", "(1,2)"), ("x=2", "2"), ("1<x<2", "(1,2)"), ("50\\%", "0.5"),
+    ("\\pi/3", "\\frac{\\pi}{3}"), ("3.0", "3"), ("x^2+2x+1", "(x+1)^2"), ("60^\\circ", "60"),
+    ("\\text{east}", "east"), ("1\\times10^{3}", "1000"), ("2+3i", "3i+2"),
+    ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}"), ("\\log_2 8", "3"),
     ("\\sin(\\pi/6)", "1/2"),
-]
+]  # fmt: skip
 
 
 def cpu_seconds(pid: int | None = None) -> float | None:
-    """CPU time (user + system) a process has used: this one (pid None), or another from /proc
-    (None where there is no /proc, or the process is gone)."""
+    """CPU seconds (user + system) of this process (pid None) or another (/proc; None if unreadable)."""
     if pid is None:
         t = os.times()
         return t.user + t.system
@@ -60,22 +46,16 @@ def cpu_seconds(pid: int | None = None) -> float | None:
 
 
 def _mv_parse(s: str, parse) -> list:
-    """Parse one answer string with math-verify.
-
-    Wrapping in \\boxed{} makes math-verify's LaTeX extractor take the whole string
-    as the answer: bare "\\frac{1}{2}", "2\\sqrt{3}" or "(1,2]" are otherwise not
-    recognised. Free text ("x = 3 apples", "$5$ cm") falls back to plain parsing.
-    Only a balanced string is wrapped, so no brace can close the box early.
-    """
+    """math-verify's parse of an answer, wrapped in \\boxed{} (if balanced, so no brace closes it early) so
+    that its LaTeX extractor takes the whole string (bare "(1,2]" is not recognised); else plain text."""
     s = s.strip().strip("$").strip()
     wrapped = parse("\\boxed{" + s + "}", parsing_timeout=None) if balanced(s) else None
     return wrapped or parse(s, parsing_timeout=None)
 
 
 def _set_against_ordered(gold: str, gold_parsed: list, pred: str, pred_parsed: list) -> bool:
-    """Is one answer a set written in set braces and the other an interval or a tuple? Never equal:
-    math-verify pairs the two ends of an open interval with a two-element set ("(1,2)" = {1,2}) and
-    sorts a tuple's elements against a set's, so that "(2,1)" = {1,2}."""
+    """Is one answer a set in set braces and the other an interval or a tuple? Never equal, though
+    math-verify pairs them up ("(1,2)" = {1,2}, and sorting a tuple, "(2,1)" = {1,2})."""
     from sympy import FiniteSet, Interval, Tuple
 
     def shape(text: str, parsed: list) -> str | None:
@@ -90,17 +70,10 @@ def _set_against_ordered(gold: str, gold_parsed: list, pred: str, pred_parsed: l
 
 
 def _die_with_parent(parent_pid: int, watchdog: bool) -> None:
-    """Make this process exit when its parent does, however it ends (kill -9 included): the kernel's
-    parent-death signal on Linux, and (`watchdog`) a thread polling the parent's pid for the case
-    the signal cannot cover (the parent gone before it was set, or not Linux)."""
-    import signal
-
+    """Exit when the parent does, even by kill -9: the parent-death signal on Linux, and (`watchdog`) a
+    thread polling the parent's pid for what it cannot cover (the parent gone before, or not Linux)."""
     if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:
         os._exit(0)
     if watchdog:
@@ -113,37 +86,19 @@ def _die_with_parent(parent_pid: int, watchdog: bool) -> None:
         threading.Thread(target=watch, daemon=True).start()
 
 
-def _quiet_math_verify() -> None:
-    """math-verify warns once that its timeouts are off, and logs every parse failure."""
-    import logging
-
-    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
-    logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)
-
-
 def _zygote(conn, parent_pid: int) -> None:
-    """The process the checking children are forked from. It imports math-verify and warms it up
-    once, then serves the parent's requests on `conn`, in order:
-
-        ("fork", memory_mb): fork a child; reply its pid, then pass the parent its end of the child's
-                             socket (SCM_RIGHTS)
-        ("nice", pid):       lower the child's CPU priority to the lowest
-        ("kill", pid):       kill the child and reap it
-        None (or EOF):       kill every child and exit
-
-    Only this process kills and reaps its children, so a pid it is asked about is never another
-    process's: a child that has exited stays a zombie (its pid reserved) until the parent says kill.
-    It runs no thread, so forking it is safe.
-    """
-    import signal
-
+    """The process the children fork from (no thread, so forking is safe). It warms math-verify up, then
+    serves the parent's requests on `conn`: ("fork", memory_mb): a child, its pid and then its socket
+    (SCM_RIGHTS); ("nice", pid); ("kill", pid): kill and reap; None or EOF: kill all and exit. Only it reaps
+    its children, so a pid it is asked about is never another process's (a dead child stays a zombie)."""
     _die_with_parent(parent_pid, watchdog=False)  # elsewhere the EOF on `conn` tells it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent decides
-    _quiet_math_verify()
+    # math-verify warns once that its timeouts are off, and logs every parse failure.
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)
     try:
         from math_verify import parse, verify
 
-        # Grammar building and lazy imports happen here once, not in every child against its timeout.
         for pred, gold in _WARM_UP:
             _check(pred, gold, {}, parse, verify)
     except Exception as e:  # noqa: BLE001 - report any startup failure to the parent
@@ -201,11 +156,7 @@ def _zygote(conn, parent_pid: int) -> None:
 
 
 def _worker(conn, memory_mb: int, parse, verify) -> None:
-    """A checking child (forked from the zygote): receive (pred, gold), reply with a bool; None or EOF
-    stops it."""
-    import resource
-    import signal
-
+    """A checking child: receive (pred, gold), reply (verdict, CPU seconds); None or EOF stops it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         if memory_mb > 0:  # a check that needs more address space fails (MemoryError: False)
@@ -236,30 +187,13 @@ def _check(pred: str, gold: str, golds: dict[str, list], parse, verify) -> bool:
                 golds.clear()
             golds[gold] = _mv_parse(gold, parse)
         parsed = _mv_parse(pred, parse)
-        # math-verify's own timeouts use signal.alarm: whole seconds only, one
-        # alarm per parse/comparison (so no bound on the sum), and unable to stop
-        # C-level big-integer work. The parent's kill is the real bound.
+        # math-verify's own timeouts (signal.alarm: whole seconds, one per call, blind to C-level big-integer
+        # work) are off: the parent's kill is the bound.
         if _set_against_ordered(gold, golds[gold], pred, parsed):
             return False
         return bool(verify(golds[gold], parsed, timeout_seconds=None))
     except BaseException:  # noqa: BLE001 - RecursionError, MemoryError, sympy internals
         return False
-
-
-@contextlib.contextmanager
-def _main_module_hidden():
-    """Hide the parent's __main__ while a 'spawn' child is started.
-
-    spawn re-imports the parent's main script in the child (as __mp_main__), i.e.
-    a training script's top-level imports (torch, vLLM: seconds, hundreds of MB)
-    at every (re)start. The child needs nothing from it: `_zygote` lives here, in a module of its own.
-    """
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
 
 
 class Zygote:
@@ -269,8 +203,13 @@ class Zygote:
         ctx = mp.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()  # a socket pair: file descriptors can pass through it
         self.proc = ctx.Process(target=_zygote, args=(child_conn, os.getpid()), daemon=True, name="MathVerifier")
-        with _main_module_hidden():
+        # Hide __main__ from 'spawn', which would re-import the training script (torch, vLLM: seconds, hundreds
+        # of MB); `_zygote` needs nothing from it.
+        main, sys.modules["__main__"] = sys.modules["__main__"], types.ModuleType("__main__")
+        try:
             self.proc.start()
+        finally:
+            sys.modules["__main__"] = main
         child_conn.close()  # so the parent sees EOF if it dies
         if not self.conn.poll(startup_timeout_s):
             self.kill()
@@ -284,20 +223,19 @@ class Zygote:
             raise RuntimeError(f"MathVerifier failed to start: {detail}")
 
     def fork(self, memory_mb: int, timeout_s: float) -> tuple[int, mp_connection.Connection]:
-        """A new child's pid and the socket to it (not ready until it says so). OSError/EOFError if the zygote is gone."""
+        """A new child's pid and socket (not ready until it says so); OSError/EOFError if the zygote is gone."""
         self.conn.send(("fork", memory_mb))
         if not self.conn.poll(timeout_s):
             raise OSError("the verifier's zygote did not answer")
         pid = self.conn.recv()
-        fd = reduction.recv_handle(self.conn)
-        return pid, mp_connection.Connection(fd)
+        return pid, mp_connection.Connection(reduction.recv_handle(self.conn))
 
     def tell(self, op: str, pid: int) -> None:
         with contextlib.suppress(OSError, ValueError):  # gone: its children went with it
             self.conn.send((op, pid))
 
     def kill(self) -> None:
-        """Stop it; it kills and reaps its children first (they would die with it anyway)."""
+        """Stop it; it kills and reaps its children first."""
         with contextlib.suppress(OSError, ValueError):
             self.conn.send(None)
         self.proc.join(timeout=5)
