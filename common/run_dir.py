@@ -2,24 +2,14 @@
 
     output_dir/
         run_config.json   {"flags": the run's flags, "history": one entry per start and resume}
-        metrics.jsonl     one row per step; samples.jsonl: a few completions per step (common/metrics.py)
-        eval_results.json, eval_records.jsonl    the last evaluation (--eval_steps, or tools.evaluate's of the run);
-                          eval-step-0/: the one before training; eval-checkpoint-N/, eval-<settings>/: tools.evaluate's
-                          of a checkpoint and its quick checks (an overwritten run's are deleted with it)
-        checkpoint-<N>/   common/checkpoint.py
-        model/            the final model, HF format (transformers and vLLM load it)
-        .lock             pid, host and start time of the run using it (common/run_dir.py RunLock)
+        metrics.jsonl, samples.jsonl              the log (common/metrics.py)
+        eval_results.json, eval_records.jsonl     the last evaluation; eval-*/: the others (tools.evaluate's too)
+        checkpoint-<N>/, model/                   common/checkpoint.py
+        .lock             pid, host and start time of the run using it (`RunLock`)
 
-A second process on a locked directory is refused, whatever its flags. A fresh run refuses a
-directory that holds a run with a checkpoint (it would interleave two runs' metrics, and
-`--keep_last` would count the old run's checkpoints): `--resume` continues that run,
-`--overwrite` deletes it first. A directory whose run saved no usable checkpoint (it failed at
-the start, or was killed before its first save) starts over without either flag, saying so.
-A resume reads the run's flags from run_config.json (`recorded_flags`, at parse time: `python
-grpo_base.py --output_dir runs/x --resume` goes on as the run was); a flag given again may change
-how the run goes (the learning rate and its schedule, clipping, lengths of the run, logging, saving,
-evaluation, systems: recorded in the history), not what is trained (data, model, method): such a
-change is refused, naming the flag.
+A fresh run refuses a directory holding a run with a checkpoint (`--resume` continues it, `--overwrite`
+deletes it); one with no usable checkpoint starts over, saying so. A resume reads the run's flags from
+run_config.json (`recorded_flags`) and refuses a change to what is trained (data, model, method).
 """
 
 import atexit
@@ -28,6 +18,7 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -49,12 +40,8 @@ def _has_checkpoint(path: Path) -> bool:
 
 
 class RunLock:
-    """An exclusive lock on a run directory, held by rank 0 while the run lives.
-
-    `flock` on `output_dir/.lock`: the kernel drops it when the process dies, kill -9 included, so a
-    lock file left by a dead run is found unlocked, and taken over with a line. The file holds the
-    holder's pid, host and start time, for the message that refuses a second run. On filesystems
-    without flock, the pid is checked instead (same host only)."""
+    """An exclusive `flock` on `output_dir/.lock`, held by rank 0: the kernel drops it when the process dies
+    (kill -9 too), so a dead run's lock is taken over. Without flock (some network filesystems): the pid."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK
@@ -127,11 +114,8 @@ def _now() -> str:
 
 
 def check_writable(output_dir: str | Path) -> None:
-    """Refuse, in one line, an --output_dir that is a file, sits under a file, or cannot be created or written
-    (before it is locked). Tried, not judged from permission bits: root passes every `os.access` check, and
-    /proc or a read-only mount refuse it anyway."""
-    import tempfile
-
+    """Refuse an --output_dir that is a file, sits under one, or cannot be written: tried, not judged from
+    permission bits (root passes every `os.access` check; a read-only mount refuses it anyway)."""
     path = Path(output_dir)
     if path.exists() and not path.is_dir():
         raise SystemExit(f"error: --output_dir: {path} is a file, not a directory; pick another path")
@@ -152,16 +136,13 @@ def check_writable(output_dir: str | Path) -> None:
 def check_run_dir(
     output_dir: str | Path, flags: dict, resumable: set[str], resume: bool, overwrite: bool, script: str | None = None
 ) -> None:
-    """Refuse, with one line naming the flag and the fix, a run directory this run cannot use (its lock
-    held: `RunLock`); `script`: this run's script, checked against the one a resumed run was started
-    with (`start_run_dir`'s `launch` records it). Reads only: every rank may call it (then rank 0 calls
-    `start_run_dir`)."""
+    """Refuse, in one line naming the flag and the fix, a run directory this run cannot use (module docstring);
+    `script`: checked against the resumed run's. Reads only: every rank may call it."""
     check_writable(output_dir)
     path = Path(output_dir)
     if resume and (path / CONFIG).is_file():
         saved = _read_config(path, script)["flags"]
-        # A flag the record lacks (added to the project after the run started) ran as its default: parse time
-        # (`common.cli.parse_args`) judges it against that.
+        # A flag the record lacks ran as its default: `common.cli.parse_args` judges that.
         changed = {k: (saved[k], v) for k, v in flags.items() if k not in resumable and k in saved and saved[k] != v}
         if changed:
             raise SystemExit(refused_changes(path, changed))
@@ -173,10 +154,8 @@ def check_run_dir(
 
 
 def recorded_flags(output_dir: str | Path, script: str | None) -> tuple[dict, Path] | None:
-    """What `--resume` goes on with: the flags run_config.json records for the run in `output_dir` (the values in
-    force at its last start) and the file's path; None when there is none (a run that never started: it starts
-    from step 0). `script`: the script resuming, checked against the one that started the
-    run (None: not checked). Reads only; every rank may call it."""
+    """(The flags in force at the run's last start, run_config.json's path), what `--resume` goes on with; None:
+    no record. `script`: checked against the one that started the run (None: not checked). Reads only."""
     path = Path(output_dir)
     if not (path / CONFIG).is_file():
         return None
@@ -193,7 +172,7 @@ def refused_changes(path: Path, changed: dict) -> str:
 
 
 def _read_config(path: Path, script: str | None) -> dict:
-    """`path`/run_config.json, refused in one line when unreadable or when the run is another script's."""
+    """`path`/run_config.json, refused when unreadable or another script's."""
     try:
         config = json.loads((path / CONFIG).read_text())
         if not isinstance(config.get("flags"), dict):
@@ -214,9 +193,8 @@ def _read_config(path: Path, script: str | None) -> dict:
 def start_run_dir(
     output_dir: str | Path, flags: dict, resumed: bool, overwrite: bool, launch: dict | None = None
 ) -> None:
-    """Rank 0, after `check_run_dir` passed on every rank and the run has loaded: clear an overwritten
-    run or one that never saved a checkpoint, and record the flags (`resumed`: continuing a checkpoint)
-    and how this start was launched (`launch`: processes, parallel mode) in the history."""
+    """Rank 0, once the run has loaded: clear an overwritten run or one that saved no checkpoint; record the flags
+    and how this start was launched (`launch`) in the history."""
     path = Path(output_dir)
     if path.is_dir() and not resumed and _holds_a_run(path):
         if not overwrite:
@@ -240,9 +218,8 @@ def start_run_dir(
 
 
 def check_shared(output_dir: str | Path, accelerator) -> None:
-    """Multi-node: every rank must see the run directory rank 0 writes (checkpoints hold every rank's
-    files). Rank 0 writes a sentinel with a fresh token; a rank that cannot read it stops the run
-    with one line naming its host."""
+    """Multi-node: stop, naming a host, if a rank cannot read a sentinel rank 0 wrote in the run directory
+    (checkpoints hold every rank's files)."""
     if accelerator.num_processes == 1:
         return
     import torch
@@ -271,13 +248,10 @@ def check_shared(output_dir: str | Path, accelerator) -> None:
         )
 
 
-# JSON Lines files: the one reader and writer every module uses (datasets, metrics, evaluation records).
-
-
+# JSON Lines: the one reader and writer every module uses.
 def iter_jsonl(path: str | os.PathLike, skip_torn_last_line: bool = False) -> Iterator[dict]:
-    """The rows of a .jsonl file; blank lines are skipped. A line that is not JSON raises
-    ValueError naming the file and line, except a last line cut short by a killed writer when
-    `skip_torn_last_line` (a run's own logs, appended to while the run was killed)."""
+    """The rows of a .jsonl file, blank lines skipped; bad JSON raises ValueError naming the line, except a last
+    line cut short by a killed writer when `skip_torn_last_line`."""
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():

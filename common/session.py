@@ -7,36 +7,40 @@
             s.rollout.sync_weights(s.trainer)     # the rollout engine gets the new weights
             s.end_step(step + 1, metrics, timer)  # evaluate, log, save
 
-The parts, each built by the module that holds it:
-
-- `s.trainer` (common/trainer.py): the accelerator, the policy and the reference model, the optimiser and its
-  schedule, the micro-batches of a pass, the optimiser step;
-- `s.rollout` (common/rollout.py): the rollout engine, the prompt sampler, each prompt's seed, the
-  engine's sleep and its wake-up with the new weights (the sync);
-- `s.rewards` (common/scoring.py): the reward terms and the answer verifier, scoring a step's completions;
-- `s.io` (`RunIO`, below): the run directory, the log, checkpoints, the evaluation during training and the
-  health checks that read the steps.
-
-`start_session` checks what it can before a model loads (common/checks.py), then builds the trainer,
-the rollout side, resumes from the newest good checkpoint when asked, builds the rewards and the run's I/O,
-and records the run's flags. The scripts never see a flag of RunFlags by name, and common/ reads a script's
-Args once, by the names of the flags every script shares, into the spec of what is trained
-(`spec_from`, below).
+The parts (`s.trainer`, `s.rollout`, `s.rewards`, `s.io`) are mapped in docs/CODE.md. `start_session` runs the
+checks that need no model (common/checks.py) first; past `spec_from`, nothing in common/ sees a script's Args.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.evaluation import TrainingEval
-from common.metrics import RunLogger, ScoreWatch, SignalWatch, StopSignal
-from common.rollout import Rollout
-from common.run_flags import RunFlags
-from common.scoring import Scorer
-from common.trainer import Trainer
+import torch
+
+from common.checkpoint import ensure_export, save_checkpoint
+from common.checks import check_before_loading, check_launch_and_rewards, check_prompt_format
+from common.distributed import end_rank, peak_memory_gb, reduce_metrics
+from common.evaluation import TrainingEval, write_results
+from common.metrics import (
+    PhaseTimer,
+    RunLogger,
+    ScoreWatch,
+    SignalWatch,
+    StopSignal,
+    describe_machine,
+    warn_rollout_gap,
+)
+from common.models import announce_loading, precision_for
+from common.prompts import pool_of
+from common.rollout import Rollout, engine_size, open_rollout
+from common.run_dir import start_run_dir
+from common.run_flags import RunFlags, launch_world
+from common.scoring import Scorer, open_scorer
+from common.trainer import Trainer, open_trainer
 
 
 @dataclass
@@ -51,17 +55,15 @@ class Session:
         return self
 
     def __exit__(self, kind, error, tb) -> None:
-        """Normal end: `close()`. An error: the progress bar ends its line first (the error's own line
-        must not run on after it), then the engine, the verifier and the lock are let go."""
+        """Normal end: `close()`. An error: the progress bar ends its line first (so the error's own line does not
+        run on after it), then the engine, the verifier and the lock are let go."""
         if kind is None:
             self.close()
             return
         self.io.logger.abort()
         for release in (self.rewards.close, self.rollout.engine.close, self.io.lock.release):
-            try:
+            with contextlib.suppress(Exception):  # the error being raised is the one to report
                 release()
-            except Exception:  # noqa: BLE001 - the error being raised is the one to report
-                pass
 
     def steps(self) -> Iterator[int]:
         """The step indices still to run; ends early once a stop signal has been honoured."""
@@ -72,8 +74,6 @@ class Session:
 
     def timer(self):
         """A step's phase timer; on a GPU it waits for the device at each boundary (its kernels run asynchronously)."""
-        from common.metrics import PhaseTimer
-
         return PhaseTimer(sync=self.trainer.device_sync)
 
     def evaluate(self) -> tuple[dict, list[dict]]:
@@ -83,8 +83,7 @@ class Session:
         )
 
     def evaluate_before_training(self) -> None:
-        """Step 0: the policy before training, every curve's start; its per-sample records go beside the final
-        evaluation's (before vs after, sample by sample)."""
+        """Step 0, every curve's start; its records go beside the final evaluation's (before vs after, per sample)."""
         io = self.io
         io.say(f"evaluating the policy before training (--eval_benchmarks {io.evaluation.benchmarks})")
         summary, records = self.evaluate()
@@ -92,12 +91,8 @@ class Session:
         io.logger.log(0, summary, advance=False)  # the same on every rank: the evaluation gathers its records
 
     def end_step(self, step: int, metrics: dict, timer, samples=None) -> None:
-        """After the update and the sync: evaluate when due, add the run's own figures (phase times, memory,
-        learning rate, unchecked answers), reduce over ranks, log (and `samples`: the step's dataset rows,
-        texts, rewards, advantages), warn, agree on a stop over the ranks, save when due."""
-        from common.distributed import peak_memory_gb, reduce_metrics
-        from common.metrics import warn_rollout_gap
-
+        """After the update and the sync: evaluate when due, add the run's own figures, reduce over ranks, log (and
+        `samples`: see `RunLogger.log_samples`), warn, agree on a stop over the ranks, save when due."""
         io, trainer, verifier = self.io, self.trainer, self.rewards.verifier
         step_s = sum(timer.seconds.values())  # the step itself; evaluation is timed on its own
         if io.evaluation.due(step, io.total_steps):
@@ -127,11 +122,7 @@ class Session:
         io.last_metrics = metrics
 
     def close(self) -> None:
-        """Close the log, the trackers and the verifier; print one closing line (the final figures and
-        where the model is, or how to resume a stopped run); exit non-zero if a signal stopped it."""
-        from common.checkpoint import ensure_export
-        from common.distributed import end_rank
-
+        """Close the log, trackers and verifier; print the closing line; exit non-zero if a signal stopped it."""
         io, accelerator = self.io, self.trainer.accelerator
         ranks = accelerator.num_processes
         if accelerator.is_main_process and not io.stop.stopped:
@@ -149,22 +140,8 @@ class Session:
 
 
 def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict, set[str]]) -> Session:
-    """Set up a run (module docstring). `script`: the script's name (the default --output_dir is
-    runs/<script>); `spec`: what is trained (`spec_from`); `run`: how the run goes; `flags`:
-    `common.cli.flag_record(args, run)`, recorded in run_config.json. Whether a GPU trains is asked here once
-    and passed down (`precision_for`, the memory preflight)."""
-    import torch
-
-    from common.checks import check_before_loading, check_launch_and_rewards, check_prompt_format
-    from common.evaluation import TrainingEval
-    from common.metrics import describe_machine
-    from common.models import announce_loading, precision_for
-    from common.prompts import pool_of
-    from common.rollout import engine_size, open_rollout
-    from common.run_flags import launch_world
-    from common.scoring import open_scorer
-    from common.trainer import open_trainer
-
+    """Set up a run (module docstring). `script`: the default --output_dir is runs/<script>; `flags`:
+    `common.cli.flag_record(args, run)`, recorded in run_config.json. Whether a GPU trains is asked here once."""
     values, resumable = flags
     machine = describe_machine(
         torch.get_num_threads(), torch.cuda.get_device_name() if torch.cuda.is_available() else None
@@ -203,11 +180,6 @@ def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict
     return session
 
 
-# The run's I/O: its directory and lock, the log (metrics.jsonl, samples, the progress bar, trackers), the
-# checkpoints and when they are due, the evaluation during training, and the health checks that read the
-# steps: flat rewards, unchecked answers, stop signals (`RunIO`, built by `open_run_io`).
-
-
 @dataclass
 class Checkpoints:
     """When the run saves (--save_steps, --save_minutes, the last step, a stop), and what it saved last."""
@@ -221,11 +193,8 @@ class Checkpoints:
     last_save: float = field(default_factory=time.monotonic)
 
     def save_if_due(self, step: int, trainer, rollout, *, final: bool, stopping: bool, skipped: bool) -> None:
-        """Save `trainer`'s state and `rollout`'s data order after `step` when due. `skipped`: an update of the
-        step was skipped: a step like that is not saved on schedule, so a diverging run keeps its last checkpoint
-        from before the trouble as its newest (the resume advice points there)."""
-        from common.checkpoint import save_checkpoint
-
+        """Save `trainer`'s state and `rollout`'s data order after `step` when due. A step with a `skipped` update
+        is not saved on schedule: a diverging run's newest checkpoint stays one from before the trouble."""
         due = (
             final
             or stopping
@@ -271,20 +240,14 @@ class RunIO:
         """An evaluation's console line, and its results and per-sample records in `out_dir` (rank 0; None: none)."""
         self.logger.eval_line(step, summary)
         if out_dir is not None and self.is_main:
-            from common.evaluation import write_results
-
             write_results(out_dir, summary, records, {"step": step, "benchmarks": self.evaluation.benchmarks})
 
 
 def open_run_io(script: str, run: RunFlags, pre, values: dict, accelerator, mode, start_step: int, machine: dict,
                 evaluation: TrainingEval, group_size: int) -> RunIO:  # fmt: skip
-    """Once everything has loaded: the run directory made this run's (`pre`: what was checked before loading,
-    `common.checks.Prepared`; `values`: the flags for run_config.json; `machine`: what it runs on and in
-    which precision, recorded with the launch), the logger, the checkpoint schedule and the health checks,
-    which speak through the log."""
-    from common.run_dir import start_run_dir
-
-    if pre.is_main:  # everything has loaded: now the run directory is this run's
+    """Once everything has loaded: the run directory made this run's (`pre`: `common.checks.Prepared`), the
+    logger, the checkpoint schedule and the health checks, which speak through the log."""
+    if pre.is_main:
         # threads: CPU kernels round by them, so a CPU run's figures differ with them
         launch = {"processes": accelerator.num_processes, "parallel": mode.kind, "script": script}
         launch |= {"threads": machine["threads"], "machine": machine}
@@ -296,25 +259,15 @@ def open_run_io(script: str, run: RunFlags, pre, values: dict, accelerator, mode
         log_every=run.log_every, log_samples=run.log_samples,
     )  # fmt: skip
     stop = StopSignal()
-    checkpoints = Checkpoints(
-        pre.run_dir, run.keep_last, run.save_steps, run.save_minutes, start_step or None, stop
-    )  # fmt: skip
+    checkpoints = Checkpoints(pre.run_dir, run.keep_last, run.save_steps, run.save_minutes, start_step or None, stop)
     return RunIO(
         pre.run_dir, pre.lock, logger, checkpoints, evaluation, SignalWatch(run.warn_flat_steps, say=logger.write),
         ScoreWatch(group_size, say=logger.write), stop, start_step, pre.total_steps, accelerator.is_main_process,
     )  # fmt: skip
 
 
-# What a run trains, as one frozen record built once from a script's `Args` (`spec_from`).
-#
-# The flags every script shares are read from `Args` by name (`FROM_ARGS`); what a script decides itself
-# (its optimiser, how many optimiser steps its update takes, whether a reference model loads, the context
-# a sequence may grow by, a check of its data) it passes by keyword. `start_session` takes
-# the spec and the run's flags (`common.run_flags.RunFlags`); past `spec_from`, nothing in common/ sees `Args`.
-
-
-# The spec's fields a script's Args holds under the same names: what to train, how the schedule runs, the two
-# sampling flags of the method that the session's rollout engine and evaluation need, and the rollout correction.
+# What a run trains: the fields a script's Args holds under these names (`spec_from` reads them), then what the
+# script decides itself, passed by keyword.
 FROM_ARGS = (
     "model", "dataset", "template", "few_shot", "rewards", "reward_fn", "steps", "epochs", "prompts_per_step",
     "max_prompt_len", "max_completion_len", "seed", "lr_schedule", "warmup_steps", "grad_clip", "group_size", "top_p",
@@ -354,6 +307,5 @@ class TrainSpec:
 
 
 def spec_from(args, **own) -> TrainSpec:
-    """The spec of a script's `args`: the FROM_ARGS fields read from it by name, and `own`, the fields the
-    script decides itself (optimizer, optimizer_steps_per_step, reference_model, and any of the defaulted ones)."""
+    """The spec of a script's `args`: the FROM_ARGS fields by name, and `own`, what the script decides itself."""
     return TrainSpec(**{name: getattr(args, name) for name in FROM_ARGS}, **own)
