@@ -1,12 +1,8 @@
-"""What a rollout engine returns, and where a completion ends: stop tokens and stop strings.
-
-A completion ends on a stop token (EOS, <|im_end|>: `stop_token_ids`) or before the first of the
-run's stop strings (`--stop`, few-shot under `--template plain`). Both engines stop sampling a
-sequence once its text holds a stop string, then cut it as `cut_at_stop` says: the tokens kept
-are those of a run that sampled on to EOS and was cut afterwards, only sooner.
+"""What a rollout engine returns, where a completion ends (a stop token, or before the first stop string:
+`cut_at_stop`, as if sampled on to EOS and cut afterwards), and the sampling seeds.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 
@@ -17,12 +13,31 @@ class Completion:
     finished: bool  # ended on a stop token or a stop string (False: cut at max_tokens)
 
 
+class CutEngine:
+    """What both rollout engines share: `stop` strings, `decode` (token ids -> text, the one every stop decision
+    uses), and `generate`: the engine's `sample`, each completion then cut at the stop strings."""
+
+    def __init__(self, stop: Iterable[str], decode: Callable[[list[int]], str] | None):
+        self.stop, self.decode = tuple(stop), decode
+        if self.stop and decode is None:
+            raise ValueError("stop strings need `decode`: the engine cuts each completion by its text")
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        seed: int | list[int] | None = None,
+    ) -> list[list[Completion]]:
+        """n completions for each prompt (a list of token ids); `seed`: one for the call or one per prompt."""
+        return cut_groups(self.sample(prompts, n, max_tokens, temperature, top_p, seed), self.stop, self.decode)
+
+
 def stop_token_ids(tokenizer, model_path: str) -> list[int]:
-    """Token ids that end a completion, for training, evaluation and data selection alike:
-    the tokenizer's EOS, the model config's and generation config's EOS, and the chat
-    end-of-turn `<|im_end|>` when the vocabulary has it (a base model such as
-    Qwen2.5-Math-1.5B lists only `<|endoftext|>` but, prompted with chat markup, ends
-    its answer with `<|im_end|>`)."""
+    """Token ids that end a completion: every EOS the tokenizer and configs name, and `<|im_end|>` when the
+    vocabulary has it (a base model such as Qwen2.5-Math-1.5B ends a chat answer with it, unlisted)."""
     from transformers import AutoConfig, GenerationConfig
 
     ids = {tokenizer.eos_token_id}
@@ -47,10 +62,8 @@ def stop_at(text: str, stop: tuple[str, ...] | list[str]) -> int | None:
 
 
 def cut_at_stop(c: Completion, stop: tuple[str, ...] | list[str], decode: Callable[[list[int]], str]) -> Completion:
-    """`c` cut before the first of the `stop` strings in its text, as vLLM's `stop` cuts the text by default (the
-    stop string excluded): its token ids and log-probs are cut to the longest prefix whose text ends before
-    it (a token that straddles the stop string's start goes too), and it counts as finished (it stopped).
-    `decode`: token ids -> text, the one decoding every stop decision uses (the engines' `decode`)."""
+    """`c` cut to the longest prefix whose text (`decode`'s) ends before the first `stop` string, as vLLM cuts
+    the text (a token straddling it goes too), and finished."""
     if not stop or not c.token_ids:
         return c
     at = stop_at(decode(c.token_ids), stop)
@@ -70,20 +83,12 @@ def cut_groups(groups: list[list[Completion]], stop: tuple[str, ...], decode) ->
     return [[cut_at_stop(c, stop, decode) for c in group] for group in groups]
 
 
-# Sampling seeds: one per prompt from its place in the run, one per completion from its prompt's.
-
-
-# A prime stride between consecutive seeds: runs with nearby --seed values do not share seeds.
-SEED_STRIDE = 1_000_003
+SEED_STRIDE = 1_000_003  # prime: runs with nearby --seed values share no seeds
 
 
 def prompt_seeds(seed: int, step: int, prompts_per_step: int, rank: int, num_local: int) -> list[int]:
-    """One sampling seed per prompt of this rank's share of the step's global batch.
-
-    A prompt's seed depends on (seed, step, its place in the global batch) only, so
-    the same run on 1 or 8 processes samples the same completions (HFEngine exactly;
-    vLLM on GPU up to batch-dependent rounding).
-    """
+    """One seed per prompt of this rank's share, from (seed, step, its place in the global batch) only: 1 or 8
+    processes sample the same completions (HFEngine exactly; vLLM on GPU up to rounding)."""
     first = step * prompts_per_step + rank * num_local  # the prompt's index among all prompts of the run
     return [seed + (first + i) * SEED_STRIDE for i in range(num_local)]
 

@@ -1,11 +1,7 @@
-"""The papers' math benchmarks: where each lives on the hub, which fields hold the problem and the
-gold answer, and loading them by name or from a local copy (`math500=FILE`, `math500=DIR` holding
-`math500.jsonl`, or a data directory searched by name; `python -m tools.evaluate --export_data DIR`
-writes such copies on a machine with a network), a file's own fields mapped as
-`name=FILE:problem=FIELD:answer=FIELD`. tools.evaluate takes them as --benchmarks, the training scripts as
---eval_benchmarks: the messages here name neither, the caller does."""
-
-from __future__ import annotations
+"""The papers' math benchmarks: where each lives on the hub, its problem and answer fields, and loading them by
+name or from a local copy (`name=FILE`, `name=DIR`, a data directory; `name=FILE:problem=FIELD:answer=FIELD`).
+Messages name no flag of the caller's (--benchmarks, --eval_benchmarks): the caller does.
+"""
 
 import re
 from collections.abc import Callable
@@ -20,7 +16,7 @@ AGGREGATES = ("overall", "mean")  # reserved names in the summary keys
 
 
 def _last_boxed(text: str) -> str:
-    """Minerva keeps its gold answer as the last \\boxed{} of the reference solution."""
+    """Minerva's gold answer: the last \\boxed{} of the reference solution."""
     boxed = extract_boxed(text)
     return boxed.strip() if boxed else text  # already bare (a local copy in our format)
 
@@ -44,10 +40,8 @@ class Benchmark(NamedTuple):
     local: str | None = None  # default local file (no hub version)
 
 
-# The versions the papers' own evaluation stacks load (Open-RS / open-r1 lighteval
-# tasks, which CW-GRPO names in its App. A table). AIME24 is HuggingFaceH4/aime_2024
-# (CW-GRPO's choice; the 30 problems of AIME 2024 I+II, string answers), not
-# Maxwell-Jia/AIME_2024 (same problems, capitalised fields, integer answers).
+# The versions the papers' evaluation stacks load (open-r1 lighteval tasks, CW-GRPO's App. A); AIME24 as CW-GRPO's
+# (HuggingFaceH4/aime_2024, string answers), not Maxwell-Jia/AIME_2024.
 BENCHMARKS: dict[str, Benchmark] = {
     "math500": Benchmark("HuggingFaceH4/MATH-500", None, "test", "problem", "answer", size=500),
     "aime24": Benchmark("HuggingFaceH4/aime_2024", None, "train", "problem", "answer", size=30),
@@ -110,19 +104,9 @@ def load_benchmark(
     answer_field: str | None = None,
     data_dir_flag: str | None = None,
 ) -> list[dict]:
-    """Rows `{"problem", "answer"}` of one benchmark.
-
-    source: a local file/directory or hub name to read instead of the registry's
-        hub dataset (required for names not in `BENCHMARKS`); a directory holding `<name>.jsonl`
-        is that file. A ":problem=FIELD:answer=FIELD" tail names the fields that hold them (`split_fields`).
-    data_dir: a directory searched for `<name>.jsonl` (or .json / .parquet) first.
-    A local file may be a dump of the hub dataset (its own field names) or rows
-    already in our `{"problem", "answer"}` form; both are accepted.
-    problem_field / answer_field: where the problem and the gold answer are, instead (dotted for nested); a
-        source's own mapping wins.
-    data_dir_flag: the flag that sets `data_dir` in the program that loads it, named in its advice (None: it
-        has none). Every message names no other flag: the caller says which flag the benchmarks came from.
-    """
+    """Rows `{"problem", "answer"}` of one benchmark. `source`: a file, directory or hub name instead of the hub
+    dataset (needed for a name not in `BENCHMARKS`), in our fields or the hub's, or those its tail maps
+    (`split_fields`) or `*_field` name; `data_dir`: searched for `<name>.jsonl` first; `data_dir_flag`: its flag."""
     if not _NAME_RE.fullmatch(name) or name in AGGREGATES:
         raise ValueError(
             f"invalid benchmark name {name!r}: use letters, digits, '_', '-', '.', and not {' or '.join(AGGREGATES)}"
@@ -163,9 +147,8 @@ def load_benchmark(
 
 def _read_rows(name: str, spec: Benchmark, source: str | None, named: bool, limit: int | None,
                data_dir_flag: str | None) -> list[dict]:  # fmt: skip
-    """`load_benchmark`'s rows before their answers are cleaned: from the hub (`source` None), from `source` in the
-    fields the user `named`, or from `source` in our own fields, else in the hub dataset's. Every row is checked:
-    one that lacks a field, or has no problem or no usable answer, is refused (`_checked`)."""
+    """`load_benchmark`'s rows before their answers are cleaned: from the hub (`source` None), or from `source` in the
+    fields the user `named`, else in ours, else in the hub dataset's; every row checked (`_checked`)."""
     hint = f"Or {MAP_HINT.format(name=name)}."
 
     def read(where: str, fields: tuple[str, str]) -> list[dict]:
@@ -212,8 +195,7 @@ class BadRows(ValueError):
 
 
 def _checked(name: str, source: str, rows: list[dict]) -> list[dict]:
-    """`rows` (`iter_math_dataset`'s, strict), or BadRows naming how many lack a field or a usable problem or
-    answer, and the first: an evaluation scores every problem, so none is dropped unsaid."""
+    """`rows`, or BadRows naming how many lack a field, a problem or a usable answer: none is dropped unsaid."""
     bad = [i for i, r in enumerate(rows) if r.get("lacks") or not r["problem"].strip() or r["answer"] is None]
     if not bad:
         return rows
@@ -248,8 +230,7 @@ def load_benchmarks(
     answer_field: str | None = None,
     data_dir_flag: str | None = None,
 ) -> dict[str, list[dict]]:
-    """All benchmarks of a `--benchmarks` (or `--eval_benchmarks`) string, in order: {name: rows}
-    (`*_field`, `data_dir_flag`: `load_benchmark`'s)."""
+    """{name: rows} of a `--benchmarks` (or `--eval_benchmarks`) string, in order (`load_benchmark`)."""
     items = parse_benchmarks(text)
     names = [name for name, _ in items]
     if len(set(names)) < len(names):

@@ -1,31 +1,24 @@
-"""Evaluation: pass@k of a policy on benchmarks, from the training loop or `tools/evaluate.py`.
-
-Each problem is rendered with the training prompt template, sampled `n` times and checked with
-the training reward's verifier. Per problem with c correct of n samples:
+"""Evaluation: pass@k of a policy on benchmarks, from the training loop or `tools/evaluate.py`. Each problem is
+rendered with the training template, sampled `n` times and checked with the training verifier; with c correct:
 
     pass@1 = c / n (mean over samples)
     pass@k = 1 - C(n - c, k) / C(n, k)    (Chen et al. 2021, unbiased, k <= n)
 
-A benchmark's score is the mean over its problems. Two averages over benchmarks: `overall`,
-weighted by problem count (EDGE-GRPO's "total correct / total problems"), and `mean`, the plain
-mean of the benchmark scores (the "Avg." column of CW-GRPO and Pro-GRPO). Summary keys are flat,
-ready to log beside the training metrics: `eval/<benchmark>/pass@<k>`, `.../num_problems`,
-`.../response_len`, `.../truncated_frac`, the same for `overall`, and `eval/mean/pass@<k>`.
-Per-problem records keep the completion texts, so `rescore` can re-check them without generating, and
-each completion's `mean_logprob`: the mean log-prob of its tokens under logits / T, the stop token
-included (a sequence confidence: minus EGPO's entropy proxy, eq. 5 of docs/algorithms/egpo.md, at T = 1).
+Summary keys: `eval/<benchmark>/pass@<k>` (and num_problems, response_len, truncated_frac), the same for `overall`
+(weighted by problems: EDGE-GRPO's), and `eval/mean/pass@<k>` (the mean of benchmarks: CW-GRPO's, Pro-GRPO's).
+Records keep the completion texts (`rescore`) and each one's `mean_logprob` (minus EGPO's eq. 5 at T = 1).
 """
-
-from __future__ import annotations
 
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.answers import extract_answer
 from common.cli import not_utf8
+from common.completion import prompt_seeds
 from common.eval_sets import AGGREGATES
 from common.prompts import few_shot_examples, format_few_shot_prompt
 from common.run_dir import read_jsonl, write_jsonl
@@ -35,17 +28,14 @@ RESULTS_FILE = "eval_results.json"
 RECORDS_FILE = "eval_records.jsonl"
 
 
-# vLLM 0.32's SamplingParams (vllm/sampling_params.py: __post_init__, _verify_args): a temperature between 0 and
-# 0.01 is raised to 0.01 (a warning in its log), one above 2 is refused, and 0 is greedy decoding, whose n must be 1.
+# vLLM 0.32's SamplingParams raises a temperature in (0, 0.01) to 0.01 (in its log only) and refuses one above 2.
 VLLM_LOWEST, VLLM_HIGHEST = 0.01, 2.0
 
 
 def sampling_problem(rollout: str, temperature: float, n: int, flags: dict[str, str]) -> str | None:
-    """Why the `rollout` engine ("vllm" or "hf") would refuse, or silently change, sampling `n` completions a prompt
-    at `temperature`, as one line naming the flags of the program that set them (`flags`: "temperature", "n" and
-    "rollout" -> its flag names); None when it samples them as asked. Greedy decoding (temperature 0) is one
-    completion a prompt, on either engine: asked for more, the fix is named, not taken (n samples that are one sample
-    repeated would give a pass@k that is pass@1). The other sampling flags' ranges are their own (`arg` bounds)."""
+    """Why the `rollout` engine would refuse, or silently change, sampling `n` completions at `temperature`, as a
+    line naming the caller's `flags`; None when it samples as asked. Temperature 0 is one completion a prompt:
+    n repeats of it would give a pass@k that is pass@1."""
     t, samples, engine = flags["temperature"], flags["n"], flags["rollout"]
     if not math.isfinite(temperature):
         return f"{t} {temperature:g}: a temperature is a finite number (0 for greedy decoding)"
@@ -68,11 +58,7 @@ def sampling_problem(rollout: str, temperature: float, n: int, flags: dict[str, 
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k).
-
-    Product form, 1 - prod_{i=n-c+1}^{n} (1 - k / i): no huge binomials, so
-    it stays exact-ish for n in the thousands.
-    """
+    """Unbiased pass@k (Chen et al. 2021) as 1 - prod_{i=n-c+1}^{n} (1 - k / i): no huge binomials."""
     if not (n >= 1 and 0 <= c <= n and 1 <= k <= n):
         raise ValueError(f"pass@k needs n >= 1, 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
     if n - c < k:  # every k-subset holds a correct sample
@@ -99,29 +85,29 @@ def summarize(records: list[dict], ks: list[int] | None = None) -> dict[str, flo
 
     summary: dict[str, float] = {}
     totals = {k: 0.0 for k in ks}
-    n_problems, n_completions, n_tokens, n_truncated = 0, 0, 0, 0
     for bench, recs in by_bench.items():
         for k in ks:
             scores = [pass_at_k(len(r["correct"]), sum(r["correct"]), k) for r in recs]
             summary[f"eval/{bench}/pass@{k}"] = sum(scores) / len(scores)
             totals[k] += sum(scores)
-        generated = [r for r in recs if "skipped" not in r]  # lengths of what was actually generated
-        tokens = sum(sum(r["num_tokens"]) for r in generated)
-        completions = sum(len(r["num_tokens"]) for r in generated)
-        truncated = sum(sum(not f for f in r["finished"]) for r in generated)
-        summary[f"eval/{bench}/num_problems"] = len(recs)
-        summary[f"eval/{bench}/response_len"] = tokens / max(completions, 1)
-        summary[f"eval/{bench}/truncated_frac"] = truncated / max(completions, 1)
-        n_problems += len(recs)
-        n_completions, n_tokens, n_truncated = n_completions + completions, n_tokens + tokens, n_truncated + truncated
+        summary |= _lengths(f"eval/{bench}", recs)
     for k in ks:
-        summary[f"eval/overall/pass@{k}"] = totals[k] / n_problems  # = total correct / total problems
-    summary["eval/overall/num_problems"] = n_problems
-    summary["eval/overall/response_len"] = n_tokens / max(n_completions, 1)
-    summary["eval/overall/truncated_frac"] = n_truncated / max(n_completions, 1)
+        summary[f"eval/overall/pass@{k}"] = totals[k] / len(records)  # = total correct / total problems
+    summary |= _lengths("eval/overall", records)
     for k in ks:
         summary[f"eval/mean/pass@{k}"] = sum(summary[f"eval/{b}/pass@{k}"] for b in by_bench) / len(by_bench)
     return summary
+
+
+def _lengths(key: str, records: list[dict]) -> dict[str, float]:
+    """The problems of `records`, and the mean length and truncated share of what was actually generated."""
+    generated = [r for r in records if "skipped" not in r]
+    completions = max(sum(len(r["num_tokens"]) for r in generated), 1)
+    return {
+        f"{key}/num_problems": len(records),
+        f"{key}/response_len": sum(sum(r["num_tokens"]) for r in generated) / completions,
+        f"{key}/truncated_frac": sum(sum(not f for f in r["finished"]) for r in generated) / completions,
+    }
 
 
 def evaluate(
@@ -142,21 +128,10 @@ def evaluate(
     few_shot: int = 0,
     few_shot_pool: list[dict] | None = None,
 ) -> tuple[dict[str, float], list[dict]]:
-    """Sample n completions per problem with `engine` (a `common.rollout` engine: the training loop's
-    live one samples the policy being trained) and score them; returns (flat summary, per-problem records).
-
-    benchmarks: {name: rows with "problem" and "answer"} (`common.eval_sets.load_benchmarks`).
-    max_prompt_len: longer prompts are not generated (a vLLM engine built for training would reject
-    them) and count as wrong; their records say so. accelerator: with several processes, each rank
-    samples every world-th problem and every rank gets all records, so the summary is the same on
-    every rank and equals a one-process evaluation (each problem's seed is its own, from its index).
-    say: called with a line per benchmark (problems, pass@1, time).
-    few_shot, few_shot_pool: K worked examples from the pool before each problem (`common.prompts`).
-    """
-    import time
-
-    from common.completion import prompt_seeds
-
+    """(flat summary, per-problem records) of n samples per problem of `benchmarks` with `engine`. A prompt over
+    `max_prompt_len` is not generated and counts as wrong. Each rank samples every world-th problem and all get
+    every record: the same summary as on one process (each problem's seed is its own). `say`: a line a benchmark;
+    `few_shot`: K worked examples from `few_shot_pool` before each problem (`common.prompts`)."""
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     own_verifier = verifier is None
     verifier = verifier or MathVerifier()
@@ -197,8 +172,7 @@ def prompt_ids(problem: str, template: str, tokenizer, few_shot: int, pool: list
 
 
 def _record(bench: str, index: int, row: dict, prompt: list[int], group, n: int, max_prompt_len, tokenizer) -> dict:
-    """A problem's record before scoring: its completions (`group`: the engine's; None when its prompt was too
-    long to generate, recorded as `skipped` with n empty completions), their lengths and mean log-probs."""
+    """A problem's record before scoring (`group` None: its prompt was too long, `skipped`, n empty completions)."""
     rec = {"benchmark": bench, "index": index, "problem": row["problem"], "answer": row["answer"]}
     rec["prompt_tokens"] = len(prompt)
     if group is None:
@@ -213,7 +187,6 @@ def _record(bench: str, index: int, row: dict, prompt: list[int], group, n: int,
 
 
 def _bench_line(bench: str, problems: int, n: int, records: list[dict], seconds: float) -> str:
-    """The line `evaluate` says when a benchmark is done: problems, pass@1, prompts too long, time."""
     acc = sum(sum(r["correct"]) / n for r in records) / problems
     skipped = sum("skipped" in r for r in records)
     note = f", {skipped} prompts too long" if skipped else ""
@@ -260,8 +233,8 @@ def _gather(records: list[dict], accelerator) -> list[dict]:
 
 
 def score_records(records: list[dict], verifier: MathVerifier) -> None:
-    """Fill each record's `predictions` and `correct` from its completion texts (in place). An answer the
-    verifier had no time for counts as wrong here: an evaluation has no group to leave out."""
+    """Fill each record's `predictions` and `correct` in place; an answer the verifier had no time
+    for counts as wrong (an evaluation has no group to leave out)."""
     for rec in records:
         preds = [extract_answer(t) for t in rec["completions"]]
         rec["predictions"] = preds
@@ -291,12 +264,9 @@ def read_records(path: str | os.PathLike) -> list[dict]:
         records = read_jsonl(path)
     except UnicodeDecodeError:
         raise ValueError(not_utf8(path)) from None
+    needed = ("benchmark", "answer", "completions", "num_tokens", "finished")
     for lineno, rec in enumerate(records, 1):
-        missing = [
-            k
-            for k in ("benchmark", "answer", "completions", "num_tokens", "finished")
-            if not isinstance(rec, dict) or k not in rec
-        ]
+        missing = [k for k in needed if not isinstance(rec, dict) or k not in rec]
         if missing:
             raise ValueError(f"{path}: record {lineno}: not an evaluation record (missing {', '.join(missing)})")
     if not records:

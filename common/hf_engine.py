@@ -1,7 +1,5 @@
-"""The transformers rollout engine: `generate` on the training model itself, for CPU runs or when vLLM is
-absent. It is always in sync (`load_weights` is a no-op); each prompt is prefilled once for its n rows
-(`HFEngine._prefill`), each row samples under its own seeded generator (`_RowSampler`), and stops once its text
-holds a stop string (`_StopStrings`), then is cut as `cut_at_stop` says.
+"""The transformers rollout engine: `generate` on the training model itself (CPU runs, or no vLLM), always in
+sync. Each prompt is prefilled once for its n rows, and each row samples under its own seeded generator.
 """
 
 import math
@@ -9,19 +7,13 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from common.completion import Completion, completion_seed, cut_groups, stop_at
+from common.completion import Completion, CutEngine, completion_seed, stop_at
 
 
 class _RowSampler:
-    """A logits processor that samples each row itself, under the row's own generator, and
-    forces generate's greedy pick onto that token.
-
-    Why: HF's sampler draws every row from one global RNG, so a row's sample depends on
-    the rows beside it, and `output_scores` keeps a [rows, V] fp32 tensor per generated
-    token (37 MiB per token at 64 rows of Qwen2.5's vocabulary). Here each row draws from
-    softmax(logits / T) (top-p applied) with its own seeded generator, and only the
-    sampled token's log-prob is kept: one number per row and step. T = 0 is greedy decoding.
-    """
+    """A logits processor that samples each row from softmax(logits / T) (top-p applied; T = 0: greedy) under
+    its own generator and forces generate's greedy pick onto it. HF's sampler draws every row from one RNG (a
+    row's sample depends on its neighbours), and `output_scores` keeps [rows, V] fp32 per token."""
 
     def __init__(self, generators: list[torch.Generator], temperature: float, top_p: float):
         self.generators, self.temperature, self.top_p = generators, temperature, top_p
@@ -49,13 +41,8 @@ class _RowSampler:
 
 
 class _StopStrings:
-    """A stopping criterion: a row ends once its completion's text (`decode`, as `cut_at_stop` reads it)
-    holds one of the `stop` strings. `ended[row]`: its length then (generate pads a row after it ends).
-
-    Each step looks at the text of the last few tokens first, and decodes the whole completion only when
-    that holds a stop string: a row ends at the first token whose whole text holds one, or, should the
-    short look miss one (a tail whose text differs from the whole's), later; the cut afterwards is the same.
-    """
+    """A stopping criterion: a row ends once its text holds a `stop` string; `ended[row]`: its length then. The
+    last few tokens' text is looked at first, the whole completion decoded only when that holds one."""
 
     def __init__(self, stop: tuple[str, ...], decode: Callable[[list[int]], str], prompt_width: int):
         self.stop, self.decode, self.width = stop, decode, prompt_width
@@ -73,9 +60,8 @@ class _StopStrings:
         return done
 
 
-class HFEngine:
-    """`common.rollout.RolloutEngine` on transformers' `generate`. `stop`: stop strings, `decode`: token
-    ids -> text (both required together)."""
+class HFEngine(CutEngine):
+    """`common.rollout.RolloutEngine` on transformers' `generate`."""
 
     kv_cache_tokens = None  # generate's own cache, sized per call
     weight_dtype = None  # load_weights takes nothing
@@ -90,34 +76,13 @@ class HFEngine:
         stop: Iterable[str] = (),
         decode: Callable[[list[int]], str] | None = None,
     ):
-        self.stop, self.decode = tuple(stop), decode
-        if self.stop and decode is None:
-            raise ValueError("stop strings need `decode`: the engine cuts each completion by its text")
+        super().__init__(stop, decode)
         self.model = model
         self.stop_token_ids = list(stop_token_ids)
         self.pad_token_id = pad_token_id
         self.batch_size = batch_size  # rows per `generate` call
-        # Parameters sharded over ranks (ZeRO-3, FSDP2): every forward is a collective, so all ranks
-        # keep stepping until the last one is done (generate's synced_gpus), and make as many calls.
+        # Sharded parameters (ZeRO-3, FSDP2): every forward is a collective, so all ranks step together.
         self.synced = synced
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | list[int] | None = None,
-    ) -> list[list[Completion]]:
-        """n completions for each prompt, in `generate` calls of whole groups (`batch_size` rows, at least a group).
-
-        With one seed per prompt, each completion is drawn with its own generator, seeded by
-        (its prompt's seed, its index in the group): what a prompt gets does not depend on which
-        other prompts share the call or the rank, up to float rounding in batched kernels.
-        One seed for the call seeds every row from it; none draws from the global RNG.
-        """
-        return cut_groups(self.sample(prompts, n, max_tokens, temperature, top_p, seed), self.stop, self.decode)
 
     @torch.no_grad()
     def sample(
@@ -129,7 +94,9 @@ class HFEngine:
         top_p: float = 1.0,
         seed: int | list[int] | None = None,
     ) -> list[list[Completion]]:
-        """`generate` before the cut at the stop strings: each row ends on the token that completes one."""
+        """`generate` before the cut: each row ends on the token that completes a stop string. Calls of whole
+        groups; each row's generator is seeded by (its prompt's seed, its index): a prompt's samples do not depend
+        on the call or the rank (None: the global RNG)."""
         seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
             raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
@@ -146,15 +113,13 @@ class HFEngine:
         results: list[Completion] = []
         for c in range(calls):
             chunk = pairs[c * per_call : (c + 1) * per_call]
-            results += self._sample(chunk or [([self.pad_token_id], 0)], n, max_tokens, temperature, top_p, device)[
-                : len(chunk) * n
-            ]
+            rows = self._sample(chunk or [([self.pad_token_id], 0)], n, max_tokens, temperature, top_p, device)
+            results += rows[: len(chunk) * n]
         self.model.train(was_training)
         return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, n: int):
-        """The prompts' KV cache but for their last token, computed once and repeated for each prompt's n rows: what
-        `generate` then computes is the last prompt token and the completions (positions from the mask, as its own)."""
+        """The prompts' KV cache but for their last token, computed once and repeated for each prompt's n rows."""
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
@@ -181,14 +146,12 @@ class HFEngine:
         ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
         from transformers import GenerationConfig, StoppingCriteriaList
 
-        # Every setting explicit: `generate` fills what is left unset from the model's own
-        # generation_config.json, whose sampling settings (repetition_penalty, top_k, ...) would
-        # change what the policy samples, and the trainer's log-probs would no longer match.
+        # Every setting explicit: `generate` fills unset ones from the model's generation_config.json.
         config = GenerationConfig(
             do_sample=False,  # the sampling is _RowSampler's
             temperature=1.0,
             top_p=1.0,
-            top_k=50,  # transformers' default, unused by greedy decoding: set so that the model's config cannot fill it
+            top_k=50,  # transformers' default, unused by greedy decoding
             repetition_penalty=1.0,
             no_repeat_ngram_size=0,
             max_new_tokens=max_tokens,

@@ -1,20 +1,7 @@
-"""Rollout engines: sample completions from token ids, and take the policy's new weights.
-
-Two backends behind one interface, `RolloutEngine`, built by `make_engine`:
-- `VLLMEngine` (common/vllm_engine.py): vLLM in the training process (colocated, `vllm.LLM`). Its
-  weights are a copy, so `load_weights` pushes the trainer's parameters in after every optimiser step,
-  a bounded batch at a time, and resets the prefix cache (common/vllm_engine.py). Under accelerate each
-  rank has its own engine (vLLM's external_launcher, TRL's colocate mode).
-- `HFEngine` (common/hf_engine.py): transformers `generate` on the training model itself, for CPU
-  runs or when vLLM is absent; it is always in sync, `load_weights` is a no-op.
-
-Both return the engine's log-prob of each sampled token under logits / T, which the scripts compare
-with the trainer's (the `rollout_logp_gap` metric), and both stop a sequence at the run's stop strings
-while sampling (common/completion.py). Seeds: common/completion.py. This module's names are the ones the
-scripts, tools and tests import.
+"""Rollout engines behind one interface (`RolloutEngine`, built by `make_engine`): `VLLMEngine`
+(common/vllm_engine.py) or `HFEngine` (common/hf_engine.py); both return each sampled token's log-prob under
+logits / T. Then the rollout side of a session (`Rollout`, `open_rollout`). Scripts and tests import from here.
 """
-
-from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,17 +9,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from common.completion import (
-    SEED_STRIDE,
-    Completion,
-    completion_seed,
-    cut_at_stop,
-    cut_groups,
-    prompt_seeds,
-    stop_at,
-    stop_token_ids,
-)
-from common.hf_engine import HFEngine, _RowSampler
+from common.completion import Completion, cut_at_stop, prompt_seeds, stop_token_ids
+from common.hf_engine import HFEngine
 from common.models import Precision
 from common.rollout_correction import RolloutCorrection, rollout_correction
 from common.run_flags import RunFlags
@@ -49,9 +27,8 @@ from common.vllm_engine import (
 _batches = tensor_batches  # its name before the split (tests/test_distributed.py)
 
 __all__ = [
-    "CPU_KV_CACHE_GIB", "SEED_STRIDE", "Completion", "HFEngine", "RolloutEngine", "VLLMEngine", "_RowSampler",
-    "_batches", "completion_seed", "cpu_kv_cache_space", "cut_at_stop", "cut_groups", "kv_cache_note", "make_engine",
-    "prompt_seeds", "stop_at", "stop_token_ids", "tensor_batches", "vllm_engine_args",
+    "CPU_KV_CACHE_GIB", "Completion", "HFEngine", "RolloutEngine", "VLLMEngine", "_batches", "cpu_kv_cache_space",
+    "cut_at_stop", "kv_cache_note", "make_engine", "prompt_seeds", "stop_token_ids", "vllm_engine_args",
 ]  # fmt: skip
 
 
@@ -111,16 +88,9 @@ def make_engine(
     per_prompt_seeds: bool = True,
     stop: Iterable[str] = (),
 ) -> RolloutEngine:
-    """The rollout engine `backend` names ("vllm" or "hf"), for training, evaluation and data selection.
-
-    vLLM: its own copy of `model_path`, colocated (one engine per rank when `world` > 1), holding
-    `max_model_len` tokens per sequence in `dtype` ("auto": bf16 on GPU, fp32 on CPU), decoding
-    `max_num_seqs` sequences at once (0: vLLM's default). HF: `model` itself (loaded from
-    `model_path` in `dtype` when None), `batch_size` rows per generate call; `synced`: every rank
-    steps together (parameters sharded over ranks: ZeRO-3, FSDP2). `per_prompt_seeds`: False makes vLLM
-    ignore the seeds `generate` is given (the engine's own `seed` alone; docs/SCALING.md). `stop`: stop
-    strings (`--stop`): sampling stops at them, and completions are cut as `cut_at_stop` says.
-    """
+    """The rollout engine `backend` names ("vllm" or "hf"). vLLM: its own copy of `model_path` in `dtype`
+    ("auto": bf16 on GPU, fp32 on CPU), one per rank; 0 for `max_num_seqs`: vLLM's default. HF: `model` itself
+    (loaded when None); `synced`: sharded parameters. `stop`: stop strings (`--stop`, `cut_at_stop`)."""
     stop_ids = stop_token_ids(tokenizer, model_path)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
     gpu = torch.cuda.is_available()
@@ -150,13 +120,11 @@ def make_engine(
     )
 
 
-# The rollout side of a session: the engine that samples the policy (vLLM in-process, or
-# transformers), the prompt sampler, each prompt's seed, and the engine's memory given to the trainer and
-# taken back with the new weights (`Rollout.sleep`, then `Rollout.sync_weights`). Built by `open_rollout`.
-
-
 @dataclass
 class Rollout:
+    """The rollout side of a session: the engine, each step's prompts and their seeds, the engine's sleep and
+    its wake-up with the new weights. Built by `open_rollout`."""
+
     engine: RolloutEngine  # VLLMEngine or HFEngine
     sampler: PromptSampler  # each step's prompts, this rank's share
     tokenizer: object  # the policy's: prompts in, completions out
@@ -166,9 +134,7 @@ class Rollout:
     correction: RolloutCorrection  # pi_old / pi_rollout weights on the loss (--rollout_correction, auto resolved)
 
     def seeds(self, step: int, n: int) -> list[int]:
-        """One seed per prompt of this rank's `n` at `step`, from its place in the global batch
-        (`prompt_seeds`): the samples do not depend on how the batch is split over ranks."""
-
+        """One seed per prompt of this rank's `n` at `step` (`prompt_seeds`)."""
         return prompt_seeds(self.seed, step, self.prompts_per_step, self.rank, n)
 
     def texts(self, completions: list) -> list[str]:
@@ -176,29 +142,24 @@ class Rollout:
         return self.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
 
     def sleep(self) -> None:
-        """Give the engine's GPU memory (weights and KV cache) to the trainer's passes, with --vllm_sleep; a
-        no-op otherwise. The engine must not sample until `sync_weights` wakes it."""
+        """Give the engine's GPU memory to the trainer (--vllm_sleep); it must not sample until `sync_weights`."""
         self.engine.sleep()
 
     def sync_weights(self, trainer) -> None:
-        """Wake the engine with the trainer's new weights (a slept vLLM wakes its weights to load them, its KV
-        cache at the next generate): it samples from the new policy. A no-op for the HF engine, which
-        samples the policy itself."""
+        """Wake the engine with the trainer's new weights (a no-op for the HF engine)."""
         from common.distributed import state_dict_for_sync
 
         self.engine.load_weights(state_dict_for_sync(trainer.accelerator, trainer.model, self.engine.weight_dtype))
 
     def resume(self, state: dict, trainer) -> None:
-        """After the trainer resumed from a checkpoint (`common.trainer.Trainer.resume`): its data order, and
-        the engine's copy of the weights."""
+        """After `common.trainer.Trainer.resume`: the data order, and the engine's copy of the weights."""
         self.sampler.load_state_dict(state["sampler"])
         self.sync_weights(trainer)
 
 
 @dataclass(frozen=True)
 class EngineSize:
-    """How each rank's rollout engine is sized (vLLM's arguments): the memory preflight plans it before any weight
-    loads (`common.trainer.check_memory`), `rollout_engine` builds it."""
+    """How each rank's engine is sized (vLLM's arguments), for the memory preflight and `open_rollout`."""
 
     max_model_len: int  # prompt + completion + any extra context (EDGE-GRPO's reflections)
     max_num_seqs: int  # sequences sampled at once: a step's rollout or an evaluation on this rank, at most 1,024
@@ -206,8 +167,8 @@ class EngineSize:
 
 
 def engine_size(spec, run: RunFlags, world: int, eval_sets: dict) -> EngineSize:
-    """The engine size of `spec` (`common.session.TrainSpec`) under `run`'s flags on `world` ranks, for a step's
-    rollout or an evaluation of `eval_sets`, whichever samples more sequences at once."""
+    """The engine size of `spec` (`common.session.TrainSpec`) for a step's rollout or an evaluation of `eval_sets`,
+    whichever samples more sequences at once."""
     rows_per_rank = spec.prompts_per_step // world * spec.group_size
     eval_rows_per_rank = max((len(r) for r in eval_sets.values()), default=0) * run.eval_n // world
     return EngineSize(
@@ -219,41 +180,25 @@ def engine_size(spec, run: RunFlags, world: int, eval_sets: dict) -> EngineSize:
 
 def open_rollout(spec, run: RunFlags, model_path: str, tokenizer, trainer, precision: Precision, rows: list[dict],
                  size: EngineSize, stop: list[str], say) -> Rollout:  # fmt: skip
-    """The rollout side of `spec` (`common.session.TrainSpec`): the sampler over the training `rows`, the
-    engine of --rollout (`rollout_engine`) of `size`, cutting completions at the `stop` strings, and the
-    correction of its log-probs' difference from the trainer's in `precision` (said when one is in force)."""
+    """The rollout side of `spec` (`common.session.TrainSpec`): the sampler over `rows`, the engine of --rollout
+    (said when its KV cache cannot hold a step at once), and the correction of its log-probs' difference from the
+    trainer's (said when in force)."""
     sampler = PromptSampler(rows, spec.prompts_per_step, seed=spec.seed, rank=trainer.rank, world_size=trainer.world)
-    engine = rollout_engine(
-        run, model_path, tokenizer, trainer.accelerator.unwrap_model(trainer.model), trainer.mode, precision,
-        seed=spec.seed + trainer.rank, size=size, added_len=spec.max_completion_len + spec.extra_context, rows=rows,
-        prompts_per_step=spec.prompts_per_step, group_size=spec.group_size, say=say, stop=stop,
+    mode = trainer.mode
+    engine = make_engine(
+        run.rollout, model_path, tokenizer, trainer.accelerator.unwrap_model(trainer.model),
+        seed=spec.seed + trainer.rank, world=mode.world, max_model_len=size.max_model_len, dtype=precision.engine,
+        gpu_memory_utilization=run.vllm_gpu_memory_utilization, sleep=run.vllm_sleep, max_num_seqs=size.max_num_seqs,
+        max_num_batched_tokens=run.vllm_max_num_batched_tokens, synced=mode.sharded,
+        per_prompt_seeds=run.per_prompt_seeds, stop=stop,
     )  # fmt: skip
+    added_len = spec.max_completion_len + spec.extra_context  # what a sequence adds to its prompt
+    prompt_lens = [len(r["prompt_ids"]) for r in rows]
+    if kv_note := engine.kv_cache_note(prompt_lens, spec.prompts_per_step // mode.world, spec.group_size, added_len):
+        say(kv_note)
     correction = rollout_correction(
         spec.rollout_correction, spec.rollout_correction_min, spec.rollout_correction_max, precision, spec.top_p
     )
     if correction.mode != "none":
         say(f"rollout correction: {correction.describe()} (--rollout_correction {spec.rollout_correction})")
     return Rollout(engine, sampler, tokenizer, spec.seed, spec.prompts_per_step, trainer.rank, correction)
-
-
-def rollout_engine(
-    run: RunFlags, model_path: str, tokenizer, policy, mode, precision: Precision, *, seed: int, size: EngineSize,
-    added_len: int, rows: list[dict], prompts_per_step: int, group_size: int, say, stop: list[str] = (),
-):  # fmt: skip
-    """The rollout engine of --rollout (`make_engine`) of `size` (`engine_size`); `seed`: this
-    rank's; `added_len`: the tokens a sequence adds to its prompt (completion, extra context); `stop`: the stop
-    strings. Says when its KV cache cannot hold a step at once."""
-
-    world = mode.world
-    engine = make_engine(
-        run.rollout, model_path, tokenizer, policy, seed=seed, world=world, max_model_len=size.max_model_len,
-        dtype=precision.engine, gpu_memory_utilization=run.vllm_gpu_memory_utilization, sleep=run.vllm_sleep,
-        max_num_seqs=size.max_num_seqs, max_num_batched_tokens=run.vllm_max_num_batched_tokens, synced=mode.sharded,
-        per_prompt_seeds=run.per_prompt_seeds, stop=stop,
-    )  # fmt: skip
-    kv_note = engine.kv_cache_note(
-        [len(r["prompt_ids"]) for r in rows], prompts_per_step // world, group_size, added_len
-    )
-    if kv_note:
-        say(kv_note)
-    return engine

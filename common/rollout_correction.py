@@ -1,8 +1,6 @@
-"""Rollout correction (--rollout_correction): the rollout engine samples from pi_rollout, which is pi_old only
-up to the engines' arithmetic. In bf16 the trainer (fp32 master weights under bf16 autocast) and vLLM (bf16 weights,
-its own kernels) never compute the same log-probs, so the rollout is slightly off-policy for pi_old. An importance
-weight pi_old / pi_rollout of each token, or of each completion, re-weights the clipped surrogate, truncated or
-masked where it is large. docs/algorithms/grpo_base.md#rollout-correction gives each mode's formula and source.
+"""Rollout correction (--rollout_correction): the engine samples from pi_rollout, pi_old only up to its arithmetic
+(in bf16 they never agree), so an importance weight re-weights each token's clipped surrogate, truncated or masked
+where large. Each mode's source: docs/algorithms/grpo_base.md#rollout-correction.
 
     d_t   = log pi_old(o_t) - log pi_rollout(o_t)              (per sampled token; engine-inserted tokens: 0)
     token:      rho_t = exp(d_t)
@@ -12,10 +10,7 @@ masked where it is large. docs/algorithms/grpo_base.md#rollout-correction gives 
     mask:       w_t = rho_t if min <= rho_t <= max, else 0     (MIS / IcePop; TRL's sequence_mask)
     geometric_mask: w_t = 1 if min <= rho_t <= max, else 0     (verl's Geo-RS: a rejection, not a re-weighting)
 
-The weight multiplies each token's clipped surrogate (before any KL term), without gradient; a token weighted 0
-still counts in the loss's denominators (TRL's and verl's IS weights alike)."""
-
-from __future__ import annotations
+The weight has no gradient and applies before any KL term; a token weighted 0 still counts in the denominators."""
 
 import math
 from dataclasses import dataclass
@@ -52,10 +47,8 @@ class RolloutCorrection:
         return f"{self.mode} within [{self.low:g}, {self.high:g}]" if action != "none" else "none"
 
     def weights(self, old_logp, batch: dict):
-        """The per-token weights [N, C] (None under mode none) of a step's rollout, and its statistics for
-        `figures` (0-dim tensors, left on the device). old_logp: pi_old's [N, C]; batch: the rollout as
-        `common.batching.pack` lays it out, its "rollout_logp" (the engine's, NaN where the engine did not sample
-        the token: EDGE-GRPO's insertions, which weigh 1) and "completion_mask"."""
+        """The per-token weights [N, C] (None under mode none) and their statistics for `figures` (on the device).
+        batch["rollout_logp"] is NaN where the engine did not sample the token (EDGE-GRPO's insertions: weight 1)."""
         import torch
 
         rollout_logp, mask = batch["rollout_logp"], batch["completion_mask"]
@@ -84,9 +77,7 @@ class RolloutCorrection:
         return (None if self.mode == "none" else weight), stats
 
     def figures(self, accelerator, stats: dict) -> dict:
-        """The step's figures over every rank (one wait for the device): the gap |d| per sampled token (mean,
-        p99), the raw ratio at the mode's level before truncation or masking (mean, max), the weight applied
-        (mean) and the share of sampled tokens it changed (docs/algorithms/grpo_base.md#metrics)."""
+        """The step's figures over every rank, one wait for the device (docs/algorithms/grpo_base.md#metrics)."""
         from common.distributed import global_sum
 
         sums = global_sum(accelerator, {k: v for k, v in stats.items() if k not in ("gap_p99", "raw_max")})
@@ -102,8 +93,8 @@ class RolloutCorrection:
 
 
 def percentile(values, valid, q: float):
-    """The q-quantile of `values` where `valid` (linear interpolation, as torch.quantile; NaN if none), on the
-    device: a sort, not torch.quantile, which refuses more than 2^24 elements (a rollout of 2,049 x 8,192)."""
+    """The q-quantile of `values` where `valid` (as torch.quantile; NaN if none), by a sort: torch.quantile
+    refuses more than 2^24 elements."""
     import torch
 
     ordered = torch.where(valid, values, torch.inf).flatten().sort().values  # the valid ones first
@@ -125,10 +116,8 @@ def ratio_at(d, sampled, level: str):
 
 
 def rollout_correction(mode: str, low: float | None, high: float | None, precision, top_p: float) -> RolloutCorrection:
-    """The correction of --rollout_correction `mode` with its bounds (None: the mode's defaults). auto is AUTO_MODE
-    where the trainer or the engine computes in bf16 (`precision`: `common.models.Precision`), else none: in fp32
-    they agree to ~1e-6 per token; and none under top-p < 1, whose engine log-probs are renormalised over the nucleus
-    (`common.run_flags.check_correction` refuses an explicit mode there)."""
+    """The correction of `mode` with its bounds (None: the mode's defaults). auto: AUTO_MODE where either side is in
+    bf16, else none (fp32 agrees to ~1e-6 per token); none under top-p < 1 (log-probs renormalised on the nucleus)."""
     if mode == "auto":
         mode = AUTO_MODE if not precision.exact and top_p == 1.0 else "none"
     _, _, default_low, default_high = MODES[mode]

@@ -5,15 +5,9 @@ import random
 
 
 class PromptSampler:
-    """Seeded, epoch-by-epoch prompt order, `prompts_per_step` global prompts a step.
-
-    Every rank builds the same global order (epoch e is shuffled with seed + e)
-    and keeps its contiguous share of each step's global batch, so a prompt's
-    whole group of completions is generated and trained on one rank. Batches
-    run on across epoch boundaries: every row is drawn exactly once per epoch
-    and no data is dropped. The cursor is global, so a run can resume with a
-    different world size.
-    """
+    """`prompts_per_step` global prompts a step, epoch e shuffled with seed + e, each rank taking its contiguous
+    share (a group stays on one rank). Batches run across epochs (each row once per epoch, none dropped); the
+    cursor is global, so a run resumes on another world size."""
 
     def __init__(self, rows: list[dict], prompts_per_step: int, seed: int, rank: int = 0, world_size: int = 1):
         if not rows:
@@ -63,13 +57,7 @@ class PromptSampler:
         return [dict(self.rows[i]) for i in mine]  # copies: callers may annotate rows
 
     def state_dict(self) -> dict:
-        return {
-            "epoch": self._epoch,
-            "pos": self._pos,
-            "step": self._step,
-            "seed": self.seed,
-            "num_rows": len(self.rows),
-        }
+        return dict(epoch=self._epoch, pos=self._pos, step=self._step, seed=self.seed, num_rows=len(self.rows))
 
     def load_state_dict(self, state: dict) -> None:
         if state["num_rows"] != len(self.rows) or state["seed"] != self.seed:
@@ -95,7 +83,5 @@ def count_steps(steps: int, epochs: float | None, num_rows: int, prompts_per_ste
     total = math.ceil(round(epochs * num_rows / prompts_per_step, 6))
     covered = total * prompts_per_step / num_rows
     rounded = f", rounded up to whole steps: {covered:.2f} epochs" if abs(covered - epochs) > 1e-6 else ""
-    return (
-        total,
-        f"{total} steps (--epochs {epochs:g} of {num_rows} prompts at --prompts_per_step {prompts_per_step}{rounded})",
-    )
+    why = f"{total} steps (--epochs {epochs:g} of {num_rows} prompts at --prompts_per_step {prompts_per_step}{rounded})"
+    return total, why

