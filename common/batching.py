@@ -8,17 +8,10 @@ import torch
 
 
 def pack(prompts: list[list[int]], completions: list, pad_id: int, device=None) -> dict[str, torch.Tensor]:
-    """Prompts (token ids) and the engine's completions (`common.rollout.Completion`) -> a padded batch.
-
-    Prompts are left-padded to P and completions right-padded to C, then concatenated: the layout
-    [pad.. prompt | completion ..pad] puts every completion at columns P..P+C-1, so its log-probs are
-    the last C positions (`logits_to_keep=C`) and `completion_mask` is [N, C]. The batch also holds
-    the engine's log-probs of the sampled tokens ("rollout_logp" [N, C]; NaN for tokens the engine
-    did not sample), whether each completion ended on a stop token ("finished" [N]), and each row's
-    prompt and completion lengths as host lists ("prompt_lens", "completion_lens"): micro-batch plans
-    and cuts read them without waiting for the device. "prompt_group" (host list) numbers each row's
-    prompt: consecutive rows with the same prompt (a rollout group) share it (`shared_prefix`).
-    """
+    """Prompts (token ids) and the engine's completions (`common.rollout.Completion`) -> a padded batch,
+    [pad.. prompt | completion ..pad], so the completions' log-probs are the last C positions. "rollout_logp": the
+    engine's (NaN where it did not sample); "prompt_lens", "completion_lens", "prompt_group" (`shared_prefix`): host
+    lists, read without waiting for the device."""
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     if not all(prompts):
@@ -60,28 +53,14 @@ def pad_right(rows: list[list[float]], width: int, value: float = 0.0, device=No
 
 
 def micro_batches(
-    prompt_lens: list[int],
-    completion_lens: list[int],
-    rows: list[int],
-    micro_batch_size: int,
-    max_tokens: int = 0,
-    count: int = 0,
-    memory_tokens: int = 0,
-) -> list[list[int]]:
-    """Split `rows` (indices into the batch) into the micro-batches of one forward/backward each.
-
-    - `max_tokens == 0`: consecutive runs of up to `micro_batch_size` rows, in order; with
-      `memory_tokens > 0` a run also ends before its padded size, rows x (its longest prompt +
-      its longest completion), would pass `memory_tokens` (a longer sequence goes alone).
-    - `max_tokens > 0`: rows sorted by length (longest first) and packed greedily so that each
-      micro-batch's padded size stays within `max_tokens` (a longer sequence goes alone):
-      similar lengths share a micro-batch, so little compute goes to padding whatever the
-      length distribution.
-    - `count`: split the largest micro-batches until there are at least `count` (empty lists
-      once every row is alone), for sharded models, where every rank must run as many forwards.
-    Each micro-batch is then cut to its own longest prompt and completion (`select`).
-    """
-    sized = max_tokens > 0  # sorted by length, packed under max_tokens; else in order, under memory_tokens
+    prompt_lens: list[int], completion_lens: list[int], rows: list[int], micro_batch_size: int, max_tokens: int = 0,
+    count: int = 0, memory_tokens: int = 0,
+) -> list[list[int]]:  # fmt: skip
+    """Split `rows` (indices into the batch) into micro-batches of one forward/backward each: runs of up to
+    `micro_batch_size` rows in order, within `memory_tokens` padded tokens (rows x longest sequence) when > 0; or,
+    with `max_tokens`, sorted longest first and packed greedily within it, so little compute goes to padding. The
+    largest are split until there are `count` (then empty lists): every rank of a sharded model runs as many."""
+    sized = max_tokens > 0
     order = sorted(rows, key=lambda r: (-completion_lens[r], -prompt_lens[r], r)) if sized else rows
     budget = max_tokens if sized else memory_tokens
     plan, p_max, c_max = [], 0, 0
@@ -105,12 +84,9 @@ def micro_batches(
 
 
 def activation_bytes_per_token(config, bytes_per_value: int, checkpointing: bool, residual_bytes: int = 0) -> int:
-    """Estimated activation memory a training forward keeps per token of a micro-batch, from the model's
-    shape: per decoder layer ~6 hidden-sized values (norms, attention projections and output, residual)
-    and ~3 MLP-sized ones (gate, up, their product); with gradient checkpointing each layer keeps its
-    input only, and one layer's activations are recomputed at a time. A layer's input, the residual stream, takes
-    `residual_bytes` a value (0: `bytes_per_value`): under bf16 autocast over fp32 weights it stays fp32, 4 bytes
-    (the embedding's output and the residual adds are not autocast ops; `common.models.Precision.residual_bytes`)."""
+    """Estimated activation bytes a training forward keeps per token: per layer ~6 hidden-sized values and ~3
+    MLP-sized ones; with gradient checkpointing each layer's input only, plus one layer recomputed at a time. The
+    residual stream takes `residual_bytes` a value (0: `bytes_per_value`; `common.models.Precision`)."""
     D = config.hidden_size
     inner = getattr(config, "intermediate_size", None) or 4 * D
     layers = config.num_hidden_layers
@@ -123,10 +99,8 @@ def micro_batch_tokens(
     config, bytes_per_value: int, prompt_len: int, completion_len: int, *, memory_gb: float, micro_batch_size: int,
     max_tokens_per_micro_batch: int, gradient_checkpointing: bool, say, residual_bytes: int = 0,
 ) -> int:  # fmt: skip
-    """The padded tokens a micro-batch may hold under --micro_batch_memory_gb `memory_gb` (0: 1/8 of the
-    device's memory, per local process), from the model's activation memory per token (`residual_bytes`: the
-    residual stream's, `activation_bytes_per_token`); 0 when --max_tokens_per_micro_batch plans by tokens itself.
-    Says so when the cap binds: when `micro_batch_size` sequences at the longest would pass it."""
+    """The padded tokens a micro-batch may hold in `memory_gb` of activations (0: 1/8 of this process's device),
+    or 0 when --max_tokens_per_micro_batch plans by tokens. Says so when the cap binds."""
     if max_tokens_per_micro_batch:
         return 0
     per_token = activation_bytes_per_token(config, bytes_per_value, gradient_checkpointing, residual_bytes)
@@ -151,8 +125,7 @@ def device_memory_bytes() -> int:
 
 
 def device_memory_gib(gpu: bool) -> float | None:
-    """The memory preflight's device (`common.trainer.check_memory`): this GPU's total memory in GiB; None without
-    one (CPU memory is not planned)."""
+    """This GPU's total memory in GiB for the memory preflight; None without one (CPU memory is not planned)."""
     return device_memory_bytes() / 2**30 if gpu else None
 
 
@@ -163,10 +136,9 @@ MASKED_ATTENTION = ("sdpa", "eager")
 
 
 def pass_layout(padding_free: str, share_prompts: bool, attn_implementation: str | None, sliding: bool) -> str:
-    """The micro-batches' layout (`select`). --padding_free: "auto" packs where the attention skips the pairs
-    across sequences; SDPA and eager would attend over the whole packed row (correct, but quadratic in its
-    length). Otherwise --share_prompts, with attention that takes a 4D mask, and not for sliding-window
-    attention: transformers uses a given 4D mask as it is, so the window would be lost."""
+    """The micro-batches' layout (`select`). "auto" packs only where the attention skips the pairs across
+    sequences (SDPA and eager would be quadratic in the packed row). Shared prompts need a 4D mask, and no sliding
+    window: transformers uses a given 4D mask as it is, so the window would be lost."""
     if padding_free == "on" or (padding_free == "auto" and attn_implementation in PACKED_ATTENTION):
         return "packed"
     return "shared" if share_prompts and attn_implementation in MASKED_ATTENTION and not sliding else "padded"
@@ -181,11 +153,9 @@ def sliding(config) -> bool:
 
 
 def rows_with_loss(advantages: torch.Tensor, mask: torch.Tensor, every_row: bool, weight=None) -> list[bool]:
-    """Per row of the batch: may its loss be non-zero? False where the advantage ([N] or [N, C]) or the
-    rollout correction's `weight` ([N, C], None: 1) is 0 at every completion token and no other term
-    (`every_row`: e.g. a KL penalty) acts on it: the clipped surrogate of such a row, and its gradient,
-    are identically 0, so the update can leave it out of its micro-batches (the loss denominators still
-    count it). One host read per call."""
+    """Per row: may its loss be non-zero? False where the advantage ([N] or [N, C]) or the correction's `weight`
+    is 0 at every completion token and no other term (`every_row`: e.g. KL) acts: its surrogate and gradient are
+    0, so the update may leave it out of its micro-batches (the denominators still count it). One host read."""
     if every_row:
         return [True] * len(mask)
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
@@ -197,15 +167,10 @@ def rows_with_loss(advantages: torch.Tensor, mask: torch.Tensor, every_row: bool
 
 @dataclass
 class SharedPrefix:
-    """A micro-batch laid out one row per prompt: [prompt | its completions, one after another | pad].
-
-    Each prompt is computed once instead of once per completion (Prefix Grouper, Liu et al. 2025, arXiv
-    2506.05433): a completion attends to its prompt and to its own earlier tokens (`mask`), and its
-    positions continue from the prompt's, so its hidden states, log-probs and gradients equal the
-    padded layout's. `source` (host) maps the padded micro-batch back: for each row and each column t
-    of its [n, L] layout, the flat position (in [R * T]) of the token that predicts column t + 1, or
-    -1 where column t + 1 is padding or has no real token before it.
-    """
+    """A micro-batch laid out one row per prompt, [prompt | its completions | pad], each prompt computed once
+    (Prefix Grouper, arXiv 2506.05433). A completion attends to its prompt and its own earlier tokens, positions
+    continuing from the prompt's: log-probs and gradients equal the padded layout's. `source` maps back: per row
+    and column t of the padded [n, L] layout, the flat position in [R * T] that predicts column t + 1, or -1."""
 
     input_ids: torch.Tensor  # [R, T]
     position_ids: torch.Tensor  # [R, T]
@@ -224,11 +189,8 @@ def to_device(t: torch.Tensor, device) -> torch.Tensor:
 
 
 def shared_prefix(batch: dict, idx: list[int], device) -> SharedPrefix | None:
-    """The `SharedPrefix` layout of the rows `idx` of a `pack`ed batch, or None where it would not
-    compute less than the padded one: it must take fewer token positions (rows x length), no more
-    attention pairs (rows x length^2; long completions, whose concatenation would make the attention
-    quadratic in G x C, keep the padded layout), and a mask of at most MAX_MASK_BYTES. Built from the
-    host lists; the device gets its tensors without a sync."""
+    """The `SharedPrefix` layout of the rows `idx` of a `pack`ed batch, or None unless it takes fewer token
+    positions, no more attention pairs (long completions stay padded) and a mask within MAX_MASK_BYTES. No sync."""
     groups: dict[int, list[int]] = {}
     for j, r in enumerate(idx):
         groups.setdefault(batch["prompt_group"][r], []).append(j)
@@ -274,9 +236,8 @@ def shared_prefix(batch: dict, idx: list[int], device) -> SharedPrefix | None:
 
 @dataclass
 class Packed:
-    """A micro-batch's real tokens in one row [1, T], one sequence after another, position ids restarting at 0
-    per sequence (padding-free: TRL's padding_free, verl's remove-padding; `common.logprobs._packed`). Built on
-    the host from where each row's real tokens lie; the device gets its tensors without a sync."""
+    """A micro-batch's real tokens in one row [1, T], position ids restarting at 0 per sequence (padding-free:
+    TRL's padding_free, verl's remove-padding; `common.logprobs._packed`). Built on the host, sent without a sync."""
 
     take: torch.Tensor  # [T] long: each packed token's flat place in the micro-batch's [n, L] input_ids
     position_ids: torch.Tensor  # [1, T] long
@@ -287,13 +248,9 @@ class Packed:
 
 
 def flash_varlen_kwargs(lengths: list[int], device) -> dict:
-    """The packed row's sequence boundaries as transformers' flash-attention integration takes them (5.19:
-    `modeling_flash_attention_utils._flash_attention_forward`, reached through the model's forward kwargs):
-    given all four, every layer runs the varlen kernel on them instead of inferring them from the position
-    ids (`_is_packed_sequence`, then `prepare_fa_kwargs_from_position_ids`: a few device syncs per layer, in
-    the forward and again in a checkpointed recompute). Cumulative lengths: int32, made on the host and sent
-    without blocking; the longest length: a Python int (a tensor would be read back). SDPA, eager and flex
-    attention ignore them (they take the boundaries from the position ids once per forward)."""
+    """The packed row's sequence boundaries as transformers' flash-attention takes them (5.19,
+    `_flash_attention_forward`): given all four, no layer infers them from the position ids, which costs a few
+    device syncs per layer. The longest is a Python int (a tensor would be read back); other attention ignores them."""
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     cu = to_device(cu, device)
@@ -317,17 +274,9 @@ def packed(first: list[int], end: list[int], width: int, device) -> Packed:
 
 
 def select(batch: dict[str, torch.Tensor], idx: list[int], layout: str = "padded") -> dict[str, torch.Tensor]:
-    """The rows `idx` of a `pack`ed batch, cut to their own longest prompt and completion.
-
-    Prompts are left-padded and completions right-padded, so the cut keeps columns
-    P - p_max .. P + c_max - 1. An empty `idx` (a rank with fewer micro-batches than
-    its peers) gives row 0 with nothing to train on: the forward runs, its loss is 0.
-    The lengths come from the batch's host lists and the row indices go to the device
-    without blocking: cutting a micro-batch never waits for the device.
-    "layout", how `common.logprobs.sequence_logprobs` runs the rows: "padded"; for `layout="packed"` their
-    `Packed` layout (the real tokens in one row); for `layout="shared"` their `shared_prefix` where it
-    computes less than the padded rows (else "padded").
-    """
+    """The rows `idx` of a `pack`ed batch, cut to columns P - p_max .. P + c_max - 1, without waiting for the
+    device. An empty `idx` (a rank short of micro-batches) gives row 0 with nothing to train on. "layout", for
+    `common.logprobs.sequence_logprobs`: "padded", their `Packed`, or their `shared_prefix` where it computes less."""
     device = batch["input_ids"].device
     rows = to_device(torch.tensor(idx or [0]), device)
     P = batch["prompt_mask"].shape[1]

@@ -1,30 +1,7 @@
-"""Per-token log-probabilities, full-vocabulary entropy and sequence NLL, memory-bounded.
-
-All quantities come from `logits / T`, the distribution the rollout engine
-sampled from. Qwen2.5's vocabulary has 151,936 entries: one fp32 [B, C, V]
-logits tensor at 4 x 8,192 completion tokens is 20 GB. So the full logits
-never exist, in either pass:
-
-- `sequence_logprobs` runs the model with its output layer swapped, for that
-  one call, for a function that applies the LM head to the hidden states a
-  chunk of rows at a time and keeps only each row's (log-prob of the target,
-  entropy): the model returns a [B, K, 2] tensor instead of [B, K, V] logits,
-  so neither the model's own logits nor accelerate's fp32 upcast of them is
-  ever made.
-- backward (`_ChunkedHead`) keeps the hidden states (D values per row, not V)
-  and recomputes each chunk's logits; peak memory is a few chunk-sized fp32
-  tensors (`head_chunk_rows`), whatever the sequence length. The output
-  layer's weight gradient (tied to the embedding on some models) is summed over
-  the chunks in one fp32 buffer and cast once: summed in bf16, as autograd sums
-  the chunks' gradients of a bf16 weight, it was less exact than the unchunked
-  bf16 pass (`benchmarks/bf16_grads.py`, docs/SCALING.md#bf16-precision).
-- log-softmax and entropy are computed in fp32, autocast or not.
-
-Values and gradients equal the direct computation (tests/test_logprobs.py);
-`benchmarks/memory.py` measures the bytes.
-
-The one change outside this module: for the duration of a `sequence_logprobs` call, the model's output
-layer's `forward` is the chunked head's (`_head_returns_logprobs`); it is restored on the way out.
+"""Per-token log-probs and full-vocabulary entropies from `logits / T`, never materialising [B, L, V] logits (20 GB
+in fp32 at Qwen2.5's vocabulary and 4 x 8,192 tokens): for one call `sequence_logprobs` swaps the output layer for
+`_ChunkedHead`, which keeps (log-prob, entropy) a chunk of rows at a time and recomputes the chunk in backward
+(docs/SCALING.md#bf16-precision; tests/test_logprobs.py checks values and gradients, `benchmarks/memory.py` bytes).
 """
 
 import contextlib
@@ -37,17 +14,15 @@ from torch.utils.checkpoint import checkpoint
 
 from common.batching import Packed, SharedPrefix, packed, to_device
 
-# Bytes of one chunk's fp32 [rows, V] logits; a chunk holds about four such tensors at once (logits / T,
-# log-softmax, probabilities, a gradient). CPU: 64 MiB, 110 rows at Qwen2.5's vocabulary. GPU: 512 MiB,
-# 883 rows, so that the chunk's GEMMs are not memory-bound (docs/SCALING.md#the-output-layers-chunk-size),
-# and at most 1/128 of the device's memory (the chunk's ~4 tensors: 1/32).
+# Bytes of one chunk's fp32 [rows, V] logits (a chunk holds ~4 such tensors). GPU: large enough that the chunk's
+# GEMMs are not memory-bound (docs/SCALING.md#the-output-layers-chunk-size), at most 1/128 of the device.
 CHUNK_BYTES = 2**26
 GPU_CHUNK_BYTES = 2**29
 
 
 def head_chunk_rows(vocab: int, device_type: str, device_memory: int = 0) -> int:
-    """Rows of the output layer computed at once on a device of this type ("cpu", "cuda", ...) and
-    total memory in bytes (0: unknown): as many as `vocab`-wide fp32 rows fit in the chunk's budget."""
+    """Rows of the output layer computed at once: as many `vocab`-wide fp32 rows as fit in the chunk's budget
+    (`device_memory`: bytes, 0 unknown)."""
     budget = CHUNK_BYTES
     if device_type != "cpu":
         budget = min(GPU_CHUNK_BYTES, device_memory // 128) if device_memory else GPU_CHUNK_BYTES
@@ -55,7 +30,7 @@ def head_chunk_rows(vocab: int, device_type: str, device_memory: int = 0) -> int
 
 
 def _device_memory(device: torch.device) -> int:
-    """Total memory of a CUDA device in bytes (a property, read without a sync); 0 elsewhere."""
+    """Total memory of a CUDA device in bytes (read without a sync); 0 elsewhere."""
     return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
 
 
@@ -63,11 +38,8 @@ def _logp_and_entropy(
     logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
 ) -> torch.Tensor:
     """[n, V] logits of any dtype -> [n, 2] fp32: log pi(target) and H(pi), pi = softmax(logits / T).
-
-    Each [n, V] temporary is made once: the fp32 copy (or the logits themselves) is divided
-    in place, and H = -sum p log p is a row-wise dot product, not an elementwise product.
-    Autocast is off here: it would run that product (bmm) in bf16.
-    """
+    Each [n, V] temporary is made once (divided in place; H a row-wise dot product); autocast off, as it would
+    run that bmm in bf16."""
     with torch.autocast(logits.device.type, enabled=False):
         z = logits.float() if logits.dtype != torch.float32 else logits
         if temperature != 1.0:
@@ -77,7 +49,7 @@ def _logp_and_entropy(
         logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
         if not with_entropy:
             return torch.stack([logp, torch.zeros_like(logp)], -1)
-        # H = -sum p log p from the same log-softmax (stable when p underflows: 0 * -inf never occurs).
+        # From the same log-softmax: stable when p underflows (0 * -inf never occurs).
         ent = -torch.bmm(logp_all.exp().unsqueeze(1), logp_all.unsqueeze(2)).view(-1)
         return torch.stack([logp, ent], -1)
 
@@ -94,14 +66,13 @@ def _chunked(fn, rows: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch
 
 @functools.cache
 def _fp32_out_addmm(device_type: str) -> bool:
-    """Does this device's addmm sum bf16 factors into an fp32 tensor in place (`out_dtype`)? CUDA's does from
-    torch 2.8 (not ROCm's, not CPU's). Decided from the build, not by trying it: the first call is in the first
-    update's backward, where reading a trial's result back would make the host wait for the GPU."""
+    """Can this device's addmm sum bf16 factors into fp32 in place (`out_dtype`: CUDA from torch 2.8)? Decided
+    from the build: a trial in the first backward would make the host wait for the GPU."""
     return device_type == "cuda" and torch.version.cuda is not None and torch.__version__ >= (2, 8)
 
 
 def _add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc += a @ b in place, summed in acc's fp32 (a and b in any dtype; the product is not rounded to theirs)."""
+    """acc += a @ b in place, summed in acc's fp32 (the product is not rounded to a's and b's dtype)."""
     if a.dtype == acc.dtype:
         acc.addmm_(a, b)
     elif _fp32_out_addmm(acc.device.type):
@@ -111,17 +82,9 @@ def _add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 class _ChunkedHead(torch.autograd.Function):
-    """[N, D] hidden rows -> [N, 2] (log pi(target), H(pi)) of the linear output layer, `chunk` rows
-    at a time, never more than one chunk's [chunk, V] logits in either pass.
-
-    `weight` / `bias` are the parameters that get the gradient; `compute` holds their copies in the
-    compute dtype (autocast's, made once by the caller), or None to compute with the parameters
-    themselves. The parameters are read when used, not saved: under ZeRO-3 / FSDP2 they are whole
-    only while their module's hooks have gathered them (in the forward, and again in backward).
-
-    Backward recomputes each chunk's logits; the weight's gradient sum_chunks dZ_c^T H_c goes into one
-    fp32 buffer (cast to the weight's dtype once), the hidden states' gradient dZ_c W is per row.
-    """
+    """[N, D] hidden rows -> [N, 2] (log pi(target), H(pi)) of the linear output layer, `chunk` rows at a time in
+    both passes. `compute`: the parameters in autocast's dtype, or None. The parameters are read when used, not
+    saved: under ZeRO-3 / FSDP2 they are whole only while gathered. The weight's gradient sums in one fp32 buffer."""
 
     @staticmethod
     def forward(ctx, rows, targets, weight, bias, compute, temperature, with_entropy, chunk):
@@ -166,18 +129,11 @@ class _ChunkedHead(torch.autograd.Function):
 
 
 def token_logprobs(
-    logits: torch.Tensor,
-    tokens: torch.Tensor,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
     chunk_rows: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log pi(token_t | <t) and, optionally, H(pi(. | <t)) from given logits [..., V] (any dtype).
-
-    For logits that already exist (e.g. a generation step's scores). Returns fp32
-    tensors shaped like `tokens`, differentiable w.r.t. logits with nothing but the
-    logits themselves kept for backward.
-    """
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """fp32 log pi(token_t | <t) and, optionally, H(pi(. | <t)) shaped like `tokens`, from logits [..., V] that
+    already exist; backward keeps nothing but the logits."""
     if logits.shape[:-1] != tokens.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and tokens {tuple(tokens.shape)} do not line up")
     V = logits.shape[-1]
@@ -202,13 +158,9 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 @contextlib.contextmanager
 def _head_returns_logprobs(model: torch.nn.Module, targets: torch.Tensor, pick, temperature, with_entropy, chunk_rows):
-    """Within the block, the model's output layer maps its hidden states [B, K, D] to [M, 2]: (log-prob of
-    `targets` [M], entropy) of the M rows that `pick(hidden)` -> [M, D] takes (the positions that predict
-    the scored tokens), instead of logits [B, K, V].
-
-    The layer is still called as a module (its forward is swapped, not bypassed), so the
-    hooks that DeepSpeed ZeRO-3 and FSDP2 put on it gather its weight as usual.
-    """
+    """Within the block, the output layer maps hidden states [B, K, D] to [M, 2] (log-prob of `targets`, entropy)
+    of the M rows `pick(hidden)` takes, instead of logits [B, K, V]. Its forward is swapped, not bypassed, so the
+    hooks of ZeRO-3 and FSDP2 still gather its weight."""
     head = _unwrap(model).get_output_embeddings()
     if head is None or not isinstance(head, torch.nn.Linear):
         raise ValueError(f"{type(_unwrap(model)).__name__} has no linear output layer to score with")
@@ -220,8 +172,8 @@ def _head_returns_logprobs(model: torch.nn.Module, targets: torch.Tensor, pick, 
         rows = pick(hidden)  # hidden states only: D values per row, not V
         V, device = head.out_features, hidden.device
         chunk = chunk_rows or head_chunk_rows(V, device.type, _device_memory(device))
-        # Under autocast (bf16 compute over fp32 master weights) the weight is cast once, here, for both
-        # passes: a cast per chunk would copy the whole V x D weight ~190 times per micro-batch at 7B.
+        # Under autocast the weight is cast once, here, for both passes: a cast per chunk would copy the whole
+        # V x D weight ~190 times per micro-batch at 7B.
         compute = None
         if torch.is_autocast_enabled(hidden.device.type):
             dtype = torch.get_autocast_dtype(hidden.device.type)
@@ -241,25 +193,13 @@ def _head_returns_logprobs(model: torch.nn.Module, targets: torch.Tensor, pick, 
 
 
 def sequence_logprobs(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float = 1.0,
-    logits_to_keep: int | None = None,
-    with_entropy: bool = False,
-    chunk_rows: int | None = None,
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
+    logits_to_keep: int | None = None, with_entropy: bool = False, chunk_rows: int | None = None,
     layout: str | SharedPrefix = "padded",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Score `input_ids` [B, L] with a causal LM, without ever materialising its logits.
-
-    Returns fp32 logp (and entropy) of shape [B, L - 1] for tokens 1..L-1, or
-    [B, K] for the last K tokens when `logits_to_keep=K` (the completion part of
-    a prompt + completion batch). `layout` (a micro-batch's, `common.batching.select`):
-    "padded" runs the rows as they are; two layouts compute less, and give 0 at padded positions:
-    - a `common.batching.Packed` (or "packed": made from `attention_mask`): the real tokens only, in
-      one row (`_packed`);
-    - a `common.batching.SharedPrefix`: each prompt computed once for all its completions (`_shared`).
-    """
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """fp32 logp (and entropy) of `input_ids` [B, L] under a causal LM, never materialising its logits: [B, L - 1],
+    or [B, K] for the last K tokens (`logits_to_keep`). `layout` (`common.batching.select`): "padded"; a `Packed`
+    (or "packed", from the mask) or a `SharedPrefix` compute less and give 0 at padded positions."""
     K = input_ids.shape[1] - 1 if logits_to_keep is None else logits_to_keep
     if isinstance(layout, SharedPrefix):
         return _shared(model, input_ids, layout, temperature, K, with_entropy, chunk_rows)
@@ -267,8 +207,7 @@ def sequence_logprobs(
         layout = _packed_from_mask(attention_mask)
     if isinstance(layout, Packed):
         return _packed(model, input_ids, layout, temperature, K, with_entropy, chunk_rows)
-    # position_ids from the mask so that left-padded prompts get the same
-    # positions as the unpadded prompt had in the rollout engine.
+    # Left-padded prompts get the positions the unpadded prompt had in the rollout engine.
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     B = input_ids.shape[0]
     pick = lambda hidden: hidden[:, :-1].flatten(0, 1)  # noqa: E731  (the last position predicts past the row)
@@ -285,10 +224,8 @@ def sequence_logprobs(
 
 
 def _shared(model, input_ids, prefix: SharedPrefix, temperature, K, with_entropy, chunk_rows):
-    """`sequence_logprobs` in the shared-prefix layout: one forward over [R, T] rows with the layout's
-    4D mask (SDPA takes it as it is; eager attention adds it, so it becomes 0 / -inf there), then the
-    output layer on the positions that `prefix.source` names, in the padded rows' order. The indices
-    are made on the host (`prefix.source`) and sent without blocking: no device sync."""
+    """`sequence_logprobs` in the shared-prefix layout: one forward over [R, T] rows with its 4D mask (0 / -inf
+    for eager attention, which adds it), the output layer on the positions `prefix.source` names; no device sync."""
     B, device = input_ids.shape[0], input_ids.device
     source = prefix.source[:, -K:]
     kept = (source >= 0).flatten().nonzero().squeeze(1)  # host: flat places in [B, K]
@@ -313,15 +250,9 @@ def _shared(model, input_ids, prefix: SharedPrefix, temperature, K, with_entropy
 
 
 def _packed(model, input_ids, layout: Packed, temperature, K, with_entropy, chunk_rows):
-    """`sequence_logprobs` padding-free (TRL's padding_free, verl's remove-padding): the real tokens
-    of every row, one sequence after another in a single row [1, T], with position ids restarting
-    at 0 per sequence and no attention mask. transformers (>= 5) reads the restarts as sequence
-    boundaries (`masking_utils.find_packed_sequence_indices`, once per forward): flex-attention
-    builds a block-sparse mask from them, SDPA and eager a dense [T, T] block-diagonal causal mask
-    (correct, but attention over all T^2 pairs). flash-attention's varlen kernel takes the
-    boundaries from `layout.flash` (`common.batching.flash_varlen_kwargs`), so no layer infers them.
-    The output layer runs only on the positions that predict a kept token. Every index is made on
-    the host from `layout` and sent without blocking: no device sync."""
+    """`sequence_logprobs` padding-free (`common.batching.Packed`): transformers reads the position ids' restarts
+    as sequence boundaries (flex: block-sparse; SDPA, eager: a dense [T, T] mask), flash-attention takes them from
+    `layout.flash`. The output layer runs only on positions that predict a kept token; no device sync."""
     B, L = input_ids.shape
     device = input_ids.device
     # A kept token (one of the last K columns) is scored if it and the token before it are real.
@@ -348,8 +279,7 @@ def _packed(model, input_ids, layout: Packed, temperature, K, with_entropy, chun
 
 
 def _packed_from_mask(attention_mask: torch.Tensor) -> Packed:
-    """The `Packed` layout of rows whose real tokens (1 in the mask) are contiguous, from the mask: one
-    host read (`common.batching.select` makes it from the batch's host lengths instead)."""
+    """The `Packed` layout of rows whose real tokens are contiguous, from the mask: one host read."""
     real = attention_mask.bool().cpu()
     first = real.int().argmax(1)
     end = (first + real.sum(1)).tolist()
@@ -364,23 +294,14 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
 
-# Low-probability token selection: for each sequence, the ceil(fraction * n) valid positions (at least
-# one) whose sampled token has the lowest probability (Pro-GRPO, arXiv 2602.05281, appendix eq. 12;
-# its confidences over that set are pro_grpo.py's).
-
-
 def low_prob_mask(logp: torch.Tensor, mask: torch.Tensor, fraction: float = 0.2) -> torch.Tensor:
-    """Bool [B, L]: the ceil(fraction * n_valid) lowest-logp valid positions of each row.
-
-    Rows with no valid position select nothing. Ties are broken by position
-    (earliest first) so the selection is deterministic.
-    """
+    """Bool [B, L]: the ceil(fraction * n_valid) lowest-logp valid positions of each row, at least one (Pro-GRPO,
+    arXiv 2602.05281, appendix eq. 12); ties go to the earliest position."""
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     valid = mask.bool()
     n_valid = valid.sum(-1)
-    # ceil(fraction * n) in integers, with fraction read as the decimal it was written as
-    # (0.14 -> 7/50): in floats, 0.14 * 50 = 7.000000000000001 would round up to 8.
+    # ceil in integers of the decimal as written (0.14 -> 7/50): in floats 0.14 * 50 = 7.000000000000001 -> 8.
     frac = Fraction(repr(float(fraction)))
     k = (n_valid * frac.numerator + frac.denominator - 1) // frac.denominator
     k = torch.where(n_valid > 0, k.clamp(min=1), 0)

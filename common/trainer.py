@@ -1,9 +1,6 @@
-"""The trainer of a session: the accelerator, the policy (and the reference model), the optimiser and its
-learning-rate schedule, the micro-batches of a pass and the optimiser step (`Trainer`, built by
-`open_trainer`). The scripts' old_logprobs(), update() and step_metrics() take it; their one seam is
-`Trainer.micro_batches`, which cuts, lays out and (in training) accumulates each forward's rows."""
-
-from __future__ import annotations
+"""The trainer of a session (`Trainer`, built by `open_trainer`): the accelerator, the policy (and the reference
+model), the optimiser and its learning-rate schedule, the micro-batches of a pass and the optimiser step. The
+scripts' one seam is `Trainer.micro_batches`, which cuts, lays out and (in training) accumulates each forward's rows."""
 
 import math
 from collections.abc import Callable, Iterable, Iterator
@@ -27,17 +24,16 @@ class OptimizerStep:
 
 
 class MicroBatch(dict):
-    """One forward's rows of a `pack`ed batch: `common.batching.select`'s tensors ("rows", their indices in the
-    batch, on the device; "input_ids", "completion_mask" [rows, C], ...) and `n`, how many rows are real: 0 for
-    the filler a rank runs to keep step with its peers (row 0, its completion mask all 0)."""
+    """One forward's rows of a `pack`ed batch (`common.batching.select`'s tensors) and `n`, how many are real: 0 for
+    the filler a rank runs to keep step with its peers."""
 
     def __init__(self, tensors: dict, n: int):
         super().__init__(tensors)
         self.n = n
 
     def logprobs(self, model, temperature: float, with_entropy: bool = False, whole: bool = False):
-        """(log pi(o_t | o_<t), entropy or zeros) of its completion tokens, [rows, C], under `model` from logits / T
-        (`common.logprobs.sequence_logprobs`); `whole`: of every token after the first, [rows, L - 1]."""
+        """(log pi(o_t | o_<t), entropy or None) of its completion tokens [rows, C] under `model`, from logits / T;
+        `whole`: of every token after the first, [rows, L - 1]."""
         C = None if whole else self["completion_mask"].shape[1]
         return sequence_logprobs(
             model, self["input_ids"], self["attention_mask"], temperature, logits_to_keep=C,
@@ -76,8 +72,7 @@ class Trainer:
         return self.accelerator.num_processes
 
     def micro_batch_plan(self, batch: dict, rows: list[int]) -> list[list[int]]:
-        """The micro-batches (rows of `batch`) of one forward/backward each (`common.batching.micro_batches`);
-        when several processes train, every rank runs as many (the most any rank has)."""
+        """The micro-batches of `rows` of `batch`, as many on every rank (`common.distributed.micro_batch_plan`)."""
         from common.distributed import micro_batch_plan
 
         return micro_batch_plan(
@@ -85,9 +80,8 @@ class Trainer:
         )
 
     def micro_batches(self, batch: dict, rows: Iterable[int], train: bool = False) -> Iterator[MicroBatch]:
-        """The micro-batches of `rows` of `batch` (`micro_batch_plan`), each cut to its own lengths in the passes'
-        layout; with `train`, each is handed out inside its gradient-accumulation context (`accumulate`), so that
-        the caller's backward of it is reduced over ranks at the last one."""
+        """The micro-batches of `rows` of `batch`, each cut to its own lengths in the passes' layout; with `train`,
+        each inside its gradient-accumulation context, so that the caller's backwards are reduced at the last."""
         plan = self.micro_batch_plan(batch, list(rows))
         for i, idx in enumerate(plan):
             mb = MicroBatch(select(batch, idx, self.layout), len(idx))
@@ -104,12 +98,9 @@ class Trainer:
         return micro_batch(self.accelerator, self.model, self.mode, last)
 
     def optimizer_step(self, step: int, local_sums: dict) -> OptimizerStep:
-        """Clip the accumulated gradient, then apply the update unless its loss or gradient norm is not
-        finite or spikes (`common.metrics.UpdateGuard`), step the schedule, and clear the gradients. Every
-        rank must call it (the loss is summed over ranks, so all ranks decide alike). `local_sums`: this
-        rank's sums over the optimiser step's micro-batches ("loss" and any statistics), numbers or
-        0-dim tensors left on the device: they are summed over ranks and read, with the gradient
-        norm, in one wait for the device."""
+        """Clip the gradient, apply the update unless `common.metrics.UpdateGuard` skips it, step the schedule and
+        clear the gradients; every rank calls it. `local_sums`: this rank's sums ("loss", statistics), numbers or
+        device tensors, summed over ranks and read with the gradient norm in one wait for the device."""
         from common.distributed import global_sum
 
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)
@@ -132,43 +123,65 @@ class Trainer:
         return self.scheduler.get_last_lr()[0]
 
     def take_skipped(self) -> bool:
-        """Was an update skipped since the last call? (A step whose update was skipped is not saved on schedule.)"""
+        """Was an update skipped since the last call? (Such a step is not saved on schedule.)"""
         skipped, self.skipped_this_step = self.skipped_this_step, False
         return skipped
 
     def resume(self, run_dir: Path) -> dict | None:
-        """The newest good checkpoint's weights, optimiser, schedule (at this run's learning rate) and RNG
-        (`common.checkpoint.load_checkpoint`); returns its trainer state, or None when there is none."""
+        """Load the newest good checkpoint (`common.checkpoint.load_checkpoint`) at this run's learning rate;
+        returns its trainer state, or None when there is none."""
         from common.checkpoint import load_checkpoint
 
         base_lrs = list(self.scheduler.base_lrs)
         state = load_checkpoint(self.accelerator, run_dir)
-        if state is not None:
-            set_base_lr(self.optimizer, self.scheduler, base_lrs)  # this run's --lr, not the checkpoint's
+        if state is not None:  # this run's --lr is the schedule's base, not the checkpoint's
+            self.scheduler.base_lrs = list(base_lrs)
+            for group, lr, schedule in zip(self.optimizer.param_groups, base_lrs, self.scheduler.lr_lambdas):
+                group["initial_lr"] = lr
+                group["lr"] = lr * schedule(self.scheduler.last_epoch)
+            self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
         return state
 
 
 def open_trainer(spec, run: RunFlags, model_path: str, precision: Precision, run_dir: Path, total_steps: int,
                  gpu: bool, say, engine_size=None) -> Trainer:  # fmt: skip
-    """The trainer of `spec` (`common.session.TrainSpec`) under `run`'s flags: the accelerator and the checks
-    that need it (`open_accelerator`), this rank's seed, then the models and the optimiser (`load_models`)
-    with the learning-rate schedule over `total_steps` steps; `engine_size`: the rollout engine's
-    (`common.rollout.engine_size`), for the memory preflight. Its guard says what it skips with `print` until
-    the session gives it the log's line (`common.metrics.UpdateGuard.say`)."""
+    """The trainer of `spec` (`common.session.TrainSpec`) under `run`'s flags: the accelerator and its checks, this
+    rank's seed, the models, the passes' layout, the micro-batch token budget, and the optimiser with the schedule
+    over `total_steps`; `engine_size` (`common.rollout.engine_size`) for the memory preflight."""
     import torch
     from accelerate.utils import set_seed
 
-    from common.batching import device_memory_gib
+    from common.batching import device_memory_gib, micro_batch_tokens, pass_layout, sliding
+    from common.distributed import confine_zero3_linear
+    from common.models import load_policy, load_reference_model, optimizer_options
 
     accelerator, mode = open_accelerator(
         run, spec.grad_clip, precision, run_dir, model_path, spec.reference_model, device_memory_gib(gpu), engine_size
     )
     set_seed(spec.seed + accelerator.process_index)
-    policy, ref_model, opt, scheduler, layout, memory_tokens = load_models(
-        run, model_path, precision, accelerator, spec.reference_model, spec.optimizer,
-        lr_lambda(spec.lr_schedule, spec.warmup_steps, total_steps * spec.optimizer_steps_per_step),
-        spec.max_prompt_len + spec.extra_context, spec.max_completion_len, say=say,
+    schedule = lr_lambda(spec.lr_schedule, spec.warmup_steps, total_steps * spec.optimizer_steps_per_step)
+    policy = load_policy(model_path, precision.policy, run.gradient_checkpointing)
+    ref_model = None
+    if spec.reference_model:  # only then: all four papers train without it
+        ref_model = load_reference_model(model_path, precision.reference, accelerator.device)
+    for m in filter(None, (policy, ref_model)):
+        if run.attn_implementation != "auto":
+            m.set_attn_implementation(run.attn_implementation)
+    layout = pass_layout(
+        run.padding_free, run.share_prompts, policy.config._attn_implementation, sliding(policy.config)
+    )
+    memory_tokens = micro_batch_tokens(
+        policy.config, precision.activation_bytes, spec.max_prompt_len + spec.extra_context, spec.max_completion_len,
+        memory_gb=run.micro_batch_memory_gb, micro_batch_size=run.micro_batch_size,
+        max_tokens_per_micro_batch=run.max_tokens_per_micro_batch, gradient_checkpointing=run.gradient_checkpointing,
+        say=say, residual_bytes=precision.residual_bytes,
     )  # fmt: skip
+    opt = spec.optimizer(policy.parameters(), **optimizer_options(accelerator.device.type))  # fused on CUDA
+    # The schedule counts optimiser steps (--mu x --num_minibatches a step), as the scheduler is stepped.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    policy, opt = accelerator.prepare(policy, opt)
+    confine_zero3_linear(policy)  # DeepSpeed's F.linear for the policy only, not the rollout engine's layers
+    accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
     return Trainer(
         accelerator, mode, policy, opt, scheduler, UpdateGuard(run.max_nonfinite_steps, run.grad_spike_factor),
         spec.grad_clip, run.micro_batch_size, max_tokens_per_micro_batch=run.max_tokens_per_micro_batch,
@@ -181,15 +194,14 @@ def open_accelerator(
     run: RunFlags, grad_clip: float, precision: Precision, run_dir: Path, model_path: str, reference_model: bool,
     device_gib: float | None, engine_size=None,
 ):  # fmt: skip
-    """The accelerator and the parallel mode, then the checks that need them, before any weight loads: every
-    rank sees the run directory (multi-node), no reference model under ZeRO-3, and the memory preflight on a
-    device of `device_gib` GiB (None: CPU, not planned). Returns (accelerator, mode)."""
+    """(accelerator, parallel mode), then the checks that need them before any weight loads: every rank sees the
+    run directory, no reference model under ZeRO-3, the memory preflight (`device_gib` None: CPU, not planned)."""
     from common.distributed import make_accelerator, parallel_mode
     from common.run_dir import check_shared
 
     accelerator = make_accelerator(precision.mixed, grad_clip, run.micro_batch_size, run.report_to, str(run_dir))
-    check_shared(run_dir, accelerator)  # multi-node: every rank sees what rank 0 writes (before minutes of loading)
-    mode = parallel_mode(accelerator)  # decided once, from accelerate's state; passed to what depends on it
+    check_shared(run_dir, accelerator)  # multi-node: before minutes of loading
+    mode = parallel_mode(accelerator)
     require(
         not (reference_model and mode.kind == "zero3"),
         "--beta > 0 under DeepSpeed ZeRO-3: the reference model would be partitioned and never wrapped; "
@@ -202,65 +214,22 @@ def open_accelerator(
 def check_memory(
     run: RunFlags, model_path: str, mode, reference_model: bool, device_gib: float | None, engine_size=None
 ):  # fmt: skip
-    """The memory preflight (`common.preflight.preflight_memory`) of this run's flags under `mode`, on a device
-    of `device_gib` GiB (None: nothing is planned), vLLM's floor from `engine_size` (`common.rollout.
-    engine_size`; None: vLLM's defaults, which err high). Returns the plan (GiB per item) or None."""
+    """`common.preflight.preflight_memory` of this run's flags under `mode` (`engine_size` None: vLLM's defaults,
+    which err high). Returns the plan (GiB per item) or None."""
     from dataclasses import asdict
 
     from common.preflight import preflight_memory
 
-    return preflight_memory(  # refuse a plan whose memory cannot fit, before any weight loads
+    return preflight_memory(
         model_path, mode=mode.kind, world=mode.world, precision=run.precision, reference_model=reference_model,
         vllm_utilization=run.vllm_gpu_memory_utilization if run.rollout == "vllm" else 0.0, total_gib=device_gib,
         **(asdict(engine_size) if engine_size is not None else {}),
     )  # fmt: skip
 
 
-def load_models(
-    run: RunFlags, model_path: str, precision: Precision, accelerator, reference_model: bool, optimizer: Callable,
-    schedule: Callable[[int], float], prompt_len: int, completion_len: int, say,
-) -> tuple:  # fmt: skip
-    """The policy (prepared by accelerate with its optimiser), the reference model when asked, the learning-rate
-    schedule (`schedule`: the multiplier per optimiser step), the passes' layout and the micro-batch token budget.
-    Returns (policy, reference model or None, optimiser, scheduler, layout, memory tokens)."""
-    import torch
-
-    from common.batching import micro_batch_tokens, pass_layout, sliding
-    from common.distributed import confine_zero3_linear
-    from common.models import load_policy, load_reference_model, optimizer_options
-
-    policy = load_policy(model_path, precision.policy, run.gradient_checkpointing)
-    ref_model = None
-    if reference_model:  # only then: all four papers train without it
-        ref_model = load_reference_model(model_path, precision.reference, accelerator.device)
-    for m in filter(None, (policy, ref_model)):
-        if run.attn_implementation != "auto":
-            m.set_attn_implementation(run.attn_implementation)
-    layout = pass_layout(
-        run.padding_free, run.share_prompts, policy.config._attn_implementation, sliding(policy.config)
-    )
-    memory_tokens = micro_batch_tokens(
-        policy.config, precision.activation_bytes, prompt_len, completion_len,
-        memory_gb=run.micro_batch_memory_gb, micro_batch_size=run.micro_batch_size,
-        max_tokens_per_micro_batch=run.max_tokens_per_micro_batch, gradient_checkpointing=run.gradient_checkpointing,
-        say=say, residual_bytes=precision.residual_bytes,
-    )  # fmt: skip
-    opt = optimizer(policy.parameters(), **optimizer_options(accelerator.device.type))  # fused on CUDA
-    # The schedule counts optimiser steps (--mu x --num_minibatches a step), as the scheduler is stepped.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    policy, opt = accelerator.prepare(policy, opt)
-    confine_zero3_linear(policy)  # DeepSpeed's F.linear for the policy only, not the rollout engine's layers
-    accelerator.register_for_checkpointing(scheduler)  # stepped once per optimiser step, on every rank
-    return policy, ref_model, opt, scheduler, layout, memory_tokens
-
-
-# The learning-rate schedule: a linear warm-up, then constant, cosine or linear decay (`lr_lambda`), counted
-# in optimiser steps; and this run's --lr as its base after a resume (`set_base_lr`).
-
-
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """The learning-rate multiplier at optimiser step s: a linear warm-up over `warmup_steps`, then
-    constant, or decaying to 0 at `total_steps` along a cosine or a line."""
+    """The learning-rate multiplier at optimiser step s: a linear warm-up over `warmup_steps`, then constant, or
+    decaying to 0 at `total_steps` along a cosine or a line."""
 
     def factor(s: int) -> float:
         if s < warmup_steps:
@@ -271,12 +240,3 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[i
         return 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
 
     return factor
-
-
-def set_base_lr(optimizer, scheduler, lrs: list[float]) -> None:
-    """After a resume, this run's --lr is the base of the schedule (the checkpoint stored the old one)."""
-    scheduler.base_lrs = list(lrs)
-    for group, lr, schedule in zip(optimizer.param_groups, lrs, scheduler.lr_lambdas):
-        group["initial_lr"] = lr
-        group["lr"] = lr * schedule(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
