@@ -1,25 +1,15 @@
 """Command-line flags from config dataclasses, and one-line errors.
 
-    @dataclass
-    class Args:
-        # What to train.
-        lr: float = arg(1e-6, "AdamW learning rate", above=0)
-
-    args, run = parse_args(Args, RunFlags, description=__doc__)
-
-One flag per field; its help, allowed values and range live on the field (`arg`), so a bad
-value stops with one line naming the flag, before anything heavy is imported. `--help` lists
-the flags in the groups the dataclasses' own comment lines open (`# What to train.`).
-`--config FILE.yaml` (a recipe) sets flags; flags on the command line override it. Run as a program,
-a Ctrl-C while it starts up ends in one line.
-This module imports nothing heavy and nothing else from common/: every script parses its
-flags in well under a second.
+One flag per field, its help and range on the field (`arg`): a bad value stops in one line naming the flag, before
+anything heavy loads. `--help` groups the flags under the dataclass's comment lines (`# What to train.`);
+`--config FILE.yaml` (a recipe) sets flags that the command line overrides. Imports nothing heavy, nothing of common/.
 """
 
 import argparse
 import dataclasses
 import difflib
 import inspect
+import operator
 import os
 import re
 import signal
@@ -47,10 +37,8 @@ def arg(
     required: bool = False,
     repeatable: bool = False,
 ):
-    """A config field: its default, help string, allowed values or range (checked at parse time),
-    whether `--resume` may change it (default: the dataclass's `RESUMABLE` attribute, else no), and
-    for tools, whether it is a positional argument or a required flag; `repeatable`: a flag given several times
-    keeps every value, joined with commas (`--stop a --stop b` = `--stop a,b`)."""
+    """A config field: default, help, allowed values or range, whether `--resume` may change it (`is_resumable`),
+    and for tools, positional or required. `repeatable`: `--stop a --stop b` gives "a,b"."""
     bounds = {"at_least": at_least, "above": above, "at_most": at_most, "below": below}
     meta = {"help": help, "choices": choices, "bounds": {k: v for k, v in bounds.items() if v is not None}}
     meta |= {"positional": positional, "required": required, "repeatable": repeatable}
@@ -60,12 +48,7 @@ def arg(
 
 
 _BOUND_TEXT = {"at_least": ">=", "above": ">", "at_most": "<=", "below": "<"}
-_BOUND_TEST = {
-    "at_least": lambda v, b: v >= b,
-    "above": lambda v, b: v > b,
-    "at_most": lambda v, b: v <= b,
-    "below": lambda v, b: v < b,
-}
+_BOUND_TEST = {"at_least": operator.ge, "above": operator.gt, "at_most": operator.le, "below": operator.lt}
 
 
 def range_text(field: dataclasses.Field) -> str:
@@ -74,7 +57,7 @@ def range_text(field: dataclasses.Field) -> str:
 
 
 def check_range(field: dataclasses.Field, value) -> str | None:
-    """Why `value` is outside the field's declared range, or None. None values (optional flags) pass."""
+    """Why `value` is outside the field's range, or None; None (an optional flag) passes."""
     if value is None:
         return None
     for kind, bound in field.metadata.get("bounds", {}).items():
@@ -92,15 +75,13 @@ def _bool(text: str) -> bool:
 
 
 def _converter(kind):
-    """str -> value for a field's type; `X | None` accepts "none"."""
+    """(The type, str -> value) of a field's type; `X | None` accepts "none"."""
     args = typing.get_args(kind)
-    optional = type(None) in args
-    if optional:
-        kind = next(a for a in args if a is not type(None))
+    if type(None) not in args:
+        return kind, _bool if kind is bool else kind
+    kind = next(a for a in args if a is not type(None))
     convert = _bool if kind is bool else kind
-    if optional:
-        return kind, lambda s: None if s.lower() == "none" else convert(s)
-    return kind, convert
+    return kind, lambda s: None if s.lower() == "none" else convert(s)
 
 
 def _sections(cls) -> dict[str, str]:
@@ -126,15 +107,12 @@ class _Parser(argparse.ArgumentParser):
         self.flag_names = list(flag_names)
 
     def error(self, message: str):
-        hints = []
+        hint = ""
         if m := re.search(r"unrecognized arguments: (.+)", message):  # every unknown flag, not the first only
-            for word in m.group(1).split():
-                if not word.startswith("-"):
-                    continue  # a value
+            for word in filter(lambda w: w.startswith("-"), m.group(1).split()):  # not the values
                 name = word.split("=")[0].lstrip("-").replace("-", "_")
                 if close := difflib.get_close_matches(name, self.flag_names, n=1, cutoff=0.6):
-                    hints.append(f"--{name}: did you mean --{close[0]}?")
-        hint = "".join(f"; {h}" for h in hints)
+                    hint += f"; --{name}: did you mean --{close[0]}?"
         self.exit(2, f"error: {message}{hint} (see --help)\n" if _rank0() else None)
 
 
@@ -149,11 +127,9 @@ class _Joined(argparse.Action):
 
 
 def parse_args(*classes, argv: list[str] | None = None, description: str | None = None, given: set | None = None):
-    """Parse `--field value` flags into one instance of each dataclass in `classes` (a tuple, or the
-    instance itself for one class). Bools accept `--flag` (true) or `--flag false`; `X | None`
-    fields accept `none`. Every value is checked against its field's choices and range. `given`: a set
-    filled with the names of the flags set explicitly (on the command line or by `--config`), for a tool
-    that takes a flag's default from elsewhere (tools/evaluate.py: from the run it evaluates)."""
+    """One instance of each dataclass in `classes` from `--field value` flags (the instance itself for one class).
+    Bools take `--flag` or `--flag false`. `given`: filled with the flags set on the command line or by `--config`,
+    for a tool that takes the others' defaults elsewhere (tools/evaluate.py: from the run it evaluates)."""
     fields = [(cls, f) for cls in classes for f in dataclasses.fields(cls)]
     names = [f.name for _, f in fields]
     if len(set(names)) < len(names):
@@ -228,18 +204,14 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
 
 
 def recipe_of(config) -> str | None:
-    """The --config file (a recipe) a config returned by `parse_args` was read with; None: none, or not parsed."""
+    """The --config file (recipe) that `parse_args` read `config` with; None: none, or not parsed."""
     return getattr(config, "_recipe", None)
 
 
 def _resumed(classes, values: dict, explicit: set[str], script: str | None) -> dict:
-    """`--resume`: each flag not set here (`explicit`) takes the value the run recorded, so a resume needs no flag
-    but --output_dir. The class with `recorded_flags(values, script)` (RunFlags) reads the record, run_config.json
-    (`script`: the program's name, None when argv was given); its START_FLAGS are never taken from it. A recorded
-    flag whose ALTERNATIVES partner is set here goes back to its default. A flag set here that `--resume` may not
-    change (`is_resumable`) and differs from the record is refused in one line naming it (the class's
-    `refused_changes`); the changes taken are said, and the flags set here that the record lacks (it cannot say
-    what the run used: a flag added since, a record of a start that failed)."""
+    """`--resume`: each flag not set here (`explicit`) takes its value from the run's record (the class with
+    `recorded_flags`, RunFlags; never its START_FLAGS), so a resume needs only --output_dir. A change `--resume` may
+    not make (`is_resumable`) is refused in one line; the changes taken, and flags the record lacks, are said."""
     owner = next((c for c in classes if hasattr(c, "recorded_flags")), None)
     found = owner.recorded_flags(values, script) if owner is not None and values.get("resume") else None
     if found is None:
@@ -276,8 +248,8 @@ def _resumed(classes, values: dict, explicit: set[str], script: str | None) -> d
 
 
 def _interrupted_while_starting(signum, frame) -> None:
-    """Ctrl-C before a run installs its own handling (common/metrics.py StopSignal), e.g. while the models load:
-    one line and exit 130, not a KeyboardInterrupt traceback from deep inside a library."""
+    """Ctrl-C before the run's own handling (common/metrics.py StopSignal), e.g. while models load: one line and
+    exit 130, not a traceback from deep inside a library."""
     if _rank0():  # a terminal's Ctrl-C reaches every rank of a launch: one line in all
         os.write(2, b"\ninterrupted (Ctrl-C): nothing was saved\n")
     raise SystemExit(128 + signum)
@@ -296,8 +268,7 @@ def _given(parser: argparse.ArgumentParser, names: list[str], argv: list[str]) -
 
 
 def not_utf8(path) -> str:
-    """Where a text file that should be UTF-8 (a dataset, a recipe, a log, a template) stops being it, and the fix:
-    the file, the line, the byte, and the command that converts it."""
+    """Where a text file that should be UTF-8 stops being it (line, byte), and the command that converts it."""
     path = Path(path)
     with open(path, "rb") as f:
         if f.read(2) in (b"\xff\xfe", b"\xfe\xff"):
@@ -347,21 +318,13 @@ def _recipe(path: str, converters: dict, fields: dict) -> dict:
 
 
 def flag_record(*configs) -> tuple[dict, set[str]]:
-    """(every flag's value, the names `--resume` may change) of parsed config dataclasses: what a
-    run directory records. A field is resumable if its `arg` says so, else if its class's
-    `RESUMABLE` attribute (True for flags that only say how a run goes) says so."""
-    values, resumable = {}, set()
-    for config in configs:
-        for f in dataclasses.fields(config):
-            values[f.name] = getattr(config, f.name)
-            if is_resumable(type(config), f):
-                resumable.add(f.name)
-    return values, resumable
+    """(Every flag's value, the names `--resume` may change) of parsed configs: what a run directory records."""
+    fields = [(c, f) for c in configs for f in dataclasses.fields(c)]
+    return {f.name: getattr(c, f.name) for c, f in fields}, {f.name for c, f in fields if is_resumable(type(c), f)}
 
 
 def is_resumable(cls, f: dataclasses.Field) -> bool:
-    """May `--resume` change field `f` of config class `cls`? Its `arg(resumable=...)`, else the class's
-    `RESUMABLE` attribute, else no."""
+    """May `--resume` change field `f` of `cls`? Its `arg(resumable=...)`, else `cls.RESUMABLE`, else no."""
     return bool(f.metadata.get("resumable", getattr(cls, "RESUMABLE", False)))
 
 
@@ -371,8 +334,7 @@ def _rank0() -> bool:
 
 
 def require(condition: bool, message: str) -> None:
-    """Stop with a one-line message naming the bad flag (no traceback). Every rank checks the same flags:
-    only rank 0 prints, the others exit with the same code."""
+    """Stop with a one-line message naming the bad flag (no traceback); every rank checks, rank 0 prints."""
     if not condition:
         raise SystemExit(f"error: {message}" if _rank0() else 1)
 

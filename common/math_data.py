@@ -1,14 +1,7 @@
-"""Math datasets: every source reduced to rows {"problem": str, "answer": str, "solution": str | None}.
-
-`answer` is the gold final answer the reward checks against; `solution` a reference worked
-solution (EDGE-GRPO's guided error correction needs it, the other algorithms ignore it).
-Sources are local files (.jsonl, .json, .parquet, or a directory holding them), Hugging Face
-hub names, or "synthetic-arith" (generated). The hub needs a network, so every path is also
-reachable through a local copy: a known dataset's field mapping applies to a local file with
-`preset=`.
+"""Math datasets as rows {"problem", "answer": the gold answer the reward checks, "solution": a worked solution or
+None (EDGE-GRPO's guided error correction)}, from local files, Hugging Face hub names, or "synthetic-arith". Every
+hub dataset also loads from a local copy: `preset=` applies its field mapping.
 """
-
-from __future__ import annotations
 
 import json
 import os
@@ -35,16 +28,12 @@ from common.synthetic import (
     synthetic_eval_set,
 )
 
-# File types a dataset, benchmark or evaluation copy may come in.
 DATA_FILE_EXTS = (".jsonl", ".json", ".parquet")
 
 
 def strip_dapo_instruction(text: str) -> str:
-    """Remove DAPO-Math-17k's "Answer:"-format wrapper, leaving the bare problem.
-
-    The wrapper asks for an "Answer: ..." last line, which contradicts the \\boxed{}
-    templates; the `dapo_native` template puts it back for DAPO's own reward.
-    """
+    """The bare problem inside DAPO-Math-17k's "Answer:"-format wrapper, which contradicts the \\boxed{} templates
+    (the `dapo_native` template puts it back for DAPO's own reward)."""
     text = text.strip()
     if text.startswith(DAPO_PREFIX):
         text = text[len(DAPO_PREFIX) :]
@@ -113,8 +102,7 @@ def _as_text(value: Any) -> str:
 
 
 def _is_answer(value: Any) -> bool:
-    """A gold answer is a string or a number; a one-item list of one is that item (some datasets
-    wrap answers in lists). Booleans, dicts and longer lists would be stringified into nonsense."""
+    """A gold answer is a string or a number, or a one-item list of one; a bool, dict or longer list is not."""
     if isinstance(value, (list, tuple)) and len(value) == 1:
         value = value[0]
     return isinstance(value, (str, int, float)) and not isinstance(value, bool) and bool(str(value).strip())
@@ -133,17 +121,16 @@ def _data_files(directory: Path, split: str) -> list[Path]:
     else:
         raise FileNotFoundError(f"no {'/'.join(DATA_FILE_EXTS)} file in directory {directory}")
     # Hub snapshots name shards after their split (train-00000-of-00002.parquet).
-    matching = [p for p in files if split in p.name]
-    files = matching or files
+    files = [p for p in files if split in p.name] or files
     exts = {p.suffix for p in files}
     if len(exts) > 1:
         raise ValueError(f"directory {directory} mixes file types {sorted(exts)}; name one of its files instead")
     return files
 
 
-def _json_lines(path: Path, lines: Iterator[str], first_line: int = 1) -> Iterator[dict]:
-    """Rows of JSON Lines text (blank lines skipped); ValueError naming the file and line of one that is not JSON."""
-    for lineno, line in enumerate(lines, first_line):
+def _json_lines(path: Path, lines: Iterator[str]) -> Iterator[dict]:
+    """Rows of JSON Lines text (blank lines skipped); ValueError naming the line that is not a JSON object."""
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
@@ -158,8 +145,8 @@ def _json_lines(path: Path, lines: Iterator[str], first_line: int = 1) -> Iterat
 
 
 def _json_rows(path: Path, text: str, split: str) -> list:
-    """A .json file's rows: a list, a dict holding one ({"train": [...]} or {"data": [...]}), or, when it holds
-    one object per line (what `datasets`' to_json writes), those objects, read as JSON Lines."""
+    """A .json file's rows: a list, a dict holding one ({"train": [...]}, {"data": [...]}), or one object per line
+    (what `datasets`' to_json writes)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -169,7 +156,7 @@ def _json_rows(path: Path, text: str, split: str) -> list:
             f"{path}: not JSON ({e.msg} at line {e.lineno}, column {e.colno}); a .json file holds a list of rows, "
             "or one row per line"
         ) from None
-    if isinstance(data, dict):  # {"train": [...], "test": [...]} or {"data": [...]}
+    if isinstance(data, dict):
         lists = {k: v for k, v in data.items() if isinstance(v, list)}
         data = lists.get(split) or lists.get("data") or (next(iter(lists.values())) if len(lists) == 1 else None)
     if not isinstance(data, list):
@@ -178,8 +165,7 @@ def _json_rows(path: Path, text: str, split: str) -> list:
 
 
 def _read_file(path: Path, split: str) -> Iterator[dict]:
-    """A data file's rows. Text files are UTF-8 (a byte-order mark allowed); another encoding is refused naming
-    the file, the line and the fix (`common.cli.not_utf8`)."""
+    """A data file's rows; text files are UTF-8 (a byte-order mark allowed, see `common.cli.not_utf8`)."""
     if path.suffix in (".jsonl", ".json"):
         try:
             with open(path, encoding="utf-8-sig") as f:
@@ -226,17 +212,16 @@ FIELD_HINT = (
 
 
 class _Lacking:
-    """The rows that lack a field (its path does not resolve): how many, the first one and its fields."""
+    """The rows that lack a field (its path does not resolve): how many, and the first one's fields."""
 
     def __init__(self, source: str, fields: dict[str, str | None], required: set[str], hint: str):
         self.source, self.fields, self.required, self.hint = source, fields, required, hint
         self.rows = 0
         self.count = dict.fromkeys(fields, 0)
-        self.first: dict[str, tuple[int, list[str]]] = {}
+        self.first: dict[str, list[str]] = {}  # key -> the fields of the first row lacking it
 
-    def read(self, i: int, raw: dict) -> tuple[dict, dict[str, tuple[str, list[str]]]]:
-        """Row `i`'s values by field (None where it lacks one), and the required fields it lacks: {key: (the
-        field's path, the fields the row has where the path stops)}."""
+    def read(self, raw: dict) -> tuple[dict, dict[str, tuple[str, list[str]]]]:
+        """The row's value of each field (None where absent), and {required key it lacks: (path, fields there)}."""
         self.rows += 1
         row, lacks = {}, {}
         for key, path in self.fields.items():
@@ -246,7 +231,7 @@ class _Lacking:
                 row[key] = None
                 self.count[key] += 1
                 have = _available_fields(raw, path)
-                self.first.setdefault(key, (i, have))
+                self.first.setdefault(key, have)
                 if key in self.required:
                     lacks[key] = (path, have)
         return row, lacks
@@ -255,7 +240,7 @@ class _Lacking:
         """ValueError when no row read has a required field: its name is wrong, not its rows."""
         for key in sorted(self.required, key=list(self.fields).index):
             if self.rows and self.count[key] == self.rows:
-                have = ", ".join(self.first[key][1]) or "none"
+                have = ", ".join(self.first[key]) or "none"
                 rows = "1 row" if self.rows == 1 else f"{self.rows} rows"
                 raise ValueError(
                     f"{key} field {self.fields[key]!r} not found in any row of {self.source} ({rows}; row 0's "
@@ -277,14 +262,10 @@ def iter_math_dataset(
     columns: bool = False,
     hint: str = FIELD_HINT,
 ) -> Iterator[dict]:
-    """Stream `{"problem", "answer", "solution"}` rows; see `load_math_dataset`. Every row is read for every
-    field: a field no row has raises ValueError (naming the fields there are, and `hint`, the fix, after
-    `.format(key=...)`), once the rows are read. `strict`: an answer that is not a string or a number (missing,
-    empty, a bool, a dict, a list of several) becomes None instead of its text, and a row that lacks a required
-    field says which in "lacks" ({key: (path, the row's fields there)}), for the caller to count and refuse or
-    drop (`load_prompts`).
-    `keep`: source columns passed through as they are (None where a row lacks one). `columns`: the source row
-    itself too, as "columns" (what a reward function of your own may take: `common.rewards.reward_columns`)."""
+    """Stream the rows of `load_math_dataset`; a field no row has raises ValueError with `hint`, the fix.
+    `strict`: an answer that is not `_is_answer` is None, and a row lacking a field says so in "lacks", for
+    `load_prompts` to refuse or drop. `keep`: source columns passed through; `columns`: the whole source row (for
+    `common.rewards.reward_columns`)."""
     if source == SYNTHETIC_NAME:
         yield from _synthetic_rows(split, limit)
         return
@@ -298,12 +279,11 @@ def iter_math_dataset(
         "answer": answer_field or fmap.answer,
         "solution": solution_field or fmap.solution,
     }
-    # Only an explicitly requested solution field must exist; by default it is optional.
     lacking = _Lacking(source, fields, {"problem", "answer"} | ({"solution"} if solution_field else set()), hint)
-    for i, raw in enumerate(_raw_rows(source, split, config or fmap.config)):
+    for raw in _raw_rows(source, split, config or fmap.config):
         if limit is not None and lacking.rows >= limit:
             break
-        row, lacks = lacking.read(i, raw)
+        row, lacks = lacking.read(raw)
         problem = _as_text(row["problem"])
         if fmap.problem_transform is not None and not problem_field:
             problem = fmap.problem_transform(problem)
@@ -335,29 +315,18 @@ def load_math_dataset(
     preset: str | None = None,
     config: str | None = None,
 ) -> list[dict]:
-    """Load rows `{"problem": str, "answer": str, "solution": str | None}`.
+    """Rows `{"problem": str, "answer": str, "solution": str | None}` (an empty answer kept as "").
 
-    source: a local ``.jsonl`` / ``.json`` / ``.parquet`` file, a directory
-        holding such files (all shards are read; names containing `split` are
-        preferred), a hub dataset name, or "synthetic-arith" (generated; split
-        "train" or "test": the same 100 sums in two orders, "test" = the shipped eval file).
-    *_field: where the field lives, dotted for nested fields
-        (``reward_model.ground_truth``); they override the built-in mapping of
-        known datasets (`DATASET_PRESETS`). A problem field holding a chat
-        message list yields its last user message.
-    preset: apply a known dataset's mapping to a local copy of it, e.g.
-        ``preset="BytedTsinghua-SIA/DAPO-Math-17k"`` for a downloaded parquet.
-    config: hub config (subset); defaults to the preset's.
-
-    Rows with empty answers are kept (answer ""); the `data.prepare` commands
-    drop them. A missing solution is None.
-    """
+    source: a .jsonl / .json / .parquet file, a directory of them (shards named after `split` first), a hub name, or
+    "synthetic-arith" (split "train" or "test": the 100 sums in two orders). *_field: dotted paths to nested fields
+    (reward_model.ground_truth), over `DATASET_PRESETS`; a chat message list gives its last user message. preset: a
+    known dataset's mapping for a local copy of it. config: hub subset (default: the preset's)."""
     return list(iter_math_dataset(source, split, problem_field, answer_field, solution_field, limit, preset, config))
 
 
 def _usable_rows(rows: list[dict], dataset: str, bad_rows: str, say) -> list[dict]:
-    """`rows` without those that lack a field ("lacks": `iter_math_dataset`'s) or hold no problem or no usable
-    answer: refused (`bad_rows="error"`: how many of each, and the first) or dropped with a count."""
+    """`rows` without those lacking a field or a problem or a usable answer: refused (`bad_rows="error"`, naming
+    how many and the first) or dropped with a count."""
     lacking = {i for i, r in enumerate(rows) if r.get("lacks")}
     bad = [i for i, r in enumerate(rows) if i not in lacking and (not r["problem"].strip() or r["answer"] is None)]
     what, flags = [], []
@@ -401,16 +370,9 @@ def load_prompts(
     few_shot: int = 0,
     seed: int = 0,
 ) -> tuple[list[dict], bool]:
-    """The rows of `dataset`, each with its prompt rendered by `template` and tokenised ("prompt_ids"),
-    those longer than `max_prompt_len` tokens dropped and counted; and whether the prompt opens the
-    <think> block (then completions start inside it).
-
-    A row that lacks a field, or has no problem or no usable answer (empty, not a string or a number), would
-    train at reward 0: `bad_rows="error"` refuses the data, naming how many and the first (every row is
-    checked); "drop" drops them with a count. Repeated problems are counted, and kept. Any problem stops
-    the run with one line naming the flag (--dataset, --template, --max_prompt_len).
-    few_shot: K > 0 puts K worked examples from the dataset's solutions before each problem
-    (`common.prompts.few_shot_pool`, drawn with `seed`); each row keeps them as "shots"."""
+    """The rows of `dataset` with their prompts tokenised ("prompt_ids"; longer than `max_prompt_len`: dropped), and
+    whether the prompt opens the <think> block. A bad row would train at reward 0 (`_usable_rows`); a repeated
+    problem is kept. few_shot K: K worked examples before each problem (`few_shot_pool`), kept as "shots"."""
     with clear_errors("--dataset"):
         rows = list(iter_math_dataset(dataset, problem_field=problem_field, answer_field=answer_field,
                                       solution_field=solution_field, strict=True, columns=True))  # fmt: skip

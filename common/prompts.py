@@ -3,29 +3,29 @@ was trained on. `{problem}` is substituted with str.replace, never str.format: b
 (\\boxed{}) and the problems (LaTeX) are full of braces."""
 
 import os
+import random
+import re
+from collections import Counter
+
+from common.cli import not_utf8
 
 QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 
-# DAPO-Math-17k's instruction around each problem (arXiv 2503.14476): the answer goes on a last
-# line "Answer: ...", which the `dapo` reward reads (common/rewards.py).
+# DAPO-Math-17k's instruction around each problem (arXiv 2503.14476): the `dapo` reward reads the "Answer:" line.
 DAPO_PREFIX = (
-    "Solve the following math problem step by step. The last line of your response "
-    "should be of the form Answer: $Answer (without quotes) where $Answer is the "
-    "answer to the problem."
+    "Solve the following math problem step by step. The last line of your response should be of the form Answer: "
+    "$Answer (without quotes) where $Answer is the answer to the problem."
 )
 DAPO_SUFFIX = 'Remember to put your answer on its own line after "Answer:".'
 
-# The R1-Zero style instruction of Open-RS, used by CW-GRPO (arXiv 2605.11538, App. B).
-# The prompt stops at the assistant turn: the model writes <think> itself, so
-# the format reward checks tags the policy produced.
+# Open-RS's R1-Zero instruction, CW-GRPO's (arXiv 2605.11538, App. B). The prompt stops at the assistant turn: the
+# model writes <think> itself, so the format reward checks tags the policy produced.
 R1_SYSTEM = (
-    "A conversation between User and Assistant. The user asks a question, and the "
-    "Assistant solves it. The assistant first thinks about the reasoning process in "
-    "the mind and then provides the user with the answer, and put your final answer "
-    "within \\boxed{} . The reasoning process and answer are enclosed within <think> "
-    "</think> and <answer> </answer> tags, respectively, i.e., <think> reasoning "
-    "process here </think> <answer> answer here </answer>. Note that respond by "
-    "English, NOT use other languages."
+    "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The assistant "
+    "first thinks about the reasoning process in the mind and then provides the user with the answer, and put your "
+    "final answer within \\boxed{} . The reasoning process and answer are enclosed within <think> </think> and "
+    "<answer> </answer> tags, respectively, i.e., <think> reasoning process here </think> <answer> answer here "
+    "</answer>. Note that respond by English, NOT use other languages."
 )
 
 
@@ -41,14 +41,12 @@ TEMPLATES: dict[str, str] = {
 }
 
 
-# Rendered with the model's own chat template instead of fixed markup: models
-# whose chat format is not ChatML (DeepSeek-R1-Distill: <｜User｜>...<｜Assistant｜>,
-# which may also open the <think> block itself). System turn -> instruction.
+# System turn -> instruction, rendered with the model's own chat template: for models whose chat format is not
+# ChatML (DeepSeek-R1-Distill's, which may also open the <think> block itself).
 NATIVE_TEMPLATES: dict[str, str] = {"qwen_math_native": QWEN_MATH_SYSTEM, "r1_native": R1_SYSTEM}
 
-# A user message and no system turn, rendered with the model's own chat template (its default
-# system prompt, if it has one, applies): how verl feeds DAPO-Math-17k's prompts, and evalscope's
-# default zero-shot math prompt (its math_500 / aime24 / gsm8k adapters).
+# A user message only (the chat template's default system prompt applies): how verl feeds DAPO-Math-17k's prompts,
+# and evalscope's default zero-shot math prompt (its math_500 / aime24 / gsm8k adapters).
 USER_TEMPLATES: dict[str, str] = {
     "dapo_native": f"{DAPO_PREFIX}\n\n{{problem}}\n\n{DAPO_SUFFIX}",
     "evalscope_native": "{problem}\n" + QWEN_MATH_SYSTEM,
@@ -56,8 +54,7 @@ USER_TEMPLATES: dict[str, str] = {
 
 
 class TemplateChoices(list):
-    """The template names, as a flag's choices (listed in --help and in a bad name's error), which also admit a
-    template of one's own (`own_template`): the scripts' `--template` takes either."""
+    """The template names as `--template`'s choices, which also admit a template of one's own (`own_template`)."""
 
     also = "or a template of your own: a string or a file holding {problem}"
 
@@ -76,16 +73,13 @@ PLACEHOLDER = "{problem}"
 
 
 def own_template(template: str) -> str:
-    """The text of a template of one's own (`--template`): a file's contents, or the string itself, which must
-    hold `{problem}`. ValueError naming the template names and the placeholder otherwise (a mistyped name)."""
+    """The text of a template of one's own: a file's contents, or the string itself; either must hold `{problem}`."""
     text = template
     if os.path.isfile(os.path.expanduser(template)):
         try:
             with open(os.path.expanduser(template), encoding="utf-8-sig") as f:
                 text = f.read()
         except UnicodeDecodeError:
-            from common.cli import not_utf8
-
             raise ValueError(not_utf8(os.path.expanduser(template))) from None
         except OSError as e:
             raise ValueError(f"cannot read the template file {template} ({e.strerror})") from None
@@ -108,8 +102,7 @@ def check_template(template: str) -> None:
 
 
 def format_prompt(problem: str, template: str = "qwen_math", tokenizer=None) -> str:
-    """Render `problem` into the named prompt template (`*_native` ones need the model's tokenizer), or into a
-    template of one's own (`own_template`)."""
+    """`problem` in the named template (`*_native` ones need the model's tokenizer) or in one's own."""
     if template in NATIVE_TEMPLATES or template in USER_TEMPLATES:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             instead = template.removesuffix("_native")
@@ -128,8 +121,7 @@ def format_prompt(problem: str, template: str = "qwen_math", tokenizer=None) -> 
 
 
 def prompt_opens_think(template: str, tokenizer=None) -> bool:
-    """Does the rendered prompt already open the <think> block? (Then the format
-    reward must not expect the completion to write `<think>` itself.)"""
+    """Does the prompt open the <think> block? (Then the format reward must not expect the completion to.)"""
     return format_prompt("1 + 1", template, tokenizer).rstrip().endswith("<think>")
 
 
@@ -140,11 +132,8 @@ def prompt_opens_think(template: str, tokenizer=None) -> bool:
 def few_shot_pool(
     rows: list[dict], k: int, seed: int = 0, fix: str = "name the solution field (--solution_field)"
 ) -> list[dict]:
-    """The K + 1 rows with a solution that give the worked examples, drawn once per dataset and seed
-    (every prompt gets the same examples; the extra one stands in for a row's own problem). `fix`: what the error
-    tells the user to do when too few rows have a solution (the caller's own flags)."""
-    import random
-
+    """The K + 1 rows with a solution that every prompt draws its worked examples from (the extra one stands in for
+    a row's own problem). `fix`: the caller's way to give more solutions."""
     candidates = [r for r in rows if r.get("solution")]
     if len(candidates) < k + 1:
         raise ValueError(
@@ -160,10 +149,8 @@ def few_shot_examples(problem: str, pool: list[dict], k: int) -> list[tuple[str,
 
 
 def pool_of(rows: list[dict], k: int) -> list[dict]:
-    """The pool behind the rows' "shots" (`common.math_data.load_prompts`), for prompts outside the dataset
-    (evaluation): the examples most rows got, then the one that replaced a row's own problem."""
-    from collections import Counter
-
+    """The pool behind the rows' "shots" (`common.math_data.load_prompts`), for prompts outside the dataset: the
+    examples most rows got, then the one that replaced a row's own problem."""
     common = Counter(tuple(r["shots"]) for r in rows).most_common(1)[0][0]
     extra = next(((q, a) for r in rows for q, a in r["shots"] if (q, a) not in common), None)
     return [{"problem": q, "solution": a} for q, a in [*common, *([extra] if extra else [])]][: k + 1]
@@ -173,9 +160,8 @@ CHATML_USER = "<|im_start|>user\n"
 
 
 def _text_turns(template: str) -> tuple[str, str, str] | None:
-    """A template without chat markup (`plain`, or one's own) as (header, question cue, answer cue): the text
-    before the line holding `{problem}`, that line's text before it, and the text after it. None for
-    templates whose examples go in as chat turns (the named chat templates, ChatML of one's own)."""
+    """A template without chat markup (`plain`, or one's own) as (header, question cue, answer cue) around
+    `{problem}`; None for templates whose examples go in as chat turns."""
     if template in NATIVE_TEMPLATES or template in USER_TEMPLATES or (template in TEMPLATES and template != "plain"):
         return None
     text = TEMPLATES[template] if template in TEMPLATES else own_template(template)
@@ -187,45 +173,35 @@ def _text_turns(template: str) -> tuple[str, str, str] | None:
 
 
 def answer_cue(template: str) -> str:
-    """The words after the problem that the answer follows in a template without chat markup ("Answer:" of
-    `plain`), "" otherwise: text the completion continues, not text it writes."""
+    """The text after the problem in a template without chat markup ("Answer:" of `plain`; else ""): text the
+    completion continues, not text it writes."""
     turns = _text_turns(template)
     return turns[2].strip() if turns else ""
 
 
 def few_shot_stop(template: str, few_shot: int) -> str | None:
-    """The stop string a few-shot prompt without chat markup implies: a new line opening the next example's
-    question ("\nQuestion:" under `plain`), past which a model would write a question of its own."""
+    """The stop a few-shot prompt without chat markup implies ("\nQuestion:" under `plain`): the next question."""
     turns = _text_turns(template) if few_shot else None
     return "\n" + turns[1].strip() if turns and turns[1].strip() else None
 
 
 def parse_stop(text: str | None) -> list[str]:
-    """`--stop` as a list: comma-separated (a repeated flag is joined with commas), `\\n` and `\\t` read as a new
-    line and a tab (as a shell passes them), `\\,` a comma within a stop string."""
+    """`--stop` as a list: comma-separated, `\\n` / `\\t` a new line / tab (as a shell passes them), `\\,` a comma."""
     if not text:
         return []
-    out, current, i = [], "", 0
-    escapes = {"n": "\n", "t": "\t", ",": ",", "\\": "\\"}
-    while i < len(text):
-        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in escapes:
-            current, i = current + escapes[text[i + 1]], i + 2
-            continue
-        if text[i] == ",":
-            out.append(current)
-            current = ""
+    out = [""]
+    for token in re.findall(r"\\[nt,\\]|.", text, re.S):  # an escape, else one character
+        if token == ",":
+            out.append("")
         else:
-            current += text[i]
-        i += 1
-    out.append(current)
+            out[-1] += {"\\n": "\n", "\\t": "\t"}.get(token, token[-1])
     if any(not s for s in out):
         raise ValueError(f"--stop {text!r} has an empty stop string (write a literal comma as \\,)")
     return out
 
 
 def stop_strings(stop: str | None, template: str, few_shot: int) -> tuple[list[str], str | None]:
-    """The stop strings of a run or an evaluation: `--stop`'s, and the few-shot format's own (`few_shot_stop`);
-    with the start-up line that states the implied one (None when there is none)."""
+    """`--stop`'s strings and the few-shot format's own (`few_shot_stop`), with the line that says it (or None)."""
     stops = parse_stop(stop)
     implied = few_shot_stop(template, few_shot)
     if implied is None or implied in stops:
@@ -236,9 +212,8 @@ def stop_strings(stop: str | None, template: str, few_shot: int) -> tuple[list[s
 
 
 def format_few_shot_prompt(problem: str, template: str, examples: list[tuple[str, str]], tokenizer=None) -> str:
-    """`problem` rendered by `template` after the worked `examples`: under a chat template as earlier
-    user / assistant turns (after the system turn); under a template without chat markup (`plain`, or one's
-    own) as question / answer pairs in the template's own words, after its header (`_text_turns`)."""
+    """`problem` in `template` after the worked `examples`: earlier user / assistant turns under a chat template,
+    question / answer pairs in the template's own words without chat markup (`_text_turns`)."""
     if not examples:
         return format_prompt(problem, template, tokenizer)
     if (turns := _text_turns(template)) is not None:

@@ -1,8 +1,6 @@
-"""The flags every script shares for how a run goes: data columns, run directory and checkpoints,
-logging, health checks, systems, reward checking, evaluation. None of them is the algorithm; each
-script's own `Args` holds what is trained and the method. Parsed together with `Args`
-(`common.cli.parse_args(Args, RunFlags)`); read by `common.session`, which passes each module
-the values it needs. Light on purpose: parsing must not import torch.
+"""The flags every script shares for how a run goes (data columns, run directory, logging, health, systems,
+evaluation), none of them the algorithm: each script's `Args` holds that. Parsed with `Args`
+(`common.cli.parse_args(Args, RunFlags)`), read by `common.session`. Light on purpose: parsing must not import torch.
 """
 
 import importlib.util
@@ -14,7 +12,7 @@ from common.cli import arg, require
 
 
 def vllm_available() -> bool:
-    """Is vLLM installed? (Checked without importing it: that takes seconds.)"""
+    """Is vLLM installed? (Without importing it: that takes seconds.)"""
     return importlib.util.find_spec("vllm") is not None
 
 
@@ -46,17 +44,13 @@ class RunFlags:
     resume: bool = arg(False, "continue the run in --output_dir from its newest good checkpoint")
     overwrite: bool = arg(False, "delete the run --output_dir holds and start a new one there")
     save_minutes: float = arg(
-        30.0,
-        "save a checkpoint after the first step that ends this many minutes after the last save (0: off)",
-        at_least=0,
+        30.0, "save a checkpoint at the first step ending this many minutes after the last save (0: off)", at_least=0
     )
     save_steps: int = arg(
         0, "also save a checkpoint every N steps (0: off); the last step and a SIGTERM / Ctrl-C always save", at_least=0
     )
     keep_last: int = arg(
-        2,
-        "complete checkpoints kept on disk (0: all); none is written on schedule while updates are skipped",
-        at_least=0,
+        2, "complete checkpoints kept (0: all); none is written on schedule while updates are skipped", at_least=0
     )
     # Logging.
     report_to: str = arg(
@@ -167,14 +161,12 @@ class RunFlags:
     )
     eval_n: int = arg(4, "samples per eval problem: pass@1 is their mean, pass@k for k = 1, 2, 4 .. <= n", at_least=1)
     eval_temperature: float = arg(
-        0.6, "eval sampling temperature; 0: greedy decoding (with --eval_n 1); vLLM takes 0.01 to 2",
-        at_least=0,
-    )  # fmt: skip
+        0.6, "eval sampling temperature; 0: greedy decoding (with --eval_n 1); vLLM takes 0.01 to 2", at_least=0
+    )
 
     @staticmethod
     def recorded_flags(values: dict, script: str | None) -> tuple[dict, Path] | None:
-        """`--resume` at parse time (`common.cli.parse_args`): the flags the run in --output_dir (default
-        runs/<script>) recorded, and their file (`common.run_dir.recorded_flags`); None: nothing recorded."""
+        """`--resume` at parse time: what the run in --output_dir recorded (`common.run_dir.recorded_flags`)."""
         from common.run_dir import recorded_flags
 
         output_dir = values.get("output_dir") or (f"runs/{script}" if script else None)
@@ -182,7 +174,7 @@ class RunFlags:
 
     @staticmethod
     def refused_changes(path: Path, changed: dict) -> str:
-        """The line refusing a resume that changes what is trained (`common.run_dir.refused_changes`)."""
+        """See `common.run_dir.refused_changes`."""
         from common.run_dir import refused_changes
 
         return refused_changes(path, changed)
@@ -209,33 +201,25 @@ class RunFlags:
                 importlib.util.find_spec(name) is not None,
                 f"--report_to {name}: no package {name} is installed (pip install {name})",
             )
-        package = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}.get(
-            self.attn_implementation
-        )
+        flash = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+        package = flash.get(self.attn_implementation)
         require(
             package is None or importlib.util.find_spec(package) is not None,
             f"--attn_implementation {self.attn_implementation}: the {package} package is not installed "
             "(pip install flash-attn --no-build-isolation on a CUDA machine), or use flex_attention or sdpa",
         )
         if self.eval_steps:  # sampling the rollout engine would refuse at the first evaluation, or change
-            from common.evaluation import sampling_problem
-
-            names = {"temperature": "--eval_temperature", "n": "--eval_n", "rollout": "--rollout"}
-            problem = sampling_problem(self.rollout, self.eval_temperature, self.eval_n, names)
-            require(problem is None, str(problem))
+            _check_sampling(self.rollout, self.eval_temperature, self.eval_n, "--eval_temperature", "--eval_n")
 
 
-def launch_world(env: dict | None = None) -> int:
-    """The processes of this launch: WORLD_SIZE, which torchrun (under `accelerate launch`) sets in every
-    process before it starts; 1 for a plain `python script.py`."""
-    return int((os.environ if env is None else env).get("WORLD_SIZE", "1"))
+def launch_world() -> int:
+    """The processes of this launch: WORLD_SIZE, set by torchrun (`accelerate launch`); 1 for `python script.py`."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def check_batch_split(prompts_per_step: int, group_size: int, num_minibatches: int, world: int) -> None:
-    """Each of the `world` ranks owns whole prompt groups, --prompts_per_step / world of them, and splits its own
-    rows (x --group_size) into --num_minibatches optimiser steps: both must divide. Checked on the global batch
-    only, 8 ranks at 24 x 8 with 64 mini-batches would leave each rank 24 rows for 64 steps (a mini-batch of 0),
-    and 16 would take 24 steps of one row where 16 were asked."""
+    """Each rank owns --prompts_per_step / world whole groups and splits its rows into --num_minibatches steps: both
+    must divide per rank (on the global batch, 8 ranks at 24 x 8 with 64 mini-batches would leave mini-batches of 0)."""
     require(
         prompts_per_step % world == 0,
         f"--prompts_per_step={prompts_per_step} must divide by the {world} processes: each rank owns whole prompt groups",
@@ -250,22 +234,24 @@ def check_batch_split(prompts_per_step: int, group_size: int, num_minibatches: i
 
 
 def check_rollout_sampling(rollout: str, temperature: float, group_size: int) -> None:
-    """The rollout's sampling as its engine takes it (`common.evaluation.sampling_problem`): vLLM would raise a
-    temperature under 0.01 to 0.01 while the trainer scores the samples at the asked one (every ratio would be off),
-    and refuses one above 2."""
+    """The rollout's sampling as its engine takes it: vLLM would raise a temperature under 0.01 to 0.01 while the
+    trainer scores at the asked one (every ratio off), and refuses one above 2."""
+    _check_sampling(rollout, temperature, group_size, "--temperature", "--group_size")
+
+
+def _check_sampling(rollout: str, temperature: float, n: int, temperature_flag: str, n_flag: str) -> None:
+    """See `common.evaluation.sampling_problem`."""
     from common.evaluation import sampling_problem
 
-    names = {"temperature": "--temperature", "n": "--group_size", "rollout": "--rollout"}
-    problem = sampling_problem(rollout, temperature, group_size, names)
-    require(problem is None, problem or "")
+    names = {"temperature": temperature_flag, "n": n_flag, "rollout": "--rollout"}
+    problem = sampling_problem(rollout, temperature, n, names)
+    require(problem is None, str(problem))
 
 
 def check_correction(mode: str, low: float | None, high: float | None, top_p: float) -> None:
-    """--rollout_correction's flags together. A correction with --top_p < 1 is refused: the engines' log-probs are
-    renormalised over the nucleus (vLLM's processed log-probs; the HF engine the same), the trainer's are over the
-    whole vocabulary, so pi_old / pi_rollout sits below 1 on every token by the dropped mass (auto is then none).
-    Scoring the trainer on the engine's nucleus is not exact either: the nucleus comes from the engine's own (bf16)
-    logits, and rebuilding it costs a vocabulary sort per token. Bounds need a mode, and the lower below the upper."""
+    """--rollout_correction's flags together. No correction with --top_p < 1: the engines' log-probs are renormalised
+    over the nucleus, the trainer's are not, so pi_old / pi_rollout sits below 1 by the dropped mass (and the nucleus
+    comes from the engine's bf16 logits: the trainer cannot rebuild it exactly, nor cheaply)."""
     require(
         mode in ("auto", "none") or top_p == 1,
         f"--rollout_correction {mode} with --top_p {top_p:g}: the rollout's log-probs are renormalised over the "
@@ -276,9 +262,8 @@ def check_correction(mode: str, low: float | None, high: float | None, top_p: fl
         mode != "none" or (low is None and high is None),
         "--rollout_correction_min / _max with --rollout_correction none: nothing to bound; name a mode",
     )
-    require(
-        low is None or high is None or low < high,
-        f"--rollout_correction_min {low:g} is not below --rollout_correction_max {high:g}: nothing would be kept"
-        if low is not None and high is not None
-        else "",
-    )
+    if low is not None and high is not None:
+        require(
+            low < high,
+            f"--rollout_correction_min {low:g} is not below --rollout_correction_max {high:g}: nothing would be kept",
+        )

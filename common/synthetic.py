@@ -1,10 +1,9 @@
-"""Synthetic arithmetic: a task that needs no download (the CPU demo, the learning tests).
+"""Synthetic arithmetic, a task that needs no download (the CPU demo, the learning tests): the 100 single-digit sums.
 
-The demo task is the 100 single-digit sums ("What is 7 + 5?"). The demo trains and evaluates
-on the same 100 problems: it shows RL raising the accuracy of a policy, not generalisation.
-`data.prepare synthetic` draws larger sets with the evaluation problems held out.
-"""
+The demo trains and evaluates on the same 100 problems: it shows RL raising a policy's accuracy, not generalisation
+(`data.prepare synthetic` draws larger sets with them held out)."""
 
+import operator
 import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -18,28 +17,15 @@ SYNTHETIC_TRAIN_SEED = 0
 SYNTHETIC_TRAIN_SIZE = (SYNTHETIC_MAX_OPERAND + 1) ** 2
 SYNTHETIC_EVAL_PATH = Path(__file__).resolve().parent.parent / "data" / "synthetic_arith_eval.jsonl"
 
-_OPS: dict[str, Callable[[int, int], int]] = {
-    "+": lambda a, b: a + b,
-    "-": lambda a, b: a - b,
-    "*": lambda a, b: a * b,
-}
+_OPS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
 def synthetic_arithmetic(
-    n: int,
-    seed: int,
-    max_operand: int = 99,
-    ops: str = "+",
-    exclude: Iterable[str] = (),
+    n: int, seed: int, max_operand: int = 99, ops: str = "+", exclude: Iterable[str] = ()
 ) -> list[dict]:
-    """`n` distinct problems "What is a <op> b?" with operands in [0, max_operand].
-
-    Each op in `ops` (any of "+", "-", "*") is drawn uniformly. For "-" the
-    operands are ordered so that answers are never negative (one less thing
-    for a tiny model to learn). Problems whose text is in `exclude` are never
-    drawn: training sets exclude the evaluation set. Deterministic given the
-    arguments.
-    """
+    """`n` distinct problems "What is a <op> b?", a and b in [0, max_operand], each op of `ops` ("+-*") equally
+    likely, deterministic given the arguments. "-" never goes negative (one less thing for a tiny model to learn);
+    texts in `exclude` are never drawn (training sets exclude the evaluation set)."""
     if not ops or any(op not in _OPS for op in ops):
         raise ValueError(f"ops must be a non-empty string of {sorted(_OPS)}, got {ops!r}")
     if max_operand < 1:
@@ -53,7 +39,6 @@ def synthetic_arithmetic(
             f"asked for {n} distinct problems but only {space} exist "
             f"(ops={ops!r}, max_operand={max_operand}, {len(excluded)} excluded)"
         )
-
     rng = random.Random(seed)
     rows, seen = [], set(excluded)
     while len(rows) < n:
@@ -66,13 +51,9 @@ def synthetic_arithmetic(
             continue
         seen.add(problem)
         c = _OPS[op](a, b)
+        # The solution is short on purpose: a tiny model is SFT'd on it before RL.
         rows.append(
-            {
-                "problem": problem,
-                "answer": str(c),
-                # Short on purpose: a tiny model is SFT'd on it before RL.
-                "solution": f"{a} {op} {b} = {c}. The answer is \\boxed{{{c}}}.",
-            }
+            {"problem": problem, "answer": str(c), "solution": f"{a} {op} {b} = {c}. The answer is \\boxed{{{c}}}."}
         )
     return rows
 
