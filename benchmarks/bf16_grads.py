@@ -3,30 +3,10 @@
     python benchmarks/bf16_grads.py [--engines ddp,fsdp2,zero2,zero3] [--seeds 0,1,2]   # stored, SCALING.md written
     python benchmarks/bf16_grads.py --render_only     # docs/SCALING.md's block again from the stored run
 
-One GRPO update step (the clipped surrogate at ratio 1, token-mean over the global batch, as the
-first mini-batch of a step computes it) on a small Qwen2 with a tied embedding / output layer
-(as the 1.5B models have), 8 micro-batches of 2 sequences x 248 completion tokens. The output
-layer is scored in chunks of 3 rows at a vocabulary of 4,096: 1,365 vocabulary entries per
-chunk row as at Qwen2.5's 151,936 with 110-row chunks, and 166 chunks per micro-batch (150-190
-at the 7B recipe). Weights are bf16-representable, so every engine starts from the same weights.
-
-Each configuration's gradient (before the optimiser step) is compared with the fp64 gradient of
-the same step: relative error |g - g64| / |g64| of the tied embedding / output layer and of the
-body (every other parameter). Configurations:
-- one process, bf16 autocast over fp32 weights (single GPU): the unchunked pass (the model's full
-  logits: the yardstick), the chunked head as it was (autograd summed 166 chunks' bf16 weight
-  gradients) and as it is (`common.logprobs`, one fp32 sum);
-- DDP, FSDP2, ZeRO-2, ZeRO-3: 2 gloo processes under the shipped accelerate configs
-  (tests/engines/cpu_entry.py), the Accelerator built by `common.distributed.make_accelerator("bf16")`
-  as the scripts build it, 4 micro-batches per rank inside `micro_batch`. DeepSpeed's own backward
-  is called as accelerate calls it, without the step that follows, and its gradients read with
-  `deepspeed.utils.safe_get_full_grad` (what its optimiser would apply); ZeRO also once with
-  DeepSpeed's bf16 defaults (before). An engine that cannot run bf16 here is reported as such.
-Seeds vary the data; the table gives the mean and [min, max] over them (engines: the first seed).
-
-Not a timing: the errors depend on the CPU's kernels and the thread count, not on what else runs. The run is stored
-in docs/bench/bf16_grads.json (the machine, the load, the commit, every seed's errors; benchmarks/stored_run.py) and
-docs/SCALING.md's table is written from it (tests/test_docs.py renders it again).
+One update step (the clipped surrogate at ratio 1, token-mean) on a small tied-embedding Qwen2, its gradient's
+relative error |g - g64| / |g64| for the output layer / embedding and for the body: one process (unchunked, the
+chunked head before and now) and DDP, FSDP2, ZeRO-2/3 on 2 gloo processes under the shipped accelerate configs.
+The setup and its reading: docs/SCALING.md, above the block written from docs/bench/bf16_grads.json.
 """
 
 import argparse
@@ -39,12 +19,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import common.distributed as dist_utils  # noqa: E402
 from benchmarks import stored_run  # noqa: E402
+from common.distributed import end_run, make_accelerator, micro_batch, parallel_mode  # noqa: E402
 from common.logprobs import _chunked, _logp_and_entropy, sequence_logprobs  # noqa: E402
 
 VOCAB, CHUNK, PROMPT, COMPLETION, ROWS, MICRO, WORLD = 4096, 3, 8, 248, 2, 8, 2
@@ -58,8 +41,6 @@ hf_logging.disable_progress_bar()
 
 
 def build_model(path: Path) -> None:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     config = Qwen2Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, tie_word_embeddings=True, max_position_embeddings=512,
@@ -115,8 +96,6 @@ def chunked_logp(model, mb) -> torch.Tensor:
 
 def one_process_grads(model_dir: Path, seed: int, dtype, autocast: bool, logp_fn) -> dict:
     """The step's gradient in one process: each micro-batch's gradient summed in fp32 (fp64 for fp64)."""
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     batches = micro_batches(seed)
     tokens = sum(mb["mask"].sum().item() for mb in batches)
@@ -143,16 +122,8 @@ def errors(grads: dict, reference: dict) -> dict:
     return {"head": rel([TIED]), "body": rel(body)}
 
 
-# ---------------------------------------------------------------- one rank under an engine
-
-
 def worker(out: Path, seed: int, zero_defaults: bool) -> None:
     """One rank's part of the step under the engine accelerate was launched with; rank 0 writes the gradient."""
-    from transformers import AutoModelForCausalLM
-
-    import common.distributed as dist_utils
-    from common.distributed import end_run, make_accelerator, micro_batch, parallel_mode
-
     if zero_defaults:  # DeepSpeed's own bf16 dtypes, as before
         dist_utils.ZERO_BF16_GRADIENTS = {}
     accelerator = make_accelerator("bf16", None, ROWS)
@@ -231,9 +202,6 @@ def run_engine(engine: str, model_dir: Path, seed: int, zero_defaults: bool = Fa
         elif "error" not in facts:
             facts["error"] = f"exit code {rc}: " + log[-1500:]
     return facts
-
-
-# ---------------------------------------------------------------- the table
 
 
 def measure(engines: list[str], seeds: list[int], model_dir: Path, before: bool = True) -> list[dict]:
@@ -362,7 +330,7 @@ def main():
 
 def write_doc(record: dict, doc: str) -> None:
     if doc:
-        stored_run.write_block(Path(doc), BEGIN, END, FIND, render(record), "bf16-gradient")
+        stored_run.write_between(Path(doc), BEGIN, END, render(record), "bf16-gradient", FIND)
         print(f"wrote {doc}'s bf16 gradient table")
 
 

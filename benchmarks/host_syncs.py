@@ -2,21 +2,12 @@
 
     python benchmarks/host_syncs.py
 
-On a GPU, reading a device value on the host (`.item()`, `.tolist()`, `bool(t)`, `float(t)`,
-...), a blocking host-to-device copy (`torch.tensor(list, device=...)`, a Python list as the
-index of a device tensor, read or written) and a boolean mask as an index (its size is read
-back) wait until the device has finished all queued work: the GPU then idles while Python
-prepares the next kernel. torch's own detector (`torch.cuda.set_sync_debug_mode`) works on CUDA
-only, so this counts the calls themselves, by patching them, on CPU: every one of them would be
-a sync on CUDA. (On CPU they also catch host tensors, so the count is an upper bound.) It runs
-grpo_base.old_logprobs() (the no-grad scoring pass) and grpo_base.update() (one process, the
-demo model, one optimiser step) over the same rows cut into 2, 4 and 8 micro-batches, padded and
-packed (--padding_free), and splits the count into a fixed part and a part per micro-batch (its
-scoring and its training forward together), by where each call is made.
-
-Not a timing: calls counted, whatever else the machine runs. The run is stored in docs/bench/host_syncs.json
-(benchmarks/stored_run.py) and docs/SCALING.md's tables are written from it (`--render_only`: the block again;
-tests/test_generated_docs.py renders it again).
+On a GPU a read of a device value (`.item()`, `bool(t)`, ...), a blocking host-to-device copy (`torch.tensor(list,
+device=...)`, a list as an index) and a boolean-mask index wait for all queued work. torch's own detector works on
+CUDA only, so this patches those calls and counts them on CPU (an upper bound: host tensors count too), in
+grpo_base.old_logprobs() + update() over the same rows cut into 2, 4 and 8 micro-batches, padded and packed:
+a fixed part and a part per micro-batch. Stored in docs/bench/host_syncs.json; docs/SCALING.md's block is
+written from it.
 """
 
 import argparse
@@ -58,7 +49,6 @@ def caller() -> str | None:
 
 
 def count() -> None:
-    """Count a sync at the line that asked for it (`caller`)."""
     if where := caller():
         COUNTS[where] += 1
 
@@ -120,23 +110,12 @@ def main() -> None:
 
 def count_layouts() -> tuple[int, dict]:
     """(rows, {layout: {micro-batches: {where: host syncs}}}) of old_logprobs() + update() over the same rows."""
-    import random
-
-    from step_time import update_session
-    from transformers import AutoModelForCausalLM
+    from step_time import demo_batch, update_session
 
     import grpo_base
-    from common.batching import pack
-    from common.models import demo_model_dir
-    from common.rollout import Completion
 
-    torch.manual_seed(0)
-    rng = random.Random(0)
-    model = AutoModelForCausalLM.from_pretrained(demo_model_dir())
-    V, n, G = model.config.vocab_size, 64, 8
-    prompts = [[rng.randrange(3, V) for _ in range(rng.randint(20, 40))] for _ in range(n)]
-    completions = [[rng.randrange(3, V) for _ in range(rng.randint(4, 48))] for _ in range(n)]
-    batch = pack(prompts, [Completion(c, [0.0] * len(c), True) for c in completions], 0)
+    n, G = 64, 8
+    model, batch = demo_batch(n)
     old = {"logp": -torch.rand(batch["completion_mask"].shape)}
     old["ref_logp"] = torch.zeros_like(old["logp"])
     rewards = torch.randint(0, 2, (n,)).float()
@@ -184,7 +163,7 @@ def render(record: dict) -> str:
 
 def write_doc(record: dict, doc: str) -> None:
     if doc:
-        stored_run.write_block(Path(doc), BEGIN, END, FIND, render(record), "host-syncs")
+        stored_run.write_between(Path(doc), BEGIN, END, render(record), "host-syncs", FIND)
         print(f"wrote {doc}'s host-sync tables")
 
 

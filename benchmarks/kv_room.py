@@ -4,18 +4,9 @@ GPU holds at the rollout and at the update. Arithmetic, not measured.
     python benchmarks/kv_room.py            # print the tables
     python benchmarks/kv_room.py --write    # and put them in docs/SCALING.md, between their markers
 
-The KV room, per recipe: vLLM's share, what it holds before its KV cache (weights, profile activations, CUDA graphs:
-`common.preflight.vllm_floor`), the KV cache's GiB and tokens, the tokens a step asks per rank (every sequence
-at its longest), the sequences held at once, the waves, and the largest share the GPU allows beside the rest of
-the plan (tests/recipe_memory.py `kv_room`, `largest_share`). tests/test_kv_room.py checks that every recipe holds
-one wave or the fewest waves its GPU allows.
-
-The budget, per recipe and GPU: the training state (`common.preflight.bytes_per_parameter`), the reference model
-(bf16, with --beta > 0), the update's activations (what its largest phase holds beside the training state, a
-micro-batch of --max_tokens_per_micro_batch tokens: `common.preflight.update_phases`, tests/recipe_memory.py
-`update_activations_gib`), vLLM's share, the KV cache a step wants at its
-longest, and the sums at the rollout and at the update with the preflight's 2 GiB margin (vLLM asleep during the
-update under --vllm_sleep). tests/test_docs.py renders both tables again.
+The KV room: tests/recipe_memory.py `kv_table` (tests/test_kv_room.py checks it). The budget: the training state,
+the reference model, the update's activations (`common.preflight.update_phases`), vLLM's share and the KV a step
+wants, summed at the rollout and at the update with the preflight's margin (vLLM asleep under --vllm_sleep).
 """
 
 import argparse
@@ -47,7 +38,7 @@ BUDGET_END = "<!-- end of per-GPU budget -->"
 
 
 def budget(recipe: str, total_gib: float = H100_GIB) -> dict:
-    """One GPU's memory under the recipe, in GiB (module docstring)."""
+    """One GPU's memory under the recipe, in GiB: each term of the budget (module docstring) and the two sums."""
     plan, room = launch_plan(recipe), kv_room(recipe, total_gib=total_gib)
     sizes, parameters = MODELS[plan["model"]]
     training = parameters * bytes_per_parameter(plan["mode"], plan["world"], plan["precision"]) / GIB

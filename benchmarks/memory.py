@@ -2,24 +2,12 @@
 
     python benchmarks/memory.py [--lengths 512,2048,8192] [--batch 1]
 
-1. The log-prob (+ entropy) path, `common.logprobs.sequence_logprobs`, on a one-layer
-   model with Qwen2.5's 151,936-word vocabulary: the peak of the bytes it allocates in
-   the training pass (forward + backward) and in the no-grad scoring pass, and the bytes
-   autograd keeps for backward, each as a multiple of ONE fp32 [B, C, V] logits tensor.
-   Allocations are tracked op by op (a TorchDispatchMode that follows every storage
-   until it is freed), so the figures are what the path allocates, not the process RSS.
-   For comparison, the textbook path (the model's full logits, an fp32 log-softmax in
-   row chunks) is measured where it fits in this machine's memory.
-2. Micro-batching a long-tailed batch (lognormal completion lengths, mean ~1/4 of the
-   maximum): the share of processed tokens that are padding, with fixed micro-batches
-   of 4 sequences vs a token budget (`--max_tokens_per_micro_batch`).
+1. `common.logprobs.sequence_logprobs` on a one-layer model at Qwen2.5's 151,936 vocabulary: the peak bytes it
+   allocates (tracked op by op, not the RSS) training and scoring, and the bytes saved for backward, as multiples
+   of one fp32 [B, C, V] logits tensor; beside the textbook path where it fits. Target: <= 0.1x at 8,192 tokens.
+2. A long-tailed batch's padding share, fixed micro-batches of 4 vs a token budget. Target: <= 10%.
 
-Targets: the log-prob path <= 0.1x of one fp32 logits tensor at 8,192 tokens in both
-passes; padding <= 10% of the tokens processed.
-
-Not a timing: bytes allocated and tokens planned, whatever else the machine runs. The run is stored in
-docs/bench/memory.json (benchmarks/stored_run.py) and docs/SCALING.md's block is written from it
-(`--render_only`: the block again; tests/test_docs.py renders it again).
+Stored in docs/bench/memory.json; docs/SCALING.md's block is written from it.
 """
 
 import argparse
@@ -34,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -71,13 +60,13 @@ class AllocationTracker(TorchDispatchMode):
 
 
 def saved_bytes(fn) -> tuple[object, int]:
-    """fn()'s result and the bytes of the distinct storages autograd saves for backward (parameters aside)."""
-    params, seen, total = set(), set(), 0
+    """fn()'s result and the bytes of the distinct storages autograd saves for backward."""
+    seen, total = set(), 0
 
     def pack(t):
         nonlocal total
         ptr = t.untyped_storage().data_ptr()
-        if ptr not in seen and ptr not in params:
+        if ptr not in seen:
             seen.add(ptr)
             total += t.untyped_storage().nbytes()
         return t
@@ -87,8 +76,6 @@ def saved_bytes(fn) -> tuple[object, int]:
 
 
 def one_layer_lm():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     config = Qwen2Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=1, max_position_embeddings=16_384, tie_word_embeddings=True,
@@ -111,7 +98,6 @@ def textbook_logprobs(model, ids, attn, K, with_entropy=True):
 def measure(path, model, B, C, prompt=16) -> dict:
     ids = torch.randint(0, VOCAB, (B, prompt + C))
     attn = torch.ones_like(ids)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     out = {}
     with torch.no_grad(), AllocationTracker() as t:
         path(model, ids, attn, C)
@@ -121,7 +107,7 @@ def measure(path, model, B, C, prompt=16) -> dict:
         (logp, ent), saved = saved_bytes(lambda: path(model, ids, attn, C))
         (logp.sum() + ent.sum()).backward()
         del logp, ent
-    out["train"], out["saved"] = t.peak, saved - sum(0 for _ in params)
+    out["train"], out["saved"] = t.peak, saved
     model.zero_grad(set_to_none=True)
     return out
 
@@ -130,7 +116,7 @@ def new_path(model, ids, attn, K):
     return sequence_logprobs(model, ids, attn, 1.0, logits_to_keep=K, with_entropy=True)
 
 
-def padding_table(n=256, max_len=8192, seed=0) -> list[tuple[str, float, int]]:
+def padding_table(n=256, max_len=8192, seed=0) -> tuple[list[tuple[str, float, int]], float]:
     rng = random.Random(seed)
     mean = max_len / 4
     sigma = 0.9
@@ -192,12 +178,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", default="512,2048,8192")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument(
-        "--textbook_max",
-        type=int,
-        default=2048,
-        help="longest C the textbook path is run at (it needs ~4 GB per 1k tokens)",
-    )
+    textbook = "longest C the textbook path is run at (it needs ~4 GB per 1k tokens)"
+    p.add_argument("--textbook_max", type=int, default=2048, help=textbook)
     p.add_argument("--out", default=str(STORED), help="where the run is stored ('' for nowhere)")
     p.add_argument("--doc", default=str(DOC), help="the page whose block is written ('' for none)")
     p.add_argument("--render_only", action="store_true", help="write the page's block from the stored run")
@@ -231,7 +213,7 @@ def main() -> None:
 
 def write_doc(record: dict, doc: str) -> None:
     if doc:
-        stored_run.write_block(Path(doc), BEGIN, END, FIND, render(record), "memory")
+        stored_run.write_between(Path(doc), BEGIN, END, render(record), "memory", FIND)
         print(f"wrote {doc}'s memory block")
 
 

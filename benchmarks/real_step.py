@@ -6,22 +6,10 @@ and lengths. The run is stored (machine, load, command, figures) and docs/SCALIN
     python benchmarks/real_step.py --render_only      # SCALING.md's block again from the stored run
     python benchmarks/real_step.py --memory           # what one process's peak RSS is made of (stored too)
 
-- ours: `grpo_base.py --model smollm2` for each `--runs` entry (engine[:padded]@precision): the mean of time/*_s
-  over steps 2..--steps (step 1 warms up), peak RSS, and the trainer-vs-engine log-prob gap of the sampled tokens
-  (mean and p99 of |log p_trainer - log p_engine|) at step 1 (before any update) and at the last step (after the
-  updates and syncs); `:padded` is `--share_prompts false`, as bare and TRL compute.
-- bare: HF `generate` of the same prompts x G completions, then one forward/backward of the model's own
-  cross-entropy over them, in the same micro-batches: what any GRPO step must compute.
-- TRL: `GRPOTrainer` (HF generation, one pass, no reference model) on the same prompts, G, lengths and learning
-  rate: the mean step over steps 2..--steps. Not a dependency: `pip install trl` for it, else it is skipped.
-- evaluation: `tools.evaluate` of SmolLM2 on 100 held-out sums x 8 samples at T = 1 (<= 32 tokens, 2 worked
-  examples), here and at each `--eval_at` commit (a git worktree of it), one after another in this run.
-- matmul: a 2,048 x 2,048 matmul's GFLOP/s in fp32 and in bf16, at the start and at the end of the run: what this
-  CPU's bf16 units give before any model, and the rate the floors take (the faster).
-- floors: each phase's FLOPs over that matmul rate (real_step_render.py's `floor_flops` says what is counted).
-
-Time it alone: vLLM's CPU threads spin, and beside another busy process a step takes several times as long (the
-stored load average says what the cores were doing).
+The parts: ours (`grpo_base.py` per `--runs` entry: mean phase seconds over steps 2.., peak RSS, the log-prob gap),
+bare (HF generate + one forward/backward of the model's own loss), TRL (`pip install trl`, else skipped), the
+evaluation here and at each `--eval_at` commit, a matmul's GFLOP/s and each phase's floor (real_step_render.py
+`floor_flops`). Time it alone: vLLM's CPU threads spin beside another busy process.
 """
 
 import argparse
@@ -36,11 +24,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-PHASES = ["rollout_s", "scoring_s", "old_logp_s", "update_s", "sync_s", "step_s"]
 STORED = ROOT / "docs" / "bench" / "real_step.json"
 STORED_MEMORY = ROOT / "docs" / "bench" / "real_step_memory.json"
 DOC = ROOT / "docs" / "SCALING.md"
 from benchmarks import stored_run  # noqa: E402
+from benchmarks.real_step_render import PHASES, memory_block, render, step_memory  # noqa: E402
 
 BEGIN, END, FIND = stored_run.markers("real_step", "benchmarks/real_step.py", "docs/bench/real_step.json")
 MEMORY_BEGIN, MEMORY_END, MEMORY_FIND = stored_run.markers(
@@ -165,7 +153,7 @@ def prompts_and_model(a, data: Path):
 
     path, tok, rows = training_rows(data)
     torch.manual_seed(0)
-    return path, tok, [r for r in rows[: a.prompts]], AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return path, tok, rows[: a.prompts], AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
 def bare(a, data: Path) -> dict:
@@ -255,16 +243,11 @@ def matmul(n: int = 2048, seconds: float = 5.0) -> dict:
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         x, y = a.to(dtype), b.to(dtype)
         times, end = [], time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            times.append(_timed(lambda x=x, y=y: x @ y))
+        while (t0 := time.perf_counter()) < end:
+            x @ y
+            times.append(time.perf_counter() - t0)
         out[f"{name}_gflops"] = 2 * n**3 / min(times) / 1e9
     return out
-
-
-def _timed(f) -> float:
-    t0 = time.perf_counter()
-    f()
-    return time.perf_counter() - t0
 
 
 def run(a) -> dict:
@@ -313,8 +296,6 @@ def main() -> None:
     p.add_argument("--doc", default=str(DOC), help="the page whose block is written ('' for none)")
     p.add_argument("--render_only", action="store_true", help="write the page's block from the stored run")
     a = p.parse_args()
-    from benchmarks.real_step_render import memory_block, render, step_memory
-
     stored = Path(a.out) if a.out else STORED_MEMORY if a.memory else STORED
     if not a.render_only:
         if a.memory:
@@ -328,10 +309,8 @@ def main() -> None:
     block = memory_block(result) if a.memory else render(result)
     print(block)
     if a.doc:
-        from benchmarks.stored_run import write_between
-
         begin, end, find = (MEMORY_BEGIN, MEMORY_END, MEMORY_FIND) if a.memory else (BEGIN, END, FIND)
-        write_between(Path(a.doc), begin, end, block, "benchmarks/real_step.py", find)
+        stored_run.write_between(Path(a.doc), begin, end, block, "benchmarks/real_step.py", find)
         print(f"wrote {a.doc}'s block from {stored}")
 
 

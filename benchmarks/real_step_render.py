@@ -127,7 +127,8 @@ def eval_lines(result: dict) -> list[str]:
 
 
 def render(result: dict) -> str:
-    mm, args = result["matmul"], result["args"]
+    mm, args, end = result["matmul"], result["args"], result.get("matmul_end")
+    at_end = f", {end['fp32_gflops']:.0f} and {end['bf16_gflops']:.0f} at the end" if end else ""
     L = [
         f"Stored in `docs/bench/real_step.json`: {stored_run.conditions(result, units=True)}. "
         f"{args['prompts']} prompts x {args['group']} "
@@ -141,13 +142,7 @@ def render(result: dict) -> str:
         f"The GPU's mode against fp32 on this CPU (`--rollout vllm`, shared prompts; the gap is |log p_trainer - "
         f"log p_vLLM| per sampled token, nats, after step 1's first sync of weights and at the last step). A "
         f"{mm['n']:,}² matmul alone ran at {mm['fp32_gflops']:.0f} GFLOP/s in fp32 and {mm['bf16_gflops']:.0f} in bf16 "
-        f"({mm['bf16_gflops'] / mm['fp32_gflops']:.2f}x) at the start"
-        + (
-            f", {end['fp32_gflops']:.0f} and {end['bf16_gflops']:.0f} at the end"
-            if (end := result.get("matmul_end"))
-            else ""
-        )
-        + ":",
+        f"({mm['bf16_gflops'] / mm['fp32_gflops']:.2f}x) at the start{at_end}:",
         "",
         *precision_table(result),
         "",
@@ -171,7 +166,6 @@ def step_memory(a, data: Path, prompts_and_model) -> dict:
     import psutil
     import torch
 
-    from benchmarks import stored_run
     from common.batching import micro_batches, pack, select
     from common.logprobs import sequence_logprobs
     from common.rollout import make_engine

@@ -3,14 +3,9 @@
     python benchmarks/rewards.py [--n 2000] [--hard_frac 0.01] [--repeat 1]
                                  [--workers W] [--timeout_s T] [--budget_s B]
 
-A step of a real run scores hundreds to thousands of completions. Most answers are
-settled by the exact-match fast path or a quick math-verify call; a few (a tower
-of powers, a huge expression) make sympy grind until the per-check timeout. This
-scores one such batch the way a training step does by default (`default_workers()`
-children, MathVerifier's per-check timeout, the scripts' --reward_time_budget_s) and
-prints the wall time, the accuracy against the true accuracy (known by construction:
-the hard answers are wrong predictions), the per-check timeouts and the answers the
-budget left unchecked. Done right, the whole batch is checked and the two accuracies
+Scores one batch as a training step does by default (`default_workers()` children, MathVerifier's per-check
+timeout, the scripts' --reward_time_budget_s): the wall time, the accuracy against the true one (the hard answers
+are wrong by construction), the timeouts and the answers the budget left unchecked. Done right, the two accuracies
 are equal. Run it on the machine you care about (the issue's: 2 cores).
 """
 

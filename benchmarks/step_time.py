@@ -2,31 +2,20 @@
 
     python benchmarks/step_time.py [--steps 10] [--rollout vllm] [--scripts grpo_base.py,egpo.py]
 
-Runs each script on the demo model and task (same seed, same data), skips the
-first step (warm-up), and prints the mean seconds per phase, the overhead over
-grpo_base.py, peak memory, and the evaluated accuracy before and after.
-
-Then the update phase alone against a bare forward/backward over the same tokens:
-the scripts' path (length-bucketed micro-batches, the chunked log-prob head, the
-clipped surrogate) vs the model's own cross-entropy loss on the same micro-batches.
-Target: within 1.1x.
-
-`--flat_groups`: the update alone (grpo_base.update, one process) on a demo-sized batch whose
-share of flat groups (advantage 0) varies: their rows are left out of the micro-batches, so the
-update's time falls with the share; 0% flat is what every step cost before.
-
-The update-overhead measurement (`--update_only`, or after the scripts' table) is stored in
-docs/bench/update_overhead.json (the machine, the load, the commit: benchmarks/stored_run.py) and docs/SCALING.md's
-line is written from it (`--render_only`: the line again; tests/test_docs.py renders it again). A timing:
-run it alone (the stored load average says what else the cores were doing).
+Each script's mean seconds per phase over steps 2.. (step 1 warms up), its overhead over grpo_base.py, peak memory
+and eval accuracy before and after; then the update alone against a bare forward/backward of the model's own loss
+on the same micro-batches (target: within 1.1x; stored in docs/bench/update_overhead.json, docs/SCALING.md's line
+written from it). `--flat_groups`: the update's time against the share of flat groups, whose rows are left out.
 """
 
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,25 +30,10 @@ PHASES = [f"time/{k}" for k in ("rollout_s", "gec_s", "scoring_s", "old_logp_s",
 
 
 def run(script: str, steps: int, rollout: str, out: Path) -> list[dict]:
-    cmd = [
-        sys.executable,
-        str(ROOT / script),
-        "--steps",
-        str(steps),
-        "--rollout",
-        rollout,
-        "--eval_steps",
-        str(steps),
-        "--output_dir",
-        str(out),
-    ]
-    subprocess.run(
-        cmd,
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")},
-    )
+    cmd = [sys.executable, str(ROOT / script), "--steps", str(steps), "--rollout", rollout]
+    cmd += ["--eval_steps", str(steps), "--output_dir", str(out)]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, env=env)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -114,34 +88,39 @@ def render(record: dict) -> str:
 
 def write_doc(record: dict, doc: str) -> None:
     if doc:
-        stored_run.write_block(Path(doc), BEGIN, END, FIND, render(record), "update-overhead")
+        stored_run.write_between(Path(doc), BEGIN, END, render(record), "update-overhead", FIND)
         print(f"wrote {doc}'s update-overhead line")
+
+
+def demo_batch(n: int):
+    """The demo model and `n` random rows of the demo's shapes, packed (seeded: every call the same)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from common.batching import pack
+    from common.models import demo_model_dir
+    from common.rollout import Completion
+
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    model = AutoModelForCausalLM.from_pretrained(demo_model_dir())
+    V = model.config.vocab_size
+    prompts = [[rng.randrange(3, V) for _ in range(rng.randint(20, 40))] for _ in range(n)]
+    completions = [[rng.randrange(3, V) for _ in range(rng.randint(4, 48))] for _ in range(n)]
+    return model, pack(prompts, [Completion(c, [0.0] * len(c), True) for c in completions], 0)
 
 
 def update_overhead(out: str = "", doc: str = "", repeats: int = 5) -> None:
     """Seconds per update of the scripts' path vs a bare forward/backward over the same micro-batches; stored in
     `out` and written into `doc` where given."""
-    import random
-    import time
-
     import torch
-    from transformers import AutoModelForCausalLM
 
-    sys.path.insert(0, str(ROOT))
-    from common.batching import micro_batches, pack, select
+    from common.batching import micro_batches, select
     from common.logprobs import sequence_logprobs
-    from common.models import demo_model_dir
-    from common.rollout import Completion
     from grpo_base import Args, policy_loss
 
     record = stored_run.start(" ".join(["python benchmarks/step_time.py", *sys.argv[1:]]), torch.get_num_threads())
-    torch.manual_seed(0)
-    rng = random.Random(0)
-    model = AutoModelForCausalLM.from_pretrained(demo_model_dir())
-    V = model.config.vocab_size
-    prompts = [[rng.randrange(3, V) for _ in range(rng.randint(20, 40))] for _ in range(128)]  # the demo's shapes
-    completions = [[rng.randrange(3, V) for _ in range(rng.randint(4, 48))] for _ in range(128)]
-    batch = pack(prompts, [Completion(c, [0.0] * len(c), True) for c in completions], 0)
+    model, batch = demo_batch(128)
     lens = batch["prompt_mask"].sum(1).long().tolist(), batch["completion_mask"].sum(1).long().tolist()
     plan = micro_batches(*lens, list(range(128)), 32, max_tokens=2048)
     args, adv, n_tok = Args(), torch.randn(128), batch["completion_mask"].sum().item()
@@ -184,7 +163,6 @@ def update_session(model, micro_batch_size: int, max_tokens: int = 0):
     accumulation, optimiser step), over `model`; AdamW at lr 0, so that every repeat sees the same model."""
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from common.distributed import make_accelerator, parallel_mode
     from common.metrics import UpdateGuard
     from common.trainer import Trainer
@@ -199,25 +177,12 @@ def update_session(model, micro_batch_size: int, max_tokens: int = 0):
 
 def flat_groups(repeats: int = 5, G: int = 8, groups: int = 16) -> None:
     """Seconds per grpo_base.update() on G * groups demo-sized sequences, by share of flat groups."""
-    import random
-    import time
-
     import torch
-    from transformers import AutoModelForCausalLM
 
-    sys.path.insert(0, str(ROOT))
     import grpo_base
-    from common.batching import pack
-    from common.models import demo_model_dir
-    from common.rollout import Completion
 
-    torch.manual_seed(0)
-    rng = random.Random(0)
-    model = AutoModelForCausalLM.from_pretrained(demo_model_dir())
-    V, n = model.config.vocab_size, G * groups
-    prompts = [[rng.randrange(3, V) for _ in range(rng.randint(20, 40))] for _ in range(n)]  # the demo's shapes
-    completions = [[rng.randrange(3, V) for _ in range(rng.randint(4, 48))] for _ in range(n)]
-    batch = pack(prompts, [Completion(c, [0.0] * len(c), True) for c in completions], 0)
+    n = G * groups
+    model, batch = demo_batch(n)
     old = {"logp": -torch.rand(batch["completion_mask"].shape)}
     old["ref_logp"] = torch.zeros_like(old["logp"])
     s = update_session(model, micro_batch_size=32)

@@ -1,14 +1,10 @@
 """Stop strings inside vLLM against the old path (sample on to EOS or the limit, cut afterwards): the tokens sampled
-and the rollout time of a few-shot `--template plain` step on the real model (SmolLM2-135M-Instruct), interleaved on
-one engine with the same seeds. The run is stored with its machine and load, and docs/SCALING.md's table is written
-from it.
+and the rollout time of a few-shot `--template plain` step on SmolLM2-135M-Instruct, interleaved on one engine with
+the same seeds (the completions after the cut checked equal). Stored; docs/SCALING.md's table is written from it.
 
     python benchmarks/stop_strings.py                 # ~6 min alone on 2 cores; stored and written
     python benchmarks/stop_strings.py --render_only   # SCALING.md's block again from the stored run
-
-Both paths give the same completions after the project's token-level cut (checked every repeat); only the tokens
-sampled past the stop string, and their time, differ. Time it alone: vLLM's CPU threads spin beside another busy
-process."""
+"""
 
 import argparse
 import json
@@ -98,9 +94,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=4, help="timed steps per length, after one warm-up")
     p.add_argument("--prompts", type=int, default=6)
     p.add_argument("--group", type=int, default=8)
-    p.add_argument(
-        "--doc", default=str(ROOT / "docs" / "SCALING.md"), help="the page whose block is written ('' for none)"
-    )
+    doc = str(ROOT / "docs" / "SCALING.md")
+    p.add_argument("--doc", default=doc, help="the page whose block is written ('' for none)")
     p.add_argument("--render_only", action="store_true")
     a = p.parse_args()
     if not a.render_only:
@@ -112,9 +107,7 @@ def main() -> None:
     block = render(json.loads(STORED.read_text()))
     print(block)
     if a.doc:
-        from benchmarks.stored_run import write_between
-
-        write_between(Path(a.doc), BEGIN, END, block, "benchmarks/stop_strings.py", FIND)
+        stored_run.write_between(Path(a.doc), BEGIN, END, block, "benchmarks/stop_strings.py", FIND)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,6 @@
-"""A benchmark's run kept in docs/bench/ (what it measured, on which machine, how busy the machine was, at which
-commit), and a docs page's block written from it between two marker lines. A page gives a benchmark's figures
-only from such a record: tests/test_docs.py renders every block again and fails on a difference.
-
-A block's markers: `<!-- NAME: written by SCRIPT from STORED -->` ... `<!-- end of NAME -->`. Before its first
-stored run a block says so on its first line, `<!-- NAME: awaiting a stored run ... -->`, and its text is not a
-rendering; the first `--render_only` (or the run itself) rewrites that line with the block.
+"""A benchmark's run kept in docs/bench/ (what it measured, the machine, its load, the commit), and a docs page's
+block written from it between `<!-- NAME: written by SCRIPT from STORED -->` and `<!-- end of NAME -->`.
+tests/test_docs.py renders every block again and fails on a difference.
 """
 
 import json
@@ -30,9 +26,8 @@ def _git(*args: str) -> str:
 
 
 def start(command: str, threads: int | None = None) -> dict:
-    """The record's head, taken as the run starts: the command, the date, the commit and the tracked files that
-    differ from it, and the machine (`common.metrics.describe_machine`: CPU, bf16 units, cores, compute threads,
-    the 1-minute load average now)."""
+    """The record's head as the run starts: command, date, commit, modified files, the machine
+    (`common.metrics.describe_machine`)."""
     from common.metrics import describe_machine
 
     if threads is None:
@@ -87,15 +82,9 @@ def conditions(record: dict, units: bool = False) -> str:
     )
 
 
-def write_block(page: Path, begin: str, end: str, find: str, body: str, what: str) -> None:
-    """Rewrite `page`'s block (between `find`'s line and `end`) with `begin` and `body`."""
-    write_between(page, begin, end, body, what, find=find)
-
-
 def write_between(path: Path, begin: str, end: str, body: str, what: str, find: str | None = None) -> None:
-    """Rewrite `path`'s text between the markers `begin` and `end` with `body`, keeping the rest. `find`: a prefix of
-    `begin` that locates the marker (an older marker line is rewritten whole); a file without the markers is a
-    one-line error naming `what` they hold."""
+    """Rewrite `path`'s text between the markers `begin` and `end` with `body`. `find`: a prefix of `begin` that
+    locates an older marker line (rewritten whole); `what`: the block's name in the error when the markers lack."""
     text = path.read_text()
     if (find or begin) not in text or end not in text:
         raise SystemExit(f"error: {path} has no {what} markers ({begin} ... {end})")

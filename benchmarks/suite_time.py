@@ -3,10 +3,8 @@
     python benchmarks/suite_time.py                  # `python -m pytest` as the README gives it
     python benchmarks/suite_time.py -- -m "not slow" # pytest's own arguments after `--` (stored elsewhere: --out)
 
-A timing: run it alone (vLLM's CPU threads spin, and beside another busy process the suite takes several times as
-long; the stored load average says what the cores were doing). The record (benchmarks/stored_run.py) keeps the
-command, the commit, the machine, the load at the start and at the end, pytest's counts, the slowest tests and
-every phase of a test (setup, call, teardown) that took a second or more, where the next cut is looked for.
+A timing: run it alone. The record (benchmarks/stored_run.py) adds pytest's counts, the slowest tests and every
+phase of a test that took MIN_SECONDS or more, where the next cut is looked for.
 """
 
 import argparse
@@ -21,7 +19,6 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import stored_run  # noqa: E402
 
 STORED = stored_run.BENCH / "suite.json"
-OUTCOMES = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed")
 SLOWEST = 5
 MIN_SECONDS = 1.0  # the phases stored
 
@@ -49,12 +46,8 @@ def main() -> None:
     command = ["python", "-m", "pytest", *a.pytest_args]
     record = stored_run.start(" ".join(command), threads=0)  # pytest's workers set their own threads
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--durations=0", f"--durations-min={MIN_SECONDS}", *a.pytest_args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    cmd = [sys.executable, "-m", "pytest", "--durations=0", f"--durations-min={MIN_SECONDS}", *a.pytest_args]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     record |= {"wall_s": time.perf_counter() - t0, "exit_code": proc.returncode, **parse(proc.stdout)}
     print(proc.stdout)
     if a.out:

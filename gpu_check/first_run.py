@@ -5,22 +5,11 @@
     python gpu_check/first_run.py --parts kernels,gpu_step ...    # some parts only
 
 Each part (PARTS) runs in its own process within its time budget: one that fails, crashes or runs out of time is
-recorded with its output's last lines and the others go on (a CUDA error cannot poison the next part). The five
-scripts run 2 steps each on the demo model as a user runs them, at once on a GPU, through gpu_check/sync_guard.py
-(every host sync in scoring and update attributed; the layout each micro-batch ran in counted); then, one at a
-time, cuda_lines and logp_gap (gpu_check/parts.py), kernels (gpu_check/kernels.py) and gpu_step
-(gpu_check/step.py). The report (`--out`, markdown, and the same as JSON beside it) gives each part's figures
-and checks and what stays unexecuted; the exit status is 0 only if every part ran and passed its checks.
+recorded with its output's last lines and the others go on. The five scripts run at once through
+gpu_check/sync_guard.py, then the other parts one at a time. Exit status 0 only if every part ran and passed.
 
-On this project's lent GPU machine (Python 3.12, torch 2.11.0+cu130, transformers 5.17.0, accelerate 1.15.0; no
-vLLM, no network), math-verify and its two dependencies travel as wheels (~380 KB). Here, in the repository's
-root (`/.whl/` is in .gitignore):
-
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
-        --platform manylinux_2_28_x86_64 -d .whl math-verify==0.9.0 latex2sympy2_extended==1.11.0 \\
-        antlr4-python3-runtime==4.13.2
-
-then one call of the device tool with carry [".whl"] and timeout_s 540, this command (one line there):
+On the project's lent GPU machine (no vLLM, no network), with math-verify's wheels in `.whl/` (docs/GUIDE.md, "The
+first GPU check"): one call of the device tool with carry [".whl"] and timeout_s 540, this command (one line):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site
     .whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 python3 gpu_check/first_run.py
@@ -134,10 +123,8 @@ def sync_figures(f: Findings, syncs: dict) -> None:
     f.figure("sync detector", syncs["detector"])
     f.figure("host syncs by kind (old_logprobs + update, 2 steps)", syncs["by_kind"] or "none")
     f.check("old_logprobs and update were wrapped", syncs["wrapped"] == ["old_logprobs", "update"], syncs["wrapped"])
-    ours = [s for s in syncs["syncs"] if s["kind"] in ("ours", "backward")]
-    f.check(
-        "no host sync of ours in scoring or update", not ours, "; ".join(f"{s['where']} x {s['count']}" for s in ours)
-    )
+    ours = [f"{s['where']} x {s['count']}" for s in syncs["syncs"] if s["kind"] in ("ours", "backward")]
+    f.check("no host sync of ours in scoring or update", not ours, "; ".join(ours))
     f.figure("micro-batches by layout", syncs["layouts"])
     shared = {phase: syncs["layouts"].get(phase, {}).get("shared", 0) for phase in ("old_logprobs", "update")}
     f.check("old_logprobs and update ran the shared-prompt layout", all(shared.values()), shared)

@@ -1,15 +1,6 @@
-"""The part "kernels" of gpu_check/first_run.py, on the device there is:
-
-- the chunked head's fp32 accumulation: `common.logprobs._add_product` (on CUDA `addmm(..., out_dtype=float32)`)
-  against the same sum in bf16 and in fp64, and the tied weight's gradient of the chunked pass under bf16
-  autocast against the unchunked pass's (benchmarks/bf16_grads.py's yardstick);
-- the SDPA kernel torch picks for each layout's mask, the shared-prompt layout under each backend alone, and
-  with the math kernel excluded;
-- the shared-prompt and padding-free layouts against the padded one: log-probs, entropies and every
-  parameter's gradient (tests/test_logprobs.py's comparison; fp32 checked, bf16 reported);
-- a scoring pass's time at Qwen2.5's vocabulary for the chunk rows picked here, CPU's 110, and twice the picked.
-
-`dry`: toy sizes, for the CPU dry run.
+"""The part "kernels" of gpu_check/first_run.py, on the device there is: the chunked head's fp32 accumulation and
+gradient, the SDPA kernel each layout's mask gets, the layouts against the padded one, and the chunk rows' speed
+(one function each, below). `dry`: toy sizes, for the CPU dry run.
 """
 
 import copy
@@ -17,7 +8,12 @@ import time
 import warnings
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
 
+from common.batching import SharedPrefix, pack, select
+from common.completion import Completion
+from common.logprobs import _add_product, _device_memory, _fp32_out_addmm, head_chunk_rows, sequence_logprobs
 from gpu_check.report import Findings
 
 # Groups of rows sharing a prompt: (prompt length, completion lengths), as tests/test_logprobs.py's SHARED_GROUPS.
@@ -39,9 +35,6 @@ def small_qwen(device, vocab: int = 1024, hidden: int = 256, heads: int = 4, lay
 
 def grouped_batch(vocab: int, device) -> tuple[dict, list[int]]:
     """A packed batch of GROUPS (left-padded prompts, empty completions, a one-token prompt) on `device`."""
-    from common.batching import pack
-    from common.completion import Completion
-
     g = torch.Generator().manual_seed(0)
     prompts, completions = [], []
     for p, cs in GROUPS:
@@ -57,8 +50,6 @@ def grouped_batch(vocab: int, device) -> tuple[dict, list[int]]:
 def fp32_accumulation(f: Findings, device, dry: bool) -> None:
     """The weight gradient's sum over chunks, sum_c dZ_c^T H_c, of bf16 factors: in one fp32 buffer (the scripts'),
     in bf16 (autograd's sum before), and in fp64 (exact)."""
-    from common.logprobs import _add_product, _fp32_out_addmm
-
     V, D, rows, chunks = 4096, 256, 32, 166
     g = torch.Generator().manual_seed(0)
     dz = [torch.randn(rows, V, generator=g).to(device, torch.bfloat16) for _ in range(chunks)]
@@ -81,8 +72,6 @@ def fp32_accumulation(f: Findings, device, dry: bool) -> None:
 
 def _tied_grad(model, ids, K: int, adv, dtype, autocast: bool, chunk_rows: int | None) -> torch.Tensor:
     """The tied embedding / output weight's gradient of -sum A logp / tokens, chunked (`chunk_rows`) or not."""
-    from common.logprobs import sequence_logprobs
-
     m = copy.deepcopy(model).to(dtype)
     attn = torch.ones_like(ids)
     with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -113,15 +102,12 @@ def chunked_head_gradient(f: Findings, device, dry: bool) -> None:
     chunked = rel(_tied_grad(model, ids, K, adv, torch.float32, True, 3))
     f.figure("tied weight's gradient under bf16 autocast, relative error: unchunked (yardstick)", unchunked)
     f.figure("tied weight's gradient under bf16 autocast, relative error: chunked head, 166 chunks", chunked)
-    f.check(
-        "the chunked head's gradient is no worse than the unchunked bf16 pass's (x 1.15)", chunked <= 1.15 * unchunked
-    )
+    ok = chunked <= 1.15 * unchunked
+    f.check("the chunked head's gradient is no worse than the unchunked bf16 pass's (x 1.15)", ok)
 
 
 def sdpa_ops(step) -> list[str]:
     """The SDPA aten ops `step()` ran (the kernel torch picked), from the profiler's op names."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
     names = {e.name.removeprefix("aten::") for e in prof.events() if "scaled_dot_product" in e.name}
@@ -130,8 +116,6 @@ def sdpa_ops(step) -> list[str]:
 
 def _runs_under(backends: list, model, mb: dict, cuda: bool) -> tuple[bool, str, str]:
     """Whether a forward + backward of `mb` runs with only `backends` allowed; if not, its error and torch's reason."""
-    from torch.nn.attention import sdpa_kernel
-
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         try:
@@ -146,10 +130,6 @@ def _runs_under(backends: list, model, mb: dict, cuda: bool) -> tuple[bool, str,
 def sdpa_kernels(f: Findings, device, dry: bool) -> None:
     """Which SDPA kernel runs each layout's mask, the shared-prompt layout under each backend alone, and with the
     math kernel excluded."""
-    from torch.nn.attention import SDPBackend as B
-
-    from common.batching import SharedPrefix, select
-
     cuda = device.type == "cuda"
     model = small_qwen(device, hidden=256, heads=4)  # head_dim 64: within every fused kernel's limits
     batch, rows = grouped_batch(1024, device)
@@ -160,6 +140,7 @@ def sdpa_kernels(f: Findings, device, dry: bool) -> None:
     for name, mb in layouts.items():
         picked = sdpa_ops(lambda mb=mb: _layout_pass(model, mb, cuda))
         f.figure(f"SDPA kernel torch picks, {name} layout", ", ".join(picked))
+    B = SDPBackend
     backends = [B.FLASH_ATTENTION, B.EFFICIENT_ATTENTION, B.CUDNN_ATTENTION, B.MATH]
     results = [[b.name, *_runs_under([b], model, shared, cuda)[1:]] for b in backends]
     title = "The shared-prompt layout (forward + backward) under one SDPA backend at a time"
@@ -175,8 +156,6 @@ def sdpa_kernels(f: Findings, device, dry: bool) -> None:
 
 def _layout_pass(model, mb: dict, autocast: bool) -> tuple:
     """logp and entropy at real positions and every parameter's gradient of their sum (tests/test_logprobs.py)."""
-    from common.logprobs import sequence_logprobs
-
     attn, C = mb["attention_mask"], mb["completion_mask"].shape[1]
     valid = (attn[:, 1:] * attn[:, :-1])[:, -C:].float()
     model.zero_grad(set_to_none=True)
@@ -189,8 +168,6 @@ def _layout_pass(model, mb: dict, autocast: bool) -> tuple:
 def layouts_equal(f: Findings, device, dry: bool) -> None:
     """The shared-prompt and padding-free layouts against the padded one on this device: fp32 (checked to 1e-4) and
     under bf16 autocast (reported)."""
-    from common.batching import select
-
     model = small_qwen(device, hidden=256, heads=4)
     batch, rows = grouped_batch(1024, device)
     for autocast in (False, True) if device.type == "cuda" else (False,):
@@ -210,28 +187,24 @@ def layouts_equal(f: Findings, device, dry: bool) -> None:
 def chunk_speed(f: Findings, device, dry: bool) -> None:
     """A scoring pass's forward + backward time at Qwen2.5's vocabulary (one decoder layer of Qwen2.5-1.5B's width:
     the output layer dominates) for the rows `head_chunk_rows` picks here, CPU's 110 and twice the picked."""
-    from common.logprobs import _device_memory, head_chunk_rows, sequence_logprobs
-
     cuda = device.type == "cuda"
     V, D, heads, N = (4096, 64, 4, 256) if dry else (151_936, 1536, 12, 8192)
     picked = head_chunk_rows(V, device.type, _device_memory(device))  # the figures are cuda_lines' (parts.py)
     model = small_qwen(device, vocab=V, hidden=D, heads=heads, layers=1)
     ids = torch.randint(3, V, (2, N // 2 + 1), device=device)
     attn = torch.ones_like(ids)
-    rows_out = []
+    rows_out, sync = [], torch.cuda.synchronize if cuda else lambda: None
     for rows in sorted({110 if not dry else 32, picked, 2 * picked}):
         times = []
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         for _ in range(4):  # the first is a warm-up
-            if cuda:
-                torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
                 logp = sequence_logprobs(model, ids, attn, 1.0, logits_to_keep=N // 2, chunk_rows=rows)[0]
             logp.sum().backward()
-            if cuda:
-                torch.cuda.synchronize()
+            sync()
             times.append(time.perf_counter() - t0)
         t = sum(times[1:]) / 3
         flops = 8 * N * D * V  # forward, recompute, and the two backward products, 2 N D V each

@@ -1,28 +1,19 @@
-"""Two parts of gpu_check/first_run.py, on the device there is:
-
-- "cuda_lines": each line docs/SCALING.md lists as needing CUDA that runs outside the scripts' step, called
-  as the code calls it: `device_memory_bytes`, `peak_memory_gb`, `_device_memory` and the chunk rows it
-  gives, the pinned non-blocking copy of `to_device` and the shared-prompt and padding-free layouts that
-  `select` builds with it (under the sync detector: neither may make the host wait);
-- "logp_gap": the trainer-vs-engine log-prob gap of the demo model in the GPU's precision, per sampled
-  token: the engine of `--rollout hf` (the policy itself, under the trainer's bf16 autocast) and a bf16
-  copy of the weights (as vLLM samples), each scored by the trainer (fp32 weights, bf16 autocast) as
-  `old_logprobs` scores, in the padded and the shared-prompt layout.
-
-`dry`: toy sizes, for the CPU dry run.
-"""
+"""Two parts of gpu_check/first_run.py: "cuda_lines", the lines outside the step that docs/SCALING.md lists as
+needing CUDA (memory reads, chunk rows, `to_device` and `select` without a host sync); "logp_gap", the demo
+model's trainer-vs-engine log-prob gap per sampled token in the GPU's precision. `dry`: toy sizes (CPU)."""
 
 import torch
 
+from common.batching import Packed, SharedPrefix, device_memory_bytes, device_memory_gib, pack, select, to_device
+from common.distributed import make_accelerator, peak_memory_gb
+from common.logprobs import GPU_CHUNK_BYTES, _device_memory, head_chunk_rows
+from gpu_check.kernels import grouped_batch
 from gpu_check.report import Findings
+from gpu_check.sync_guard import SyncLog
 
 
 def memory_lines(f: Findings, device) -> None:
     """`device_memory_bytes`, `device_memory_gib`, `peak_memory_gb`, `_device_memory` and `head_chunk_rows`."""
-    from common.batching import device_memory_bytes, device_memory_gib
-    from common.distributed import peak_memory_gb
-    from common.logprobs import GPU_CHUNK_BYTES, _device_memory, head_chunk_rows
-
     cuda = device.type == "cuda"
     total = device_memory_bytes()
     f.figure("`device_memory_bytes()`", total)
@@ -46,10 +37,6 @@ def memory_lines(f: Findings, device) -> None:
 
 def copies_without_sync(f: Findings, device) -> None:
     """`to_device`'s pinned, non-blocking copy and the layouts `select` builds with it, under the sync detector."""
-    from common.batching import Packed, SharedPrefix, select, to_device
-    from gpu_check.kernels import grouped_batch
-    from gpu_check.sync_guard import SyncLog
-
     cuda = device.type == "cuda"
     log = SyncLog(cuda)
     host = torch.arange(1 << 20, dtype=torch.long)
@@ -80,24 +67,19 @@ def cuda_lines(dry: bool) -> Findings:
 
 def _trainer_logp(policy, batch: dict, layout: str) -> tuple[torch.Tensor, bool]:
     """pi_old's log-probs [N, C] as `old_logprobs` computes them, all rows in one micro-batch of `layout`, and
-    whether that layout ran (`select` falls back to padded where "shared" would not compute less)."""
-    from common.batching import SharedPrefix, select
-    from common.logprobs import sequence_logprobs
+    whether that layout ran (`select` falls back to padded where it would not compute less)."""
+    from common.logprobs import sequence_logprobs  # looked up here: tests/test_gpu_first_run.py records its calls
 
     rows = list(range(len(batch["input_ids"])))
     mb = select(batch, rows, layout)
     C = mb["completion_mask"].shape[1]
     with torch.no_grad():
-        logp, _ = sequence_logprobs(
-            policy, mb["input_ids"], mb["attention_mask"], 1.0, logits_to_keep=C, layout=mb["layout"]
-        )
+        logp, _ = sequence_logprobs(policy, mb["input_ids"], mb["attention_mask"], 1.0, C, layout=mb["layout"])
     return logp, isinstance(mb["layout"], SharedPrefix) == (layout == "shared")
 
 
 def gap_figures(f: Findings, label: str, engine, policy, prompts: list, G: int, max_tokens: int, pad: int) -> None:
     """Sample G completions a prompt with `engine`, score them with `policy`; |trainer - engine| per token."""
-    from common.batching import pack
-
     groups = engine.generate(prompts, G, max_tokens, 1.0, seed=list(range(len(prompts))))
     completions = [c for g in groups for c in g]
     device = next(policy.parameters()).device
@@ -108,22 +90,20 @@ def gap_figures(f: Findings, label: str, engine, policy, prompts: list, G: int, 
         f.check(f"{label}, {layout}: the {layout} layout ran", ran)
         gap = (logp - batch["rollout_logp"])[mask].abs().double()
         stats = {"mean": gap.mean(), "p99": gap.quantile(0.99), "max": gap.max()}
-        f.figure(
-            f"{label}, {layout}: |gap| per token",
-            {"tokens": gap.numel()} | {k: float(f"{v.item():.4g}") for k, v in stats.items()},
-        )
+        stats = {"tokens": gap.numel()} | {k: float(f"{v.item():.4g}") for k, v in stats.items()}
+        f.figure(f"{label}, {layout}: |gap| per token", stats)
         f.check(f"{label}, {layout}: every gap finite", bool(gap.isfinite().all()) and gap.numel() > 0)
         if device.type == "cpu":  # fp32 on both sides: they must agree
             f.check(f"{label}, {layout}: fp32 engine and trainer agree (mean < 1e-4)", gap.mean().item() < 1e-4)
 
 
 def logp_gap(dry: bool) -> Findings:
-    """The demo model's gap (module docstring), 64 prompts x 2 completions of up to 48 tokens (dry: 8 x 2 x 16):
-    2 a prompt, so that the shared-prompt layout computes less than the padded one and runs (as in the scripts'
-    parts, gpu_check/first_run.py)."""
+    """The gap of `--rollout hf`'s engine (the policy) and of a bf16 weights copy (as vLLM samples), each scored as
+    `old_logprobs` scores, 64 prompts x 2 completions of <= 48 tokens (dry: 8 x 2 x 16): at G = 2 the shared-prompt
+    layout computes less and runs (gpu_check/first_run.py `command`). The demo model, not a random Qwen2: random
+    logits are near zero, and bf16 rounds them little."""
     from transformers import AutoTokenizer
 
-    from common.distributed import make_accelerator
     from common.models import demo_model_dir, load_policy, precision_for
     from common.prompts import format_prompt
     from common.rollout import make_engine
@@ -149,5 +129,4 @@ def logp_gap(dry: bool) -> Findings:
     for label, model in engines:
         engine = make_engine("hf", path, tokenizer, model, max_model_len=512, dtype=precision.engine)
         f.attempt(label, gap_figures, label, engine, policy, prompts, G, max_tokens, tokenizer.pad_token_id)
-    # Not a random-weight Qwen2: its logits are near zero (init std 0.02), so bf16 rounds them little.
     return f

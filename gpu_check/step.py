@@ -1,17 +1,11 @@
 """The part "gpu_step" of gpu_check/first_run.py: one update micro-batch at Qwen2.5-Math-1.5B's shape (random
-weights: memory and time depend on the shape alone; 4 sequences of 512 + 4,096 tokens), trained as the scripts
-train: bf16 autocast over fp32 weights, no weight cache (`autocast_options`), gradient checkpointing, fused AdamW
-(`optimizer_options("cuda")`, on CPU too), gradients zeroed, not freed, between steps (as DDP's buckets keep them).
-For the textbook log-prob path (full logits, fp32 log-softmax) and the scripts' chunked head: step time, tokens/s,
-MFU, and each phase's peak memory (forward, output layer's backward, layers' backward, embedding's backward,
-optimiser step: `torch.cuda.max_memory_allocated`, reset at each; on CPU benchmarks/memory.py's tracker), checked
-on a GPU against that phase's predicted terms (`common.preflight.update_phases`) with no margin.
+weights; 4 x (512 + 4,096) tokens), trained as the scripts train (bf16 autocast over fp32 weights, gradient
+checkpointing, fused AdamW), for the textbook log-prob path and the chunked head: step time, tokens/s, MFU, and
+each phase's peak memory, checked on a GPU against `common.preflight.update_phases` with no margin.
 
-MFU: model FLOPs over the step's time over the GPU's peak dense bf16 FLOP/s. Model FLOPs of a sequence of S tokens
-whose last K are scored (nanoGPT's `estimate_mfu`, after PaLM, arXiv 2204.02311, appendix B): 6 N S for the body
-(N: parameters less the embedding table, a lookup), 6 V D K for the output layer, 12 L D S^2 for attention (the
-whole S x S); checkpointing's recompute not counted. Peak dense bf16 (NVIDIA's datasheets, half the "with
-sparsity" figures): H100 SXM and H200 989 TFLOP/s, H100 NVL and H200 NVL 835, H100 PCIe 756; other GPUs: no MFU.
+MFU (nanoGPT's `estimate_mfu`, after PaLM, arXiv 2204.02311, appendix B): model FLOPs 6 N S (body) + 6 V D K
+(output layer, K scored tokens) + 12 L D S^2 (attention) a sequence, over the step's time over the GPU's peak dense
+bf16 FLOP/s (NVIDIA's datasheets, half the "with sparsity" figures; PEAK_BF16); checkpointing's recompute uncounted.
 """
 
 import contextlib
@@ -20,10 +14,12 @@ import time
 
 import torch
 import torch.nn.functional as F
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from benchmarks.memory import AllocationTracker
 from common.logprobs import head_chunk_rows, sequence_logprobs
 from common.models import autocast_options, optimizer_options
+from common.preflight import preflight_memory, update_phases
 from gpu_check.report import Findings
 
 # Qwen2.5-Math-1.5B's config.json (the fields that set the shape).
@@ -35,8 +31,7 @@ TINY = dict(
     vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
     num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
 )  # fmt: skip
-# Peak dense bf16 FLOP/s by the device's name (module docstring). The first name the device's contains wins, so a
-# part's variants (NVL, PCIe) come before its plain name: "NVIDIA H200 NVL" contains "H200".
+# The first name the device's contains wins: variants (NVL, PCIe) before the plain name ("H200 NVL" contains "H200").
 PEAK_BF16 = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200 NVL", 835e12), ("H200", 989e12)]
 STATED_GIB = 79.2  # the device the prediction is made for where no GPU is: an 80 GB GPU, as tests/test_preflight.py
 
@@ -51,8 +46,7 @@ def chunked(model, ids, attn, K):
 
 
 def model_flops(config, parameters: int, batch: int, seq: int, scored: int) -> float:
-    """Model FLOPs of one forward + backward over `batch` sequences of `seq` tokens, `scored` of each through
-    the output layer (module docstring)."""
+    """Model FLOPs of one forward + backward, `batch` sequences of `seq` tokens, `scored` each (module docstring)."""
     V, D, L = config.vocab_size, config.hidden_size, config.num_hidden_layers
     body = parameters - V * D  # the embedding table is a lookup; a tied output layer is counted below
     return batch * (6 * body * seq + 6 * V * D * scored + 12 * L * D * seq**2)
@@ -67,10 +61,7 @@ def peak_bf16_flops(device_name: str | None) -> float | None:
 
 
 def predicted_memory(config, parameters: int, batch: int, prompt: int, completion: int, total_gib: float, device):
-    """(the preflight's plan, GiB per term of each phase of this step: module docstring), on a device of
-    `total_gib` GiB."""
-    from common.preflight import preflight_memory, update_phases
-
+    """(the preflight's plan, GiB per term of each phase of this step), on a device of `total_gib` GiB."""
     with tempfile.TemporaryDirectory() as d:
         config.save_pretrained(d)
         plan = preflight_memory(
@@ -94,7 +85,6 @@ class Meter:
         self.tracker, self.gpu = tracker, tracker is None
 
     def lap(self) -> float:
-        """The peak since the last lap, in GiB; the next lap counts from what is allocated now."""
         if self.gpu:
             peak = torch.cuda.max_memory_allocated() / 2**30
             torch.cuda.reset_peak_memory_stats()
@@ -104,8 +94,8 @@ class Meter:
 
 
 def one_step(model, optimizer, path, ids, attn, K: int, meter: Meter) -> dict[str, float]:
-    """One forward + backward + optimiser step, the peak GiB of each phase (module docstring): a phase of the
-    backward ends when the output it runs back to has its gradient."""
+    """One forward + backward + optimiser step and each phase's peak GiB: a phase of the backward ends when the
+    output it runs back to has its gradient."""
     peaks = {}
 
     def ends(phase: str, module):
@@ -138,17 +128,15 @@ def one_step(model, optimizer, path, ids, attn, K: int, meter: Meter) -> dict[st
 def time_path(model, optimizer, path, ids, attn, K: int, repeats: int, meter: Meter) -> dict:
     """One log-prob path's step: mean time of `repeats` steps after a warm-up, the peak memory of the step and of
     each phase (the largest over the timed steps)."""
-    gpu = meter.gpu
-    if gpu:
+    sync = torch.cuda.synchronize if meter.gpu else lambda: None
+    if meter.gpu:
         torch.cuda.empty_cache()
     times, phases = [], {}
     for i in range(repeats + 1):  # the first is a warm-up (AdamW's state is made at its step)
-        if gpu:
-            torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         peaks = one_step(model, optimizer, path, ids, attn, K, meter)
-        if gpu:
-            torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - t0)
         if i:
             phases = {k: max(v, phases.get(k, 0.0)) for k, v in peaks.items()}
@@ -164,8 +152,6 @@ def measure(size: str, prompt: int, completion: int, batch: int, repeats: int) -
 
 
 def _measure(size: str, prompt: int, completion: int, batch: int, repeats: int, meter: Meter) -> dict:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     device = torch.device("cuda" if meter.gpu else "cpu")
     config = Qwen2Config(**(QWEN25_MATH_15B if size != "tiny" else TINY))
     torch.manual_seed(0)
@@ -202,7 +188,6 @@ def _measure(size: str, prompt: int, completion: int, batch: int, repeats: int, 
 
 
 def findings(r: dict) -> Findings:
-    """`measure`'s result as the part's findings."""
     f = Findings()
     f.figure(
         "shape",

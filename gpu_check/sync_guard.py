@@ -2,20 +2,10 @@
 
     python gpu_check/sync_guard.py --report syncs.json grpo_base.py --rollout hf --steps 2   # the script's flags
 
-The script is imported as a module (its `__main__` block stays out), its flags parsed and checked as its own
-`__main__` does, and its `main` run with `old_logprobs` (the scoring pass) and `update` wrapped by name (`main`
-looks them up in the module; nothing in the script or common/ is edited). Inside them
-`torch.cuda.set_sync_debug_mode("warn")` is on, each micro-batch's layout is counted from `select` in
-`Trainer.micro_batches`, and each sync warning is attributed, from the Python stack at the time, to:
-
-- intended: inside `Trainer.optimizer_step` or `rows_with_loss`, the reads docs/SCALING.md names;
-- library: the innermost frame outside torch is an installed package's (transformers' SDPA mask check);
-- ours: the innermost frame outside torch is this repository's: a sync the code promises not to make;
-- backward: replayed by autograd at the `backward` call (a backward kernel; no Python frame says which).
-
-"warn", not "error": a library's sync would stop the run at the first and hide the rest. The report (JSON) is
-written even when the script fails. Without CUDA the calls that would sync are caught by
-benchmarks/host_syncs.py's patches instead.
+The script is imported (its `__main__` block stays out) and its `main` run with `old_logprobs` and `update`
+wrapped by name, nothing in it edited. Each sync warning is attributed (`classify`) and each micro-batch's layout
+counted. "warn", not "error": a library's sync would stop the run at the first and hide the rest. Without CUDA,
+benchmarks/host_syncs.py's patches catch the calls instead. The JSON report is written even when the script fails.
 """
 
 import collections
@@ -59,7 +49,9 @@ def _in_torch(frame: traceback.FrameSummary) -> bool:
 
 
 def classify(stack: list[traceback.FrameSummary]) -> tuple[str, str]:
-    """(kind, where) of a sync whose warning was issued with this Python stack (outermost first)."""
+    """(kind, where) of a sync whose warning was issued with this Python stack (outermost first). Kinds: intended
+    (inside INTENDED), library (the innermost frame outside torch is an installed package's), ours (it is this
+    repository's: a sync the code promises not to make), backward (replayed by autograd at a `backward` call)."""
     for frame in reversed(stack):
         path = Path(frame.filename)
         if path.is_relative_to(ROOT) and (str(path.relative_to(ROOT)), frame.name) in INTENDED:
@@ -98,8 +90,7 @@ class SyncLog:
             self.seen(self.phase, traceback.extract_stack()[:-2])
 
     def seen(self, phase: str, stack: list[traceback.FrameSummary]) -> None:
-        kind, where = classify(stack)
-        self.counts[(phase, kind, where)] += 1
+        self.counts[(phase, *classify(stack))] += 1
 
     @contextlib.contextmanager
     def watch(self, phase: str):
