@@ -17,8 +17,6 @@ sampling settings), the qwen_math template, and prompts longer than `--max_promp
 skipped (training drops them too).
 """
 
-from __future__ import annotations
-
 import random
 from dataclasses import dataclass
 
@@ -118,18 +116,8 @@ def main(args: Args) -> None:
         gpu_memory_utilization=args.gpu_memory_utilization,
     )  # fmt: skip
     with MathVerifier() as verifier:
-        accuracies = sample_accuracies(
-            kept,
-            engine,
-            tokenizer,
-            verifier,
-            args.samples,
-            args.max_tokens,
-            args.temperature,
-            args.top_p,
-            args.template,
-            args.seed,
-        )
+        sampling = (args.samples, args.max_tokens, args.temperature, args.top_p, args.template, args.seed)
+        accuracies = sample_accuracies(kept, engine, tokenizer, verifier, *sampling)
     selected = hardest(kept, accuracies, args.n, args.seed)
     never = sum(r["model_accuracy"] == 0 for r in selected)
     print(

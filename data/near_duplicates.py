@@ -1,18 +1,14 @@
 """Near-duplicate problems by MinHash-LSH (EGPO's App. A.2): `drop_near_duplicates` drops the rows close to a
 test problem (decontamination), then those close to an earlier row of their subset."""
 
-from __future__ import annotations
-
 import functools
 import re
 import zlib
 
 from data.row_filters import report
 
-# MinHash-LSH near-duplicates (EGPO's App. A.2: num_perm 128, threshold 0.8), on a problem's set of
-# lower-cased words, as the authors' script shingles it. Each of the num_perm hashes is a random
-# universal hash (a * x + b) mod p of the words' CRC-32, minimised over the words; LSH then calls two
-# texts duplicates when all `rows` values of any one of `bands` bands agree.
+# EGPO's App. A.2: num_perm 128, threshold 0.8, on a problem's lower-cased words as the authors' script shingles
+# them; each hash a universal (a * x + b) mod p of the words' CRC-32, minimised over the words.
 _WORDS = re.compile(r"\w+")
 _P = (1 << 31) - 1  # a Mersenne prime; a * x + b stays below 2^63
 
@@ -29,8 +25,8 @@ def minhash(text: str, num_perm: int = 128, seed: int = 1):
 
 @functools.cache
 def lsh_bands(threshold: float, num_perm: int) -> tuple[int, int]:
-    """(bands, rows) with bands * rows <= num_perm whose S-curve 1 - (1 - J^rows)^bands best separates
-    Jaccard similarities J below and above `threshold` (least false-positive + false-negative area)."""
+    """(bands, rows), bands * rows <= num_perm, whose S-curve 1 - (1 - J^rows)^bands best splits Jaccard J at
+    `threshold` (least false-positive + false-negative area)."""
     import numpy as np
 
     j = np.linspace(0.0, 1.0, 1001)
@@ -65,8 +61,7 @@ class NearDuplicates:
 
 
 def drop_near_duplicates(rows: list[dict], threshold: float, test_problems: list[str] = ()) -> list[dict]:
-    """Rows whose problem is a near-duplicate of a test problem dropped (decontamination), then of an
-    earlier row of the same subset (the authors' script deduplicates within each subset)."""
+    """Rows near a test problem dropped (decontamination), then those near an earlier row of their subset."""
     test = NearDuplicates(threshold)
     for problem in test_problems:
         test.add(problem)

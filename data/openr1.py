@@ -2,8 +2,6 @@
 answers, the boxed-match and length filters, near-duplicates and test problems dropped, and the paper's mix of
 subsets and buckets, a validation set held out (`prepare_egpo`; `openr1_summary` reduces a dataset row first)."""
 
-from __future__ import annotations
-
 import random
 import re
 from pathlib import Path
@@ -20,12 +18,9 @@ _CONJUNCTION = re.compile(r"\b(or|and)\b|以及", re.IGNORECASE)
 
 
 def is_single_value_answer(answer: str) -> bool:
-    """Whether a gold answer is one value (EGPO's "single-value GT enforced"), by the rule of the
-    authors' data script: no separator ("," "，" ";" "；" outside thousands separators such as
-    1,000), no "and" / "or", at most one "=". So tuples, intervals and sets ("(1, 2)", "[0, 1)")
-    are rejected too: the binary reward checks one value. Also rejected: empty or placeholder
-    answers ("proof", "notfound", ...) and more than one \\boxed.
-    """
+    """Whether a gold answer is one value (EGPO's "single-value GT enforced", by the authors' data script): no
+    separator outside thousands commas, no "and" / "or", at most one "=", not empty or a placeholder, at most one
+    \\boxed. Tuples, intervals and sets are rejected too: the binary reward checks one value."""
     a = _THOUSANDS_COMMA.sub("", answer.strip())
     if not a or a.lower() in _PLACEHOLDER_ANSWERS or a.count("\\boxed") > 1:
         return False
@@ -54,11 +49,6 @@ def token_lengths(texts: list[str], tokenizer, batch_size: int = 1000) -> list[i
     return lengths
 
 
-def prompt_token_lengths(problems: list[str], tokenizer, template: str) -> list[int]:
-    """Token count of each problem's rendered prompt (chat markup included, no extra BOS/EOS)."""
-    return token_lengths([format_prompt(p, template, tokenizer) for p in problems], tokenizer)
-
-
 # OpenR1-Math-Stable-10K (EGPO's App. A.2; the values the paper lost from the authors' data script):
 # the pool's mix of subsets and of buckets, 128 rows of it held out for validation.
 EGPO_SUBSET_RATIOS = {"default": 0.85, "extended": 0.15}
@@ -70,8 +60,7 @@ OPENR1_COLUMNS = ("generations", "correctness_count")
 
 
 def _light_norm(s: str) -> str:
-    """The boxed-match comparison's normalisation: outer $...$, thousands commas, whitespace, the
-    spacing macros \\, \\! \\; and outer braces removed."""
+    """The boxed match's normalisation: outer $...$, thousands commas, whitespace, \\, \\! \\; and outer braces off."""
     s = s.strip()
     if len(s) >= 2 and s[0] == s[-1] == "$":
         s = s[1:-1]
@@ -82,13 +71,9 @@ def _light_norm(s: str) -> str:
 
 
 def openr1_summary(row: dict, subset: str) -> dict:
-    """An OpenR1-Math row reduced to what EGPO's filters and mix need (the long generations dropped).
-
-    `bucket`: from `correctness_count` (the dataset's count of its R1 generations judged correct)
-    against their number N: "entirely_correct" (N of N), "entirely_incorrect" (0), else "mixed";
-    None when fewer than EGPO_MIN_GENERATIONS generations or an inconsistent count. `response`: the
-    solution if its last \\boxed{} matches the answer (`_light_norm`), else the first generation
-    whose last box does; None when none does (the boxed-match filter)."""
+    """An OpenR1-Math row reduced to what EGPO's filters need. `bucket`: from `correctness_count` of N generations,
+    "entirely_correct" (N), "entirely_incorrect" (0), else "mixed"; None under EGPO_MIN_GENERATIONS or inconsistent.
+    `response`: the solution, else the first generation, whose last \\boxed{} matches the answer (or None)."""
     from common.answers import extract_boxed
 
     generations = [g for g in row.get("generations") or [] if isinstance(g, str)]
@@ -107,10 +92,8 @@ def openr1_summary(row: dict, subset: str) -> dict:
 
 
 def egpo_mix(rows: list[dict], n: int, seed: int, subsets: list[str]) -> list[dict]:
-    """A seeded pool of `n` rows in the paper's proportions: subsets by EGPO_SUBSET_RATIOS
-    (renormalised over `subsets`), and within each subset buckets by EGPO_BUCKET_RATIOS. A cell
-    short of rows gives all it has and the rest of its subset (entirely-incorrect rows included,
-    which the paper "retains") fills it; the pool comes back shuffled."""
+    """A shuffled, seeded pool of `n` rows: subsets by EGPO_SUBSET_RATIOS (over `subsets`), buckets within each by
+    EGPO_BUCKET_RATIOS; a short cell is filled from the rest of its subset (entirely-incorrect rows, "retained")."""
     rng = random.Random(seed)
     total = sum(EGPO_SUBSET_RATIOS[s] for s in subsets)
     pool = []
@@ -150,13 +133,8 @@ def prepare_egpo(
     near_dup_threshold: float = 0.8,
     test_problems: list[str] = (),
 ) -> tuple[list[dict], list[dict]]:
-    """OpenR1-Math-Stable-10K: single-value non-empty answers, at least two judged generations, the
-    boxed-match filter, its response at most `max_response_tokens`, exact dedup, decontamination
-    against `test_problems` and near-duplicate removal (`drop_near_duplicates`; threshold 1: off),
-    rendered prompt <= `max_prompt_tokens`, then the `egpo_mix` pool of `n`, of which the first
-    `val_size` rows are the validation set.
-
-    rows: `openr1_summary` rows (subset, bucket, response). Returns (train, validation)."""
+    """OpenR1-Math-Stable-10K (EGPO App. A.2) from `openr1_summary` rows: the filters in order, then the `egpo_mix`
+    pool of `n`, its first `val_size` rows the validation set. Returns (train, validation)."""
     tokenizer = load_tokenizer(tokenizer)  # fail before the slow steps
     print(f"egpo: {len(rows)} rows loaded")
     rows = complete(rows)
@@ -172,7 +150,7 @@ def prepare_egpo(
     rows = dedup(rows)
     if near_dup_threshold < 1:
         rows = drop_near_duplicates(rows, near_dup_threshold, test_problems)
-    lengths = prompt_token_lengths([r["problem"] for r in rows], tokenizer, template)
+    lengths = token_lengths([format_prompt(r["problem"], template, tokenizer) for r in rows], tokenizer)
     kept = [r for r, length in zip(rows, lengths) if length <= max_prompt_tokens]
     report(f"prompt <= {max_prompt_tokens} tokens ({template} template)", len(rows), len(kept))
     pool = egpo_mix(kept, n, seed, sorted({r["subset"] for r in kept}, key=list(EGPO_SUBSET_RATIOS).index))
@@ -184,8 +162,7 @@ def prepare_egpo(
 
 
 def openr1_source(source: str, subset: str, subsets: list[str]) -> str:
-    """Where a subset's rows are: a hub name as it is; a local copy of the hub repository holds
-    each subset in its folder (OPENR1_SUBSET_DIRS); any other local file or folder is one subset."""
+    """Where a subset's rows are: a hub name as is, a local copy's OPENR1_SUBSET_DIRS folder, else the path."""
     path = Path(source).expanduser()
     if not path.exists():
         return source

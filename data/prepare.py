@@ -36,8 +36,6 @@ Every step prints its row counts before and after (data/row_filters.py). EGPO's 
 data/openr1.py, its near-duplicates found in data/near_duplicates.py.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,11 +66,6 @@ DEFAULT_SOURCES = {
 }
 
 
-# ---------------------------------------------------------------------------
-# EDGE-GRPO: DeepScaleR-Random-1K
-# ---------------------------------------------------------------------------
-
-
 def prepare_edge(rows: list[dict], n: int | None = 1000, seed: int = 42) -> list[dict]:
     """Keep rows whose solution has a \\boxed{} final answer, then a seeded random `n`."""
     from common.answers import extract_boxed
@@ -84,27 +77,14 @@ def prepare_edge(rows: list[dict], n: int | None = 1000, seed: int = 42) -> list
     return seeded_subset(kept, n, seed)
 
 
-# ---------------------------------------------------------------------------
-# CW-GRPO: Open-RS as is
-# ---------------------------------------------------------------------------
-
-
 def prepare_cw(rows: list[dict]) -> list[dict]:
     """Open-RS unchanged except rows without an answer."""
     print(f"cw: {len(rows)} rows loaded")
     return complete(rows)
 
 
-# ---------------------------------------------------------------------------
-# Pro-GRPO: DAPO-Math-17k, unwrapped and deduplicated
-# ---------------------------------------------------------------------------
-
-
 def prepare_pro(rows: Iterable[dict]) -> list[dict]:
-    """Strip DAPO's instruction wrapper and keep one row per distinct problem.
-
-    Streams: the hub copy has ~1.8M rows (each problem ~100 times).
-    """
+    """DAPO's instruction wrapper stripped, one row per problem; streamed (the hub's ~1.8M rows)."""
 
     def unwrapped():
         for r in rows:
@@ -115,19 +95,13 @@ def prepare_pro(rows: Iterable[dict]) -> list[dict]:
 
 
 def prepare_synthetic(n: int = 5000, seed: int = 42, max_operand: int = 99, ops: str = "+") -> list[dict]:
-    """A synthetic arithmetic training set that holds none of the evaluation problems
-    (data/synthetic_arith_eval.jsonl), e.g. a harder one: `--max_operand 99 --ops +-`."""
+    """A synthetic arithmetic training set without the evaluation problems (data/synthetic_arith_eval.jsonl)."""
     held_out = [r["problem"] for r in synthetic_eval_set()]
     rows = synthetic_arithmetic(n, seed, max_operand, ops, exclude=held_out)
     print(
         f"synthetic: {len(rows)} problems (ops {ops!r}, operands 0..{max_operand}), none of the {len(held_out)} eval problems"
     )
     return rows
-
-
-# ---------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -190,23 +164,16 @@ def main(args: Args) -> None:
         configs = args.subsets.split(",") if args.subsets else [None]
         if args.dataset == "egpo":
             configs = args.subsets.split(",") if args.subsets else list(EGPO_SUBSET_RATIOS)
-            unknown = sorted(set(configs) - set(EGPO_SUBSET_RATIOS))
-            if unknown:
+            if unknown := sorted(set(configs) - set(EGPO_SUBSET_RATIOS)):
                 raise ValueError(
                     f"--subsets: unknown OpenR1-Math subset(s) {unknown}; choose from {list(EGPO_SUBSET_RATIOS)}"
                 )
 
+        columns = (args.split, args.problem_field, args.answer_field, args.solution_field)
+
         def stream():
             for config in configs:
-                yield from iter_math_dataset(
-                    source,
-                    args.split,
-                    args.problem_field,
-                    args.answer_field,
-                    args.solution_field,
-                    preset=preset,
-                    config=config,
-                )
+                yield from iter_math_dataset(source, *columns, preset=preset, config=config)
 
         if args.dataset == "edge":
             rows = prepare_edge(list(stream()), n=args.n or 1000, seed=args.seed)
@@ -215,9 +182,8 @@ def main(args: Args) -> None:
             summaries = []
             for config in configs:
                 source_rows = iter_math_dataset(
-                    openr1_source(source, config, configs), args.split, args.problem_field, args.answer_field,
-                    args.solution_field, preset=preset, config=config, keep=OPENR1_COLUMNS,
-                )  # fmt: skip
+                    openr1_source(source, config, configs), *columns, preset=preset, config=config, keep=OPENR1_COLUMNS
+                )
                 summaries += [openr1_summary(r, config) for r in source_rows]
             test_problems = []
             if args.decontaminate:

@@ -1,8 +1,6 @@
 """The row filters every training set of data/prepare.py goes through, each saying its row counts before and
 after: empty problems or answers dropped (`complete`), exact duplicates (`dedup`), a seeded subset."""
 
-from __future__ import annotations
-
 import random
 from collections.abc import Iterable
 

@@ -1,13 +1,9 @@
-"""Exit 0 if this interpreter already has everything a requirements file asks for.
+"""Exit 0 if this interpreter already has everything a requirements file asks for (setup_cpu.sh: a second run is
+a no-op). Walks the requirements and, recursively, the installed dependencies (markers and extras evaluated),
+checking each version; IGNORED_NAMEs are skipped, a `# no-deps` line's dependencies too. What it cannot check
+counts as missing.
 
     python scripts/check_installed.py requirements-cpu.txt [IGNORED_NAME ...]
-
-Walks the requirements and, recursively, the dependencies of what is installed (markers
-and extras evaluated for this interpreter), and checks every version against its
-specifier. IGNORED_NAMEs (and their dependencies) are skipped; a line marked `# no-deps` is
-checked itself, not its dependencies (setup_cpu.sh installs it with --no-deps). Anything it cannot read or
-check counts as missing, so the answer "installed" is never a guess. setup_cpu.sh uses it
-to make a second run a no-op.
 """
 
 import sys

@@ -1,19 +1,10 @@
 """Write the README's CPU-demo table from runs of `python grpo_base.py --eval_steps 10 --seed S` over several seeds
-and thread counts (scripts/compare_demo.sh runs them): each cell is the range over the runs, `lo–hi`. The runs'
-figures are kept in docs/demo_runs.json, the table sits between the two marker lines below, and
-tests/test_learning.py holds the table to the kept runs and a fresh run to the table.
-
-Why a range: every machine loads the same shipped demo model, but another CPU or thread count rounds a kernel
-differently, one sampled token changes, and from there the run's samples differ as they would under another
-seed. The spread over seeds and threads is what a run on any machine can be held to; a single run's figures are not.
+and thread counts (scripts/compare_demo.sh runs them): each cell is the range over the runs, `lo–hi`, since another
+CPU or thread count rounds a kernel differently and the run diverges as under another seed. The runs' figures are
+kept in docs/demo_runs.json (tests/test_learning.py holds the table to them).
 
     python scripts/readme_demo_table.py runs/compare_demo/grpo_base_seed0_t1 ... [--readme README.md]
-
-It also writes docs/results_demo.md, the five scripts' final evaluations on the demo, from their runs stored in
-docs/demo_compare/ (scripts/compare_demo.sh stores each run's metrics.jsonl, eval_results.json and run_config.json
-there); tests/test_docs.py renders the page again:
-
-    python scripts/readme_demo_table.py --results_demo
+    python scripts/readme_demo_table.py --results_demo   # docs/results_demo.md from docs/demo_compare/
 """
 
 import json

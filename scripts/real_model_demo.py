@@ -64,12 +64,8 @@ def table(rows: list[dict], wall_s: float) -> str:
     by_step = {r["step"]: r for r in rows}
     marks = sorted(s for s, r in by_step.items() if "eval/sums/pass@1" in r)
     cell = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-    reward = (
-        [by_step[1]["train/reward"]]
-        + [  # step 1's rollout is sampled before any update
-            sum(by_step[s]["train/reward"] for s in range(a + 1, b + 1)) / (b - a) for a, b in zip(marks, marks[1:])
-        ]
-    )
+    reward = [by_step[1]["train/reward"]]  # step 1's rollout is sampled before any update
+    reward += [sum(by_step[s]["train/reward"] for s in range(a + 1, b + 1)) / (b - a) for a, b in zip(marks, marks[1:])]
     return "\n".join(
         [
             "| step | " + " | ".join(str(s) for s in marks) + " |",
@@ -120,14 +116,8 @@ def main() -> None:
         subprocess.run(cmd, cwd=ROOT, check=True)
         wall_s = time.monotonic() - start
         shutil.copyfile(Path(a.output_dir) / "metrics.jsonl", METRICS)
-        shown = [
-            "python grpo_base.py",
-            *FLAGS,
-            "--dataset",
-            "sums_train.jsonl",
-            "--eval_benchmarks",
-            "sums=sums_eval.jsonl",
-        ]
+        shown = ["python grpo_base.py", *FLAGS, "--dataset", "sums_train.jsonl"]
+        shown += ["--eval_benchmarks", "sums=sums_eval.jsonl"]
         RUN_INFO.write_text(json.dumps({"command": " ".join(shown), "wall_s": round(wall_s, 1)}, indent=1) + "\n")
     write_table(Path(a.readme))
 

@@ -123,8 +123,7 @@ import os  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-# The settings a training run records that change an evaluation's prompts or scoring: flag here -> the run's flag.
-# (Its --dataset and --seed give --few_shot's examples: `few_shot_pool_for`.)
+# A training run's settings that change an evaluation's prompts: flag here -> the run's flag.
 FROM_RUN = {"template": "template", "few_shot": "few_shot", "stop": "stop"}
 # Flags named as a training run's that are the evaluation's own choice, not the run's, and why.
 EVALUATION_OWN = {
@@ -139,8 +138,7 @@ EVALUATION_OWN = {
 }
 # Settings that make an evaluation a partial or differently sampled one: a quick check, never the run's own.
 CHECK_SETTINGS = ("limit", "n", "max_tokens", "temperature", "top_p", "seed", "k")
-# Every setting that sets an evaluation apart (what it evaluates on, how it samples and prompts): two evaluations
-# that differ in one never share a folder (`check_tag`, `check_folder`). The engine and its dtype are not among them.
+# Every setting that sets an evaluation apart (not the engine or dtype): two that differ never share a folder.
 SETTINGS = (*CHECK_SETTINGS, "benchmarks", "data_dir", "problem_field", "answer_field", "few_shot_dataset", *FROM_RUN)
 
 
@@ -181,12 +179,9 @@ def follow_run(args: Args, flags: dict, given: set[str]) -> tuple[Args, dict, li
 
 
 def check_tag(args: Args, overridden: dict, base: dict | None = None) -> str:
-    """ "" for an evaluation with every setting (SETTINGS) at its default: `base`, Args' defaults with a training
-    run's own template, few-shot and stop (None: those three count only where `overridden`, the run's values given
-    otherwise here). Else a folder name for it, of the settings that differ, so that it never replaces the run's
-    own evaluation: readable where each value is a number or a plain name ("limit10-n2", "template-r1",
-    "benchmarks-math500+aime24"), with a hash of them all where one is not (a file, a stop string, a long name).
-    Two evaluations that differ in a setting get different names (tests/test_eval_folders.py)."""
+    """A folder name of the SETTINGS that differ from `base` (Args' defaults with the run's FROM_RUN values; None:
+    those count only where `overridden`), "" when none: "limit10-n2", "template-r1", with a hash where a value is
+    not a plain name, so that two evaluations never share a folder (tests/test_eval_folders.py)."""
     defaults = {f.name: f.default for f in dataclasses.fields(Args)} | (base or {})
     differ = {k: getattr(args, k) for k in SETTINGS if getattr(args, k) != defaults[k]}
     if base is None:  # the run's own values count only where given here over them
@@ -209,7 +204,12 @@ def _named(key: str, value) -> tuple[str | None, bool]:
     benchmark names, "mine" (not all) for a benchmark read from a file; (None, False) for a path or a stop string."""
     plain = re.compile(r"[A-Za-z0-9_.+]+")
     if key == "benchmarks":
-        items = _items(value)
+        from common.eval_sets import parse_benchmarks
+
+        try:
+            items = parse_benchmarks(value)
+        except ValueError:
+            items = [(value, value)]
         names = "+".join(name for name, _ in items)
         return (names, all(src is None for _, src in items)) if plain.fullmatch(names) else (None, False)
     if key == "k":
@@ -218,25 +218,14 @@ def _named(key: str, value) -> tuple[str | None, bool]:
     return (text, True) if plain.fullmatch(text) else (None, False)
 
 
-def _items(benchmarks: str) -> list[tuple[str, str | None]]:
-    from common.eval_sets import parse_benchmarks
-
-    try:
-        return parse_benchmarks(benchmarks)
-    except ValueError:
-        return [(benchmarks, benchmarks)]
-
-
 def settings_of(args: Args) -> dict:
     """The settings that set this evaluation apart (SETTINGS), as its eval_results.json records them."""
     return json.loads(json.dumps({k: getattr(args, k) for k in SETTINGS}))
 
 
 def check_folder(out: Path, settings: dict) -> None:
-    """Refuse, before anything loads, to write over an evaluation in `out` made with other settings (an --output_dir
-    used twice, a name shared by chance): say which differ, and the flag that sets the folder. The same settings
-    evaluate again in place; a training run's own evaluation (no settings recorded) is the run directory's to
-    replace, as `output_dir` says."""
+    """Refuse, before anything loads, to write over an evaluation in `out` made with other settings; the same
+    settings, or a run's own evaluation (no settings recorded), evaluate again in place."""
     from common.evaluation import RESULTS_FILE
 
     path = out / RESULTS_FILE
@@ -262,10 +251,8 @@ def checkpoint_of(model_path: str, run: Path | None) -> str | None:
 
 
 def output_dir(args: Args, model_path: str, run: Path | None, tag: str = "") -> Path:
-    """--output_dir, else the training run's directory (beside its metrics.jsonl; a checkpoint's results in
-    its own eval-checkpoint-N/, never over the final model's), else runs/eval/<model>; a quick check (`tag`,
-    from `check_tag`) in a folder of its own there, eval-<tag>/ (eval-checkpoint-N-<tag>/), never over the
-    evaluation `tools.plot --table` reads."""
+    """--output_dir, else the run's directory (a checkpoint's: eval-checkpoint-N/), else runs/eval/<model>; a quick
+    check (`tag`) in eval-<tag>/ there, never over the evaluation `tools.plot --table` reads."""
     if args.output_dir:
         return Path(args.output_dir)
     if run is not None:
@@ -280,9 +267,8 @@ def output_dir(args: Args, model_path: str, run: Path | None, tag: str = "") -> 
 
 
 def few_shot_pool_for(args: Args, run: Path | None) -> list[dict] | None:
-    """The rows --few_shot draws its worked examples from, as training drew them (`common.prompts.few_shot_pool`):
-    from --few_shot_dataset, else the training run's --dataset (in its --problem_field / --answer_field /
-    --solution_field columns, rows without a usable answer left out) with its --seed, else synthetic-arith."""
+    """The rows --few_shot draws from, as training drew them (`common.prompts.few_shot_pool`): --few_shot_dataset,
+    else the run's --dataset in its columns with its --seed, else synthetic-arith."""
     if not args.few_shot:
         return None
     from common.cli import clear_errors
@@ -327,32 +313,22 @@ def rescore_main(args: Args, ks: list[int] | None) -> None:
 
 
 def check_prompts(args: Args, benchmarks: dict, tokenizer, pool: list[dict] | None, model_path: str) -> int:
-    """The prompts as the evaluation renders them (--template, --few_shot examples from `pool`): refused or warned
-    when they ask for another answer format than the last \\boxed{} it reads (`common.rewards.format_mismatch`).
-    Returns the engine's context: the longest prompt + --max_tokens, at most the model's (said when cut)."""
+    """Refuse or warn when the prompts ask for another answer format than the \\boxed{} read
+    (`common.rewards.format_mismatch`); the engine's context: longest prompt + --max_tokens, capped at the model's."""
     from common.cli import clear_errors
     from common.models import context_length
     from common.prompts import few_shot_examples, format_few_shot_prompt
     from common.rewards import format_mismatch
 
-    shots = lambda problem: few_shot_examples(problem, pool, args.few_shot) if args.few_shot else []  # noqa: E731
-    first = next(iter(benchmarks.values()))[0]["problem"]
+    shots = lambda problem: few_shot_examples(problem, pool, args.few_shot) if args.few_shot else []
+    render = lambda problem: format_few_shot_prompt(problem, args.template, shots(problem), tokenizer)
     with clear_errors("--template"):
-        prompt = format_few_shot_prompt(first, args.template, shots(first), tokenizer)
+        prompt = render(next(iter(benchmarks.values()))[0]["problem"])
     if found := format_mismatch(["accuracy"], prompt, args.template, who="this evaluation"):  # it reads \boxed{}
         require(found[0] != "error", found[1])
         print(found[1])
-    longest = max(
-        len(
-            tokenizer(
-                format_few_shot_prompt(r["problem"], args.template, shots(r["problem"]), tokenizer),
-                add_special_tokens=False,
-            ).input_ids
-        )
-        for rows in benchmarks.values()
-        for r in rows
-    )
-    max_model_len = longest + args.max_tokens
+    prompts = [render(r["problem"]) for rows in benchmarks.values() for r in rows]
+    max_model_len = max(len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts) + args.max_tokens
     if (limit := context_length(model_path)) and max_model_len > limit:
         print(
             f"note: prompt + --max_tokens ({max_model_len}) exceeds the model's context ({limit}); completions stop there"
@@ -362,9 +338,7 @@ def check_prompts(args: Args, benchmarks: dict, tokenizer, pool: list[dict] | No
 
 
 def folder_for(args: Args, overridden: dict, model_path: str, run: Path | None) -> tuple[Path, str]:
-    """Where this evaluation's results go, and its tag ("" for the run's own or a full evaluation): named from
-    its settings against the defaults a run gives them (`check_tag`), checked not to hold another evaluation
-    (`check_folder`), before anything loads."""
+    """(where the results go, its `check_tag`), checked by `check_folder` before anything loads."""
     recorded = run_flags(run)
     base = {ours: recorded[theirs] for ours, theirs in FROM_RUN.items() if theirs in recorded}
     tag = check_tag(args, overridden, {f.name: f.default for f in dataclasses.fields(Args)} | base)
@@ -390,9 +364,8 @@ def write_evaluation(args: Args, out: Path, tag: str, model_path: str, run: Path
 
 
 def main(args: Args, ks: list[int] | None, given: set[str] | None = None, engines: dict | None = None) -> None:
-    """`given`: the flags set explicitly (`parse_args`'s); None: those that differ from their defaults. `engines`:
-    the engines of earlier calls in this process, by what made them, taken again where that is the same (one model
-    evaluated at several settings starts its engine once: scripts/comparison/evaluate_settings.py)."""
+    """`given`: the flags set explicitly (None: those off their defaults). `engines`: earlier calls' engines, reused
+    where made alike (scripts/comparison/evaluate_settings.py)."""
     if given is None:
         given = {f.name for f in dataclasses.fields(Args) if getattr(args, f.name) != f.default}
     if args.rescore:

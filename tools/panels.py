@@ -1,8 +1,5 @@
-"""The figure `tools.plot` draws: which panels (`choose_metrics`, or those --metrics names), their titles and
-y-axis labels (`describe`), and the panels drawn, training curves smoothed and evaluations as markers
-(`figure`, saved by `plot_runs`)."""
-
-from __future__ import annotations
+"""The figure `tools.plot` draws: which panels (`choose_metrics`, `requested_metrics`), their labels (`describe`),
+and the panels themselves (`figure`, saved by `plot_runs`)."""
 
 import difflib
 import math
@@ -25,8 +22,7 @@ COMMON = (
 )
 # Namespaces every script shares; any other namespace is one method's own.
 SHARED_NAMESPACES = ("train/", "eval/", "time/", "reward/")
-# A method's namespaces -> the method (EDGE-GRPO logs its guided error correction under gec/); the baselines'
-# after them (baselines/; GSPO logs no metric of its own).
+# A method's namespaces -> the method (EDGE-GRPO's GEC logs under gec/); GSPO logs none of its own.
 METHODS = {
     "egpo": "EGPO",
     "cw": "CW-GRPO",
@@ -128,11 +124,6 @@ UNITS = {"_frac": "fraction", "_s": "seconds", "_len": "tokens", "_gb": "GB"}
 JOINED = ("lambda_min", "lambda_max", "eps_low", "eps_high", "per_s")
 
 
-# ---------------------------------------------------------------------------
-# Choosing the panels
-# ---------------------------------------------------------------------------
-
-
 def is_method_key(key: str) -> bool:
     return "/" in key and not key.startswith(SHARED_NAMESPACES)
 
@@ -167,9 +158,8 @@ def _order(key: str) -> tuple:
 
 
 def choose_metrics(runs: dict[str, list[dict]], method_panels: bool | None = None, max_extra: int = 9) -> list[str]:
-    """Panels: the common metrics any run logs (train/reward left out when it is train/accuracy in
-    every run), then the methods' own metrics, at most `max_extra` of them: with method_panels None,
-    only when every run is the same method; True: always; False: never."""
+    """The common metrics any run logs (train/reward left out when it equals train/accuracy), then at most
+    `max_extra` method metrics: method_panels None: when every run is one method; True: always; False: never."""
     present = set().union(*map(numeric_keys, runs.values()))
     chosen = [k for k in COMMON if k in present]
     if REWARD in chosen and reward_is_accuracy(runs):
@@ -200,8 +190,7 @@ def choose_metrics(runs: dict[str, list[dict]], method_panels: bool | None = Non
 
 
 def requested_metrics(runs: dict[str, list[dict]], spec: str) -> list[str]:
-    """The panels --metrics names, in its order: keys, or `ns/*` for every key of a namespace. A key
-    no run logs is left out with a note (and a close match); none left is an error."""
+    """The panels --metrics names (keys, or `ns/*`), in its order; a key no run logs is left out with a note."""
     present = set().union(*map(numeric_keys, runs.values()))
     chosen, missing = [], []
     for item in (s.strip() for s in spec.split(",")):
@@ -222,11 +211,6 @@ def requested_metrics(runs: dict[str, list[dict]], spec: str) -> list[str]:
     if not chosen:
         raise LogError(f"--metrics {spec}: no run logs any of these metrics")
     return chosen
-
-
-# ---------------------------------------------------------------------------
-# Titles and labels
-# ---------------------------------------------------------------------------
 
 
 def _spell(name: str) -> str:
@@ -257,14 +241,8 @@ def describe(key: str, merged: bool = False) -> tuple[str, str]:
     return f"{prefix}: {_spell(rest.replace('/', ' '))}" if rest else key, unit
 
 
-# ---------------------------------------------------------------------------
-# Figure
-# ---------------------------------------------------------------------------
-
-
 def ema(values: list[float], weight: float) -> list[float]:
-    """Exponential moving average with TensorBoard's bias correction (the first points are the mean
-    so far, not pulled towards the first value); weight 0 = none."""
+    """Exponential moving average with TensorBoard's bias correction; weight 0 = none."""
     out, s = [], 0.0
     for t, v in enumerate(values, 1):
         s = weight * s + (1 - weight) * v
@@ -273,8 +251,7 @@ def ema(values: list[float], weight: float) -> list[float]:
 
 
 def auto_smoothing(n: int) -> float:
-    """The default EMA weight for a curve of n points: light, a time constant of about n/40 points
-    (at least 2, at most 100): 0.5 up to 80 points, 0.9 at 400, 0.96 at 1000, 0.99 from 4000."""
+    """The default EMA weight for n points: a time constant of n/40 points, within [2, 100]."""
     return 1 - 1 / min(max(n / 40, 2.0), 100.0)
 
 
@@ -286,9 +263,8 @@ def run_labels(paths: list[str]) -> list[str]:
 
 
 def figure(runs: dict[str, list[dict]], metrics: list[str], smooth: float | None = None):
-    """The matplotlib Figure: one panel per metric, one colour per run. Training curves: an EMA
-    (weight `smooth`; None: auto_smoothing of each curve) over the raw curve drawn faintly; eval/
-    metrics (logged every N steps): markers joined by a thin line, not smoothed."""
+    """One panel per metric, one colour per run: training curves an EMA (`smooth`; None: `auto_smoothing`) over
+    the faint raw curve; eval/ metrics markers, not smoothed."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -23,7 +23,7 @@ periodic evaluation logged in `metrics.jsonl`. Reading the runs: tools/run_logs.
 figure: tools/panels.py.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # --help's usage line reads the field types as strings (common/cli.py)
 
 import os
 from dataclasses import dataclass
@@ -32,10 +32,6 @@ from pathlib import Path
 from common.cli import arg, parse_args
 from tools.panels import choose_metrics, plot_runs, requested_metrics, run_labels
 from tools.run_logs import LogError, finite, read_eval, read_metrics
-
-# ---------------------------------------------------------------------------
-# Table
-# ---------------------------------------------------------------------------
 
 
 def results_table(evals: dict[str, tuple[dict[str, float], str] | None]) -> str:
@@ -72,21 +68,12 @@ def results_table(evals: dict[str, tuple[dict[str, float], str] | None]) -> str:
         ]
         for label, item in evals.items():
             summary, source = item or ({}, "no evaluation")
-            cells = [
-                f"{100 * summary[f'eval/{b}/pass@{k}']:.1f}"
-                if finite(summary.get(f"eval/{b}/pass@{k}")) is not None
-                else "—"
-                for b in benches
-            ]
+            values = [finite(summary.get(f"eval/{b}/pass@{k}")) for b in benches]
+            cells = ["—" if v is None else f"{100 * v:.1f}" for v in values]
             out.append(f"| {label} | " + " | ".join(cells) + f" | {source} |")
         out.append("")
     out.append("overall = total correct / total problems; mean = unweighted mean over benchmarks.")
     return "\n".join(out) + "\n"
-
-
-# ---------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -117,8 +104,7 @@ class Args:
 
 
 def default_output(runs: list[str]) -> Path:
-    """compare.png beside the runs: in the run directory for one, in their common parent for several (never
-    the repository's docs/, which holds the shipped figures)."""
+    """compare.png in the run directory, or the runs' common parent (never docs/, which holds the shipped figures)."""
     dirs = [Path(r).resolve().parent if Path(r).is_file() else Path(r).resolve() for r in runs]
     common = Path(os.path.commonpath(dirs)) if len(dirs) > 1 else dirs[0]
     return common / "compare.png"

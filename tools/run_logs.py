@@ -2,8 +2,6 @@
 (`series`), and its final evaluation (`read_eval`: eval_results.json, else the last periodic evaluation);
 a file that cannot be used is a `LogError` naming it."""
 
-from __future__ import annotations
-
 import json
 import math
 from pathlib import Path
@@ -30,11 +28,8 @@ def _metrics_path(run: str | Path) -> Path:
 
 
 def read_metrics(run: str | Path) -> list[dict]:
-    """Rows of a run's metrics.jsonl (a run directory or the file itself), sorted by step.
-
-    A step logged twice (a resumed run appends) keeps its last row; a last line cut short (a live
-    or killed run) is left out.
-    """
+    """Rows of a run's metrics.jsonl, sorted by step: a step logged twice (a resumed run) keeps its last row, a
+    torn last line (a live or killed run) is left out."""
     path = _metrics_path(run)
     by_step: dict[float, dict] = {}
     try:

@@ -99,8 +99,7 @@ def sft(
     noise: float,
     progress: bool = False,
 ) -> None:
-    """Supervised warm-start on prompt -> solution<eos> (loss on the solution only); a `noise` share is unboxed.
-    `progress`: a bar of the steps on stderr."""
+    """Supervised warm-start on prompt -> solution<eos> (loss on the solution only); a `noise` share is unboxed."""
     from tqdm import tqdm
 
     rng = random.Random(seed)
@@ -137,10 +136,8 @@ def build_tiny_model(
     manifest: bool = True,
     progress: bool = False,
 ) -> Path:
-    """Build tokenizer + model (+ SFT warm-start) and save them as a HF checkpoint directory with its
-    MANIFEST.json (`manifest`: a copy edited by hand is then refused as damaged; tests' scratch models go
-    without) and the recipe that made it (tiny_model.json). `threads`: torch's intra-op threads for the
-    build (None: as set); the weights differ with them and with the CPU's kernels. `progress`: a bar."""
+    """Tokenizer + model (+ SFT warm-start) saved as a HF directory with its MANIFEST.json (tests' scratch models
+    go without) and its recipe (tiny_model.json). `threads`: torch's, for the build (None: as set)."""
     output = Path(output)
     if output.exists():
         raise SystemExit(f"error: --output: {output} exists; remove it or choose another directory")

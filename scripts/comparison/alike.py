@@ -1,7 +1,6 @@
 """Runs that trained alike: the same reward at every step and gradient norms a rounding apart, on every seed they
-share. With one optimiser step per rollout every ratio is 1, so runs whose advantages and loss aggregation agree
-train step for step alike whatever their ideas off-policy (GSPO is GRPO; KL-Cov's penalty has no gradient). The page
-names such runs from the stored curves and says why from the runs' flags."""
+share. On-policy every ratio is 1, so runs whose advantages and loss aggregation agree train alike whatever their
+ideas off-policy; the page names them from the stored curves and says why from their flags."""
 
 from scripts.comparison.grid import BASE, BASELINES, COMPARED_WITH, NAMES
 from scripts.comparison.verdicts import Reader
@@ -13,8 +12,7 @@ COUNTS = {2: "Two", 3: "Three", 4: "Four", 5: "Five"}
 
 def norm_gap(reader: Reader, a: str, b: str) -> float | None:
     """The largest relative gap between a's and b's gradient norms when they trained alike on every seed they share
-    (the same reward at every step, norms within NORM_GAP, some above zero: no gradient at all, or no curves as in
-    synthetic figures, says nothing); else None."""
+    (the same rewards, norms within NORM_GAP, some above zero), else None."""
     seeds = sorted(set(reader.figures[a]) & set(reader.figures[b]))
     pairs = [(reader.figures[a][s], reader.figures[b][s]) for s in seeds]
     norms = [(x, y) for f, g in pairs for x, y in zip(f.get("grad_norm_curve", []), g.get("grad_norm_curve", []))]
@@ -88,11 +86,8 @@ def lines(reader: Reader, infos: dict, bookkeeping: set) -> list[str]:
             head = f"**{listed(others)} trained as GRPO did**: {same} of GRPO's ([why](#{ANCHOR}))."
         else:
             also = shared_flags(group, infos, bookkeeping)
-            setting = (
-                f"; of GRPO's settings all of them change {'these' if len(also) > 1 else 'one'}: {', '.join(also)}"
-                if also
-                else ""
-            )
+            setting = f"; of GRPO's settings all of them change {'these' if len(also) > 1 else 'one'}: " if also else ""
+            setting += ", ".join(also)
             head = (
                 f"**{COUNTS.get(len(group), len(group))} runs trained alike**, {listed(others)}: {same} of one "
                 f"another{setting} ([why](#{ANCHOR}))."
@@ -110,15 +105,13 @@ def tag(found: list[tuple[list[str], float]], m: str) -> str:
 
 
 def alike_claims(found: list[tuple[list[str], float]], claimed: list[str]) -> str:
-    """The claims count's note: the `claimed` runs' claims that are of runs trained as another did; `found`:
-    `groups(reader)`."""
+    """The claims count's note on the `claimed` runs that trained as another did; `found`: `groups(reader)`."""
     runs = [m for group, _ in found for m in group if m != BASE and m in claimed]
-    n = sum(claimed.count(m) for m in runs)
+    if not (n := sum(claimed.count(m) for m in runs)):
+        return ""
     return (
         f" {n} of them are claims of runs that trained as another did ({', '.join(NAMES[m] for m in runs)}): "
         f"they test the setting those runs share, not their idea ([why](#{ANCHOR}))."
-        if n
-        else ""
     )
 
 
@@ -142,12 +135,10 @@ def section(reader: Reader, infos: dict) -> list[str]:
     lr, steps = base["script_flags"]["lr"], base["steps"]
     decays = [{r["script_flags"].get("weight_decay", 0.0) for m in g for r in infos[m].values()} for g, _ in found]
     decays = sorted(max(d) for d in decays if len(d) > 1)  # a group whose runs decay their weights differently
-    decay = (
-        f" A weight decay of {decays[-1]} at `--lr {lr}` shrinks a weight by {lr * decays[-1]:.0e} of itself a step, "
-        f"too little to change a sample in {steps} steps."
-        if decays
-        else ""
-    )
+    decay = ""
+    if decays:
+        decay = f" A weight decay of {decays[-1]} at `--lr {lr}` shrinks a weight by {lr * decays[-1]:.0e} of itself a "
+        decay += f"step, too little to change a sample in {steps} steps."
     return L + [
         "Every run here takes one optimiser step per rollout (`--mu 1 --num_minibatches 1`, each script's default): "
         "the policy trained is the one that sampled, so every ratio pi_theta / pi_old is 1 to rounding. No clip range "

@@ -1,19 +1,13 @@
 """What this design can tell, from the stored runs themselves: the variance components of a held-out difference,
 the coverage of stats.py's t interval simulated from them, and the smallest difference found with 80% power.
 
-- Variance components of a [seeds, problems] table of paired differences, one value a cell: the balanced two-way
-  ANOVA's method-of-moments estimators (expected mean squares; a negative estimate is set to 0; Searle, Casella
-  & McCulloch 1992, "Variance Components", ANOVA estimation for balanced data): seed, problem, and residual (the
-  seed x problem interaction with the sampling noise of 8 samples a problem).
-- Coverage: replicates of the design with a known difference (0: the t interval is shift-invariant), seed effects
-  drawn normal with the measured seed variance, residuals resampled from the measured ones (rescaled to their
-  unbiased variance: their skew and discreteness are kept), each replicate's t interval tested for containing
-  the truth. The problems fixed, as the interval takes them; and, for a reader who takes the 100 sums as a
-  sample of all sums, problem effects drawn with the measured problem variance (which the interval leaves out).
-- The minimal detectable difference at power 1 - beta of the two-sided paired t-test at alpha over n seeds with
-  between-seed SD sd: (t_{1-alpha/2, n-1} + t_{1-beta, n-1}) sd / sqrt(n), the normal sample-size formula with
-  t quantiles, an approximation to the noncentral t's power (the tests check it against `scipy.stats.nct`).
-Deterministic: one generator, seeded (SIM_SEED), so the page's figures repeat to the digit."""
+- Variance components of a [seeds, problems] table: the balanced two-way ANOVA's method-of-moments estimators
+  (Searle, Casella & McCulloch 1992, "Variance Components"), negatives set to 0.
+- Coverage: replicates with a true difference of 0, seed effects drawn normal, residuals resampled from the
+  measured ones; problems fixed, and (for a reader who takes the sums as a sample) drawn too.
+- The minimal detectable difference: (t_{1-alpha/2, n-1} + t_{1-beta, n-1}) sd / sqrt(n), the normal formula
+  with t quantiles (the tests check it against `scipy.stats.nct`).
+Seeded (SIM_SEED): the page's figures repeat to the digit."""
 
 from dataclasses import dataclass
 
@@ -56,8 +50,7 @@ def components(d: np.ndarray) -> Components:
 
 
 def coverage(c: Components, seeds: int, rng: np.random.Generator, random_problems: bool = False) -> float:
-    """The share of SIM_REPS simulated designs (`seeds` seeds x the measured problems) whose Student's t interval
-    over the seeds' means contains the true difference."""
+    """The share of SIM_REPS simulated designs whose Student's t interval over the seeds contains the truth."""
     from scipy import stats
 
     J = c.pool.shape[1]
@@ -70,9 +63,8 @@ def coverage(c: Components, seeds: int, rng: np.random.Generator, random_problem
 
 
 def coverage_found(tables: list[np.ndarray]) -> dict:
-    """{(seeds, random problems?): [coverage of each table's measured components]} for each of SIM_SEEDS, problems
-    fixed, and 5 seeds with problems random; tables whose differences are all alike (nothing to simulate) left
-    out."""
+    """{(seeds, random problems?): [each table's coverage]} for SIM_SEEDS with problems fixed, and 5 seeds random;
+    tables without spread left out."""
     rng = np.random.default_rng(SIM_SEED)
     comps = [components(t) for t in tables if np.ptp(t) > 0]
     cases = [(s, False) for s in SIM_SEEDS] + [(SIM_SEEDS[0], True)]

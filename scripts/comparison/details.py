@@ -67,8 +67,7 @@ def method_defaults(infos: dict, bookkeeping: set) -> list[str]:
 
 
 def machine_lines(infos: dict) -> list[str]:
-    """The machines the runs ran on, read from the runs: CPU, bf16 units, cores and threads, precision, and the
-    load at each run's start."""
+    """The runs' machines: CPU, bf16 units, cores, threads, precision, and the load at each run's start."""
     records = [i.get("machine") for runs in infos.values() for i in runs.values()]
     known = [r for r in records if r]
     kinds = Counter(
@@ -164,10 +163,7 @@ def cw_mechanism(reader: Reader, ablations: list) -> list[str]:
             f"| {cell(seeds_of(runs, 'grad_norm'), 2)} |"
         )
     if (e := reader.diff("cw_grpo", "cw_grpo-off", "grad_norm")) is not None:
-        L += [
-            "",
-            f"The gradient norm before clipping with the kernel minus without it: {e.text(2)} ({e.seeds} seeds).",
-        ]
+        L += ["", f"The gradient norm before clipping with the kernel minus without it: {e.text(2)} ({e.seeds} seeds)."]
     return L + [""]
 
 
@@ -283,12 +279,10 @@ def coverage_text(reader: Reader) -> str:
 def statistics_section(reader: Reader) -> list[str]:
     tables = [d for m in primary(reader) if (d := reader.differences(m, BASE)) is not None and np.ptp(d)]
     shares = sorted(components(d).seed_share() for d in tables)
-    seeds_carry = (
-        f" In the primary family the seeds carry {shares[0]:.0%} to {shares[-1]:.0%} of the variance of a "
-        "difference's mean (the rest: the problems and the sampling)."
-        if shares
-        else ""
-    )
+    seeds_carry = ""
+    if shares:
+        seeds_carry = f" In the primary family the seeds carry {shares[0]:.0%} to {shares[-1]:.0%} of the variance of "
+        seeds_carry += "a difference's mean (the rest: the problems and the sampling)."
     return [
         "### Statistics",
         "",

@@ -1,12 +1,7 @@
-"""Several `python -m tools.evaluate` command lines in one process: each evaluates as that command would, and an
-engine made for one (the same model, seed, length and stop strings) serves the next, so that vLLM is imported once
-and one model evaluated at several settings starts one engine (their import and start are most of a small
-evaluation's time); an engine is closed once the lines move on to another model.
+"""Several `python -m tools.evaluate` command lines in one process, each evaluating as its own process would
+(every problem's seed from --seed and its place), an engine made alike reused, so that vLLM starts once per model.
 
     python -m scripts.comparison.evaluate_settings -- --model RUN --temperature 0 --n 1 ... -- --model RUN ...
-
-Each line's samples are the ones its own process would draw: every problem's seed comes from --seed and its place,
-not from what the engine sampled before (tests/test_results_real.py holds this on the tiny model).
 """
 
 import sys

@@ -16,9 +16,8 @@ def mean(vs: list) -> float | None:
 
 
 def auroc(scores: list, labels: list) -> float | None:
-    """Area under the ROC curve of `scores` for telling labels 1 from 0: the chance that a random positive scores
-    above a random negative, a tie counting 1/2 (Mann-Whitney U over mid-ranks). None (undefined) when every label
-    is the same; a None score is left out."""
+    """AUROC of `scores` for labels 1 vs 0, ties 1/2 (Mann-Whitney U over mid-ranks); None when every label is the
+    same; None scores left out."""
     pairs = [(s, y) for s, y in zip(scores, labels) if s is not None]
     pos = sum(1 for _, y in pairs if y)
     neg = len(pairs) - pos
@@ -37,8 +36,7 @@ def auroc(scores: list, labels: list) -> float | None:
 
 
 def evaluation_figures(recs: list[dict], when: str) -> dict:
-    """One evaluation's figures: pass@k per problem (ordered by problem) and their mean for k = 1, 2, 4, ... up to
-    the samples per problem; the AUROC of the confidence; the samples right and wrong."""
+    """One evaluation's figures: pass@k per problem and their mean for k = 1, 2, 4, ..., AUROC, samples right/wrong."""
     recs = sorted(recs, key=lambda r: r["index"])
     n = min(len(s["correct"]) for s in recs)
     out = {f"problems_{when}": len(recs), f"ks_{when}": [k for k in (2**i for i in range(n.bit_length())) if k <= n]}
@@ -90,8 +88,7 @@ def run_figures(rows: list[dict], samples: list[dict], info: dict) -> dict:
     for when in ["before", "after"] + sorted({s["eval"] for s in samples} - {"before", "after"}):
         out |= evaluation_figures([s for s in samples if s["eval"] == when], when)
     out |= mechanism_figures(train, info)
-    # The evaluation logged in metrics.jsonl, for the check that the stored samples are that evaluation's.
-    # (Only BASE's runs log the evaluation before training: None in the others.)
+    # For the check that the stored samples are the logged evaluation's (only BASE's runs log step 0).
     out["logged_pass1"] = (by_step.get(0, {}).get(f"eval/{BENCH}/pass@1"), by_step[steps].get(f"eval/{BENCH}/pass@1"))
     return out
 
@@ -102,10 +99,8 @@ def logged(rows: list[dict], key: str) -> list[float]:
 
 
 def mechanism_figures(train: list[dict], info: dict) -> dict:
-    """What each idea did to the update, over the steps: the gradient norm before clipping (every script); for
-    EDGE-GRPO what GEC edited and fixed, what share of sum |A| its insertions carried, their entropy P against
-    every completion's, the largest |A_hat|; for CW-GRPO the kernel's weight on the top 1% of |covariance|.
-    None where the run did not log it."""
+    """What each idea did to the update: the gradient norm (every script), GEC's edits and EDA's scaling
+    (EDGE-GRPO), the kernel's weight on the top 1% of |covariance| (CW-GRPO); None where not logged."""
     flags = info["flags"]
     samples = int(flags[flags.index("--prompts_per_step") + 1]) * int(flags[flags.index("--group_size") + 1])
     gec_on = info.get("script_flags", {}).get("gec", "off") != "off"  # with GEC off its counts are 0, not measured

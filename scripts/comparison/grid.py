@@ -6,9 +6,8 @@ from dataclasses import dataclass
 METHODS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")
 BASELINES = ("dapo", "dr_grpo", "gspo", "kl_cov", "clip_cov")  # baselines/<name>.py, or a variant of one
 VARIANTS = {"clip_cov": ("kl_cov", ["--variant", "clip_cov"])}  # name -> (the script's method, its flags)
-# Each method against itself with its idea turned off: the same script, temperature and other defaults, so that the
-# difference is the idea alone (GRPO differs from a method in its temperature and defaults as well).
-# name: (method, the flags that turn the idea off, in words).
+# name: (method, the flags that turn its idea off, in words): the same script and defaults, so that the method
+# against it reads the idea alone (GRPO differs from a method in its temperature and defaults as well).
 ABLATIONS = {
     "edge_grpo-off": ("edge_grpo", ["--gec", "off", "--eda", "false"], "GEC and EDA off"),
     "edge_grpo-gec": ("edge_grpo", ["--eda", "false"], "GEC alone (EDA off)"),
@@ -38,9 +37,8 @@ FLAGS = [
     "--lr", "1e-5", "--micro_batch_size", "8", "--save_minutes", "0",
 ]  # fmt: skip
 
-# Each run's evaluation setting besides T = EVAL_TEMPERATURE: (temperature, top-p), whose it is, and whether that is
-# the method's own paper's, as each page states it (docs/algorithms/<method>.md, "evaluation"). Temperature 0 is
-# greedy: one sample per problem. GSPO's paper states no decoding: it has none here.
+# Each method's own evaluation setting: ((temperature, top-p), whose, its paper's?), as docs/algorithms/<method>.md
+# states it; T 0 is greedy. GSPO's paper states no decoding: it has none here.
 EVAL_SETTINGS = {
     "edge_grpo": ((0.1, 1.0), "its paper's (Evaluation Benchmark)", True),
     "egpo": ((0.6, 0.95), "the project's choice: EGPO's paper lost its values", False),
@@ -68,18 +66,8 @@ NAMES = {
     "clip_cov": "Clip-Cov",
 }
 NAMES |= {a: f"{NAMES[m]}, {off}" for a, (m, _, off) in ABLATIONS.items()}
-COLORS = {
-    "grpo_base": "black",
-    "edge_grpo": "tab:blue",
-    "egpo": "tab:orange",
-    "cw_grpo": "tab:green",
-    "pro_grpo": "tab:red",
-    "dapo": "tab:purple",
-    "dr_grpo": "tab:brown",
-    "gspo": "tab:pink",
-    "kl_cov": "tab:olive",
-    "clip_cov": "tab:cyan",
-}
+TAB = "blue orange green red purple brown pink olive cyan".split()  # matplotlib's tab: colours, in turn
+COLORS = dict(zip(METHODS + BASELINES, ["black"] + [f"tab:{c}" for c in TAB]))
 COLORS |= {a: COLORS[m] for a, (m, _, _) in ABLATIONS.items()}
 
 P1 = "pass1_after"  # the accuracy a run is read by, at T = EVAL_TEMPERATURE
@@ -149,9 +137,8 @@ def own_setting(run: str) -> tuple | None:
 
 
 def eval_settings(run: str, runs: list) -> list[tuple]:
-    """The settings a run is evaluated at after training, besides T = EVAL_TEMPERATURE: its method's own, and
-    those of the methods in `runs` that read it: GRPO is read by every one, a baseline by the methods whose papers
-    compare with it (COMPARED_WITH)."""
+    """The settings a run is evaluated at besides T = EVAL_TEMPERATURE: its own and those of the methods in `runs`
+    that read it (GRPO: every one; a baseline: COMPARED_WITH)."""
     if run == BASE:
         readers = runs
     else:

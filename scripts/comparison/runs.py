@@ -1,9 +1,7 @@
-"""Running the grid: each (run, seed) trained by its own script and stored with what the page reads, then evaluated
-at the settings it is read at. Resumable: a stored run is kept; a run cut short is started over.
-
-The store, one folder per run (<store>/<run>-seed<S>/): metrics.jsonl (the run's own log), eval_samples.jsonl (each
-held-out sample's correctness and confidence, per evaluation), run.json (its settings, flags, machine, wall time and
-evaluations; written last, the mark of a finished run)."""
+"""Running the grid: each (run, seed) trained by its own script, stored, then evaluated at the settings it is read
+at. Resumable: a stored run is kept, a run cut short started over. A run's folder, <store>/<run>-seed<S>/, holds
+metrics.jsonl, eval_samples.jsonl (each held-out sample's correctness and confidence) and run.json (its settings,
+flags, machine and evaluations; written last, the mark of a finished run)."""
 
 import json
 import shutil
@@ -48,8 +46,7 @@ def sample_lines(folder: Path, when: str) -> list[dict]:
 
 
 def run_one(run: str, seed: int, budget: Budget, data: tuple[Path, Path], runs: Path, store: Path) -> None:
-    """Train one (run, seed) from scratch and store what the page needs; run.json last, as the mark of a finished
-    run. The run's model stays in its directory under `runs` for the evaluations at other settings."""
+    """Train one (run, seed) from scratch and store what the page needs, run.json last; its model stays in `runs`."""
     train, held_out = data
     want = settings(run, seed, budget)
     run_dir = runs / f"{run}-seed{seed}"
@@ -87,12 +84,9 @@ def run_one(run: str, seed: int, budget: Budget, data: tuple[Path, Path], runs: 
 
 
 def evaluate_at(seed: int, pending: list[tuple[str, list]], eval_n: int, held_out: Path, runs: Path, store: Path):
-    """Evaluate a seed's trained models (each kept in its run directory) at the settings each lacks (`pending`:
-    [(run, settings)]), as each run evaluated itself at T = EVAL_TEMPERATURE (the same prompts, length and seed;
-    `eval_n` samples, one when greedy), all in one process (scripts/comparison/evaluate_settings.py: vLLM imported
-    once, one engine per model); the samples join the stored ones under their label, and run.json records the
-    setting. An evaluation already in a run directory (a call cut short before storing it) is taken: the directory
-    is deleted whenever its run is trained again."""
+    """Evaluate a seed's kept models at the settings each lacks (`pending`: [(run, settings)]) as the runs evaluated
+    themselves, in one process (evaluate_settings.py); store the samples under their label, the setting in run.json.
+    An evaluation already in a run directory (a call cut short) is taken."""
     folders = {(r, st): runs / f"{r}-seed{seed}" / "eval-T{}-p{}".format(*st) for r, sts in pending for st in sts}
     lines = []
     for (run, setting), folder in folders.items():
@@ -118,8 +112,7 @@ def evaluate_at(seed: int, pending: list[tuple[str, list]], eval_n: int, held_ou
 
 
 def rerun(before: list[dict], after: list[dict]) -> str:
-    """A rerun's held-out samples against the stored run's, in words: whether each sample is right or wrong as
-    before, and how far its confidence moved (the CPU's float reductions need not repeat to the last bit)."""
+    """A rerun's held-out samples against the stored run's, in words: the same answers? how far the confidence moved?"""
     total = sum(len(r["correct"]) for r in before)
     if [r["correct"] for r in after] != [r["correct"] for r in before]:
         differ = sum(a != b for x, y in zip(after, before) for a, b in zip(x["correct"], y["correct"]))
@@ -134,10 +127,8 @@ def rerun(before: list[dict], after: list[dict]) -> str:
 
 
 def missing_evaluations(run: str, seed: int, grid: list, budget: Budget, data: tuple, runs: Path, store: Path) -> list:
-    """The settings a stored run lacks, to be evaluated on its kept model. A run whose model is gone (made before
-    these evaluations, or on another machine) is trained again first, and then lacks every setting, so that all its
-    samples come from one model: seeded, it is the same run up to the CPU's float rounding, which the check of its
-    samples at T = EVAL_TEMPERATURE against the stored ones shows (rerun)."""
+    """The settings a stored run lacks. A run whose model is gone is trained again first (seeded: the same run up to
+    float rounding, `rerun` says), and then lacks every setting, so that all its samples come from one model."""
     name = f"{run}-seed{seed}"
     done = json.loads((store / name / RUN_FILE).read_text()).get("evals", {})
     missing = [s for s in eval_settings(run, grid) if label(s) not in done]
@@ -163,8 +154,7 @@ def check_stored(path: Path, run: str, seed: int, budget: Budget) -> None:
 
 
 def run_all(grid: list, seeds: list, budget: Budget, runs: Path, store: Path) -> None:
-    """Every (run, seed) of the grid whose result is not stored yet, seed by seed (a comparison cut short has every
-    run of its first seeds); then each of the seed's runs evaluated at the settings it is read at and lacks."""
+    """Every (run, seed) not stored yet, seed by seed, then the seed's runs evaluated at the settings they lack."""
     from scripts.real_model_demo import write_data
 
     data = write_data(runs / "data")

@@ -1,26 +1,15 @@
 """Paired statistics for few-seed comparisons: Student's t over seeds (`scipy.stats`), Holm's step-down.
 
-Every run is evaluated on the same held-out problems, and runs of one seed start from the same policy with the
-same data order: two runs' figures are paired by seed, and a held-out figure by seed and problem.
-- A held-out figure's difference: Student's t over the per-seed paired differences, each seed's mean over the
-  held-out problems (`scipy.stats.ttest_1samp`, n - 1 degrees of freedom). The problems are fixed: the 100
-  held-out sums are the benchmark, as a paper's test set is, so the estimand is the mean over them and only the
-  training's seed-to-seed variation (with the sampling noise inside each seed's mean) is random. Why not the
-  seeds x problems bootstrap it replaces: resampling 5 seeds shrinks their variance by 4/5 and reads a 1.96-wide
-  normal quantile where 4 degrees of freedom need 2.78, so it under-covers (85-98% for a nominal 95%). Why not a
-  two-way random-effects t interval (problems random too, Satterthwaite's degrees of freedom): on the stored
-  runs it gives the same verdicts and intervals within about 0.01 (seeds carry most of the variance, and its
-  added problem variance is offset by its larger degrees of freedom), but where the seeds' mean differences
-  barely vary (the greedy evaluations) its degrees of freedom fall under 3 or to 0. design.py simulates the
-  coverage from the measured variance components.
-  Student (1908), "The probable error of a mean"; with 5-10 seeds the guide's rule: t over seeds, no bootstrap.
-- A figure of the training (entropy, advantage variance, AUROC: one number per run): the paired t over seeds
-  (`scipy.stats.ttest_rel`), the same interval.
-- P(beats): paired by seed and problem, the share of (seed, problem) pairs where the first run's pass@1 is above
-  the second's, ties 1/2; its interval is Student's t over the seeds' shares, and the share of ties is given.
-- Holm's step-down (Holm 1979, "A simple sequentially rejective multiple test procedure", Scand. J. Statist.
-  6:65-70) adjusts the primary family's p-values: the family-wise error stays under 5%.
-A difference is told apart from zero when its interval excludes zero (its p-value is under 5%)."""
+Runs of one seed share the starting policy and data order, and every run is evaluated on the same held-out
+problems: two runs are paired by seed, a held-out figure by seed and problem.
+- A held-out difference: Student's t over the seeds' mean paired differences (`ttest_1samp`, n - 1 df; Student
+  1908): the 100 sums are fixed, the benchmark, so only the seeds are random. A seeds x problems bootstrap
+  under-covers at 5 seeds (85-98% for 95%); a two-way random-effects interval gives the same verdicts here but
+  its df collapse where the seeds barely vary (greedy). design.py simulates the coverage.
+- A figure of the training (one number a run): the paired t over seeds (`ttest_rel`).
+- P(beats): the share of (seed, problem) pairs where the first run's pass@1 is above the second's, ties 1/2,
+  its interval Student's t over the seeds' shares.
+- Holm's step-down (Holm 1979, Scand. J. Statist. 6:65-70) adjusts the primary family's p-values."""
 
 from dataclasses import dataclass, replace
 from decimal import ROUND_HALF_UP, Decimal
@@ -33,8 +22,7 @@ HIGHER, LOWER, TIED = "higher", "lower", "not told apart"
 
 
 def shown(v: float, digits: int = 3, sign: str = "") -> str:
-    """`v` to `digits` places, half up, alike however it was summed: float noise is rounded off first, so the mean
-    of the same numbers taken in another order prints the same (0.5425 and 0.5425000000000001 both as 0.543)."""
+    """`v` to `digits` places, half up, float noise rounded off first: 0.5425 and 0.5425000000000001 both 0.543."""
     exact = Decimal(repr(round(float(v), 9))).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
     return f"{exact:{sign}.{digits}f}"
 
@@ -55,8 +43,8 @@ class Beats:
 
 @dataclass(frozen=True)
 class Estimate:
-    """A figure or a difference, with its 95% interval, its two-sided p-value against zero, and the between-seed
-    SD of the per-seed values its interval comes from; `beats`: P(first beats second), for a held-out difference."""
+    """A figure or a difference: its 95% interval, two-sided p against zero, the between-seed SD behind the
+    interval; `beats`: P(first beats second), for a held-out difference."""
 
     value: float
     low: float
@@ -82,8 +70,7 @@ class Estimate:
 
 
 def t_interval(values) -> tuple[float, float, float, float, float]:
-    """(mean, low, high, p, sd) of Student's t over `values` against zero. No spread: the interval is the value,
-    and p is 1 at zero, 0 elsewhere (the t statistic is undefined)."""
+    """(mean, low, high, p, sd) of Student's t over `values` against zero; no spread: the value, p 1 at zero else 0."""
     from scipy import stats
 
     v = np.asarray(values, dtype=float)
@@ -96,8 +83,7 @@ def t_interval(values) -> tuple[float, float, float, float, float]:
 
 
 def grid_mean(table: np.ndarray) -> Estimate:
-    """The mean of a [seeds, problems] table, its interval Student's t over the seeds' means; one seed: over its
-    problems (the page says so beside the figure)."""
+    """The mean of a [seeds, problems] table, Student's t over the seeds' means (one seed: over its problems)."""
     table = np.asarray(table, dtype=float)
     S, J = table.shape
     mean, low, high, p, sd = t_interval(table[0] if S == 1 else table.mean(axis=1))
@@ -105,16 +91,14 @@ def grid_mean(table: np.ndarray) -> Estimate:
 
 
 def paired_beats(a: np.ndarray, b: np.ndarray) -> Beats:
-    """P(a beats b) on the same seed and problem, ties 1/2: its mean over the seeds' shares and Student's t
-    interval over them (clipped to [0, 1]), and the share of tied pairs."""
+    """P(a beats b) on the same seed and problem, ties 1/2: t over the seeds' shares, clipped to [0, 1]."""
     wins = (a > b) + 0.5 * (a == b)
     mean, low, high, _, _ = t_interval(wins.mean(axis=1) if len(a) > 1 else wins[0])
     return Beats(mean, max(low, 0.0), min(high, 1.0), float((a == b).mean()))
 
 
 def paired_problems(a: np.ndarray, b: np.ndarray) -> Estimate:
-    """a - b of two runs' [seeds, problems] tables, paired by seed and problem (the same seeds, in order): Student's
-    t over the seeds' mean differences; with P(a beats b), paired."""
+    """a - b of two [seeds, problems] tables, paired by seed and problem, with P(a beats b)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     return replace(grid_mean(a - b), beats=paired_beats(a, b))
 
@@ -127,8 +111,7 @@ def paired_seeds(a: list, b: list) -> Estimate:
 
 
 def holm(pvalues: list[float]) -> list[float]:
-    """Holm's step-down adjusted p-values, in the order given: the i-th smallest of m is multiplied by m - i + 1
-    (i from 1), kept at least the one before it, and capped at 1. Reject where the adjusted p is under alpha."""
+    """Holm's adjusted p-values, in the order given: the i-th smallest of m times m - i + 1, monotone, capped at 1."""
     p = np.asarray(pvalues, dtype=float)
     order = np.argsort(p, kind="stable")
     stepped = np.minimum(np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order]), 1.0)

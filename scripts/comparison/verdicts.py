@@ -1,7 +1,5 @@
-"""The comparisons the page reads, each a paired estimate (stats.py) over the seeds both runs have: a run against
-GRPO, a method against its ablations and its paper's baselines, and each paper's claims. One small primary family
-(each method and baseline against GRPO, held-out pass@1 at T = EVAL_TEMPERATURE) is Holm-adjusted; every other
-comparison is exploratory: its 95% interval read alone."""
+"""The page's comparisons, each a paired estimate (stats.py) over the seeds both runs have; the primary family (each
+method and baseline against GRPO, held-out pass@1 at T = EVAL_TEMPERATURE) Holm-adjusted, the rest exploratory."""
 
 from dataclasses import dataclass
 
@@ -54,8 +52,7 @@ class Reader:
         return sorted(set.intersection(*have)) if have else []
 
     def level(self, run: str, key: str = P1, seeds: tuple | None = None) -> Estimate | None:
-        """A run's held-out figure, its mean over seeds (all it has, or `seeds`) and problems with its interval;
-        None if not evaluated."""
+        """A run's held-out figure over its seeds (or `seeds`) and problems with its interval; None if not evaluated."""
         if (run, key, seeds) not in self._cache:
             have = self.seeds(key, run) if seeds is None else list(seeds)
             table = [self.figures[run][s][f"{key}_problems"] for s in have]
@@ -72,8 +69,7 @@ class Reader:
         return float(np.mean(vals[0]) - np.mean(vals[1])), len(seeds)
 
     def _paired(self, a: str, b: str, key: str, seeds: list) -> tuple[bool, list]:
-        """(per problem?, [a's, b's] figures on `seeds`): a held-out figure's per-problem table, else one number a
-        seed."""
+        """(per problem?, [a's, b's] figures on `seeds`): per-problem tables, else one number a seed."""
         per_problem = f"{key}_problems" in self.figures[a][seeds[0]]
         return per_problem, [
             [self.figures[r][s][f"{key}_problems" if per_problem else key] for s in seeds] for r in (a, b)
@@ -88,8 +84,7 @@ class Reader:
         return np.array(vals[0], dtype=float) - np.array(vals[1], dtype=float)
 
     def diff(self, a: str, b: str, key: str = P1) -> Estimate | None:
-        """a - b over the seeds both have it (paired by seed, and by problem for a held-out figure); None under
-        MIN_SEEDS seeds."""
+        """a - b, paired by seed (and problem), over the seeds both have; None under MIN_SEEDS seeds."""
         if (a, b, key) not in self._cache:
             seeds = self.seeds(key, a, b)
             est = None
@@ -101,8 +96,8 @@ class Reader:
 
 
 def claim_word(est: Estimate | None, direction: str, p_holm: float | None = None) -> str:
-    """A claim's verdict: supported when the difference is told apart from zero on the claimed side, contradicted
-    on the other; told apart: its interval excludes zero, or in the primary family its Holm-adjusted p < ALPHA."""
+    """Supported when the difference is told apart from zero on the claimed side (interval, or Holm p < ALPHA in the
+    primary family), contradicted on the other."""
     said = None if est is None else est.word if p_holm is None else primary_word(est, p_holm)
     if said not in (HIGHER, LOWER):
         return UNDECIDED
@@ -110,8 +105,7 @@ def claim_word(est: Estimate | None, direction: str, p_holm: float | None = None
 
 
 def primary(reader: Reader) -> dict[str, tuple[Estimate, float]]:
-    """{run: (its difference to GRPO in held-out pass@1 at T = EVAL_TEMPERATURE, its Holm-adjusted p)} of each
-    method and baseline compared: the primary family."""
+    """The primary family: {run: (its difference to GRPO in pass@1 at EVAL_TEMPERATURE, its Holm-adjusted p)}."""
     runs = [m for m in reader.figures if m in METHODS + BASELINES and m != BASE and reader.diff(m, BASE)]
     ests = [reader.diff(m, BASE) for m in runs]
     return dict(zip(runs, zip(ests, holm([e.p for e in ests]))))
@@ -123,8 +117,7 @@ def primary_word(est: Estimate, p_holm: float) -> str:
 
 
 def evaluations(run: str) -> list[tuple[str, str]]:
-    """(figure, in words) of each held-out pass@1 a run is read by: at T = EVAL_TEMPERATURE, and at its own
-    evaluation setting when it has one."""
+    """(figure, in words) of each held-out pass@1 a run is read by: at EVAL_TEMPERATURE, and at its own setting."""
     out = [(P1, f"T = {EVAL_TEMPERATURE}")]
     if own := own_setting(run):
         out.append((pass_key(1, own), setting_text(own)))
@@ -172,8 +165,7 @@ def claims(reader: Reader, infos: dict) -> list[Claim]:
 
 
 def ablation_groups(figures: dict) -> dict:
-    """{method: [its ablation with the whole idea off, its other stored ablations and stabilisers]} of the methods
-    whose whole ablation is stored."""
+    """{method: [its whole ablation, its other stored ablations and stabilisers]} where the whole one is stored."""
     return {
         m: [f"{m}-off"] + [a for a, (of, _, _) in ABLATIONS.items() if of == m and a in figures and a != f"{m}-off"]
         for m in METHODS
@@ -182,9 +174,8 @@ def ablation_groups(figures: dict) -> dict:
 
 
 def comparisons(figures: dict) -> list[tuple[str, str]]:
-    """(first, second) of each comparison a method is read by, besides GRPO: the method against each of its
-    ablations (the idea), the whole ablation against GRPO (the rest of its settings), a partial ablation against
-    the whole one, and the method against each baseline its paper compares with."""
+    """(first, second) of each comparison besides against GRPO: a method against its ablations, its whole ablation
+    against GRPO, a partial ablation against the whole, and the method against its paper's baselines."""
     out = []
     for m, group in ablation_groups(figures).items():
         full, *others = group
@@ -238,10 +229,8 @@ def fell(reader: Reader, runs: list) -> list[tuple[str, int, float, float]]:
 
 
 def detectable(reader: Reader, pairs: list[tuple[str, str, str]]) -> tuple[float, float, float] | None:
-    """(median, lowest, highest) over `pairs` ((a, b, key)) of the held-out pass@1 difference the design detects
-    with 80% power (design.mdd, from each pair's between-seed SD of the paired differences). A pair that answered
-    every problem alike on every seed (runs that trained alike) has no spread that says anything of the design:
-    left out."""
+    """(median, lowest, highest) over `pairs` ((a, b, key)) of the difference detected with 80% power (design.mdd);
+    pairs without spread (runs that trained alike) left out."""
     found = sorted(mdd(e.sd, e.seeds) for a, b, k in pairs if (e := reader.diff(a, b, k)) is not None and e.sd)
     if not found:
         return None
