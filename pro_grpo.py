@@ -31,11 +31,10 @@ import torch
 from common.batching import pack, rows_with_loss
 from common.cli import arg, flag_record, parse_args
 from common.distributed import global_sum
-from common.logprobs import low_prob_mask, masked_mean
+from common.logprobs import CORRECTIONS, low_prob_mask, masked_mean
 from common.prompts import TEMPLATE_CHOICES
-from common.rollout_correction import CORRECTIONS
+from common.rewards import without_unchecked_groups
 from common.run_flags import RunFlags, check_batch_split, check_correction, check_rollout_sampling, launch_world
-from common.scoring import without_unchecked_groups
 from common.session import spec_from, start_session
 
 
@@ -179,7 +178,7 @@ def policy_loss(logp, old_logp, adv, mask, args, num_seqs, num_tokens, ref_logp=
     may be wider (the whole batch's C) and are cut to C; adv: [n] or [n, C]. num_seqs / num_tokens:
     this rank's share of the mini-batch's sequences / tokens (the global count / the ranks), so
     that the micro-batches' losses, summed and averaged over ranks, are exactly the mini-batch's.
-    is_weight: --rollout_correction's weight of each token (common/rollout_correction.py), or None.
+    is_weight: --rollout_correction's weight of each token (common/logprobs.py), or None.
     Returns the loss and token sums for the step's metrics (0-dim tensors, left on the device).
     """
     C = logp.shape[1]

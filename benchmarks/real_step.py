@@ -37,7 +37,7 @@ MEMORY_BEGIN, MEMORY_END, MEMORY_FIND = stored_run.markers(
 
 
 def write_data(path: Path) -> None:
-    from common.synthetic import synthetic_arithmetic
+    from common.math_data import synthetic_arithmetic
 
     with open(path, "w") as f:
         for r in synthetic_arithmetic(400, seed=2, max_operand=99):

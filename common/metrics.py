@@ -315,7 +315,7 @@ class SignalWatch:
 
 
 class ScoreWatch:
-    """Reads each scoring (`common.scoring.Scores`): the first one's flat rewards explained at once
+    """Reads each scoring (`common.rewards.Scores`): the first one's flat rewards explained at once
     (`common.rewards.flat_reason`), answers the verifier had no time to check counted for the step's log."""
 
     def __init__(self, group_size: int, say: Callable[[str], None] = print):

@@ -4,6 +4,7 @@ evaluation), none of them the algorithm: each script's `Args` holds that. Parsed
 """
 
 import importlib.util
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,6 +234,35 @@ def check_batch_split(prompts_per_step: int, group_size: int, num_minibatches: i
     )
 
 
+# vLLM 0.32's SamplingParams raises a temperature in (0, 0.01) to 0.01 (in its log only) and refuses one above 2.
+VLLM_LOWEST, VLLM_HIGHEST = 0.01, 2.0
+
+
+def sampling_problem(rollout: str, temperature: float, n: int, flags: dict[str, str]) -> str | None:
+    """Why the `rollout` engine would refuse, or silently change, sampling `n` completions at `temperature`, as a
+    line naming the caller's `flags`; None when it samples as asked. Temperature 0 is one completion a prompt:
+    n repeats of it would give a pass@k that is pass@1."""
+    t, samples, engine = flags["temperature"], flags["n"], flags["rollout"]
+    if not math.isfinite(temperature):
+        return f"{t} {temperature:g}: a temperature is a finite number (0 for greedy decoding)"
+    if temperature == 0 and n > 1:
+        lowest = f"of at least {VLLM_LOWEST:g}" if rollout == "vllm" else "above 0"
+        return (
+            f"{t} 0 is greedy decoding, one completion a prompt: use {samples} 1 (not {n}), or a temperature "
+            f"{lowest} to sample {n}"
+        )
+    if rollout != "vllm":
+        return None
+    if 0 < temperature < VLLM_LOWEST:
+        return (
+            f"{t} {temperature:g}: vLLM samples at {VLLM_LOWEST:g} at the lowest (it would raise it, saying so only in "
+            f"its log); use {VLLM_LOWEST:g} or more" + (", or 0 for greedy decoding" if n == 1 else "")
+        )
+    if temperature > VLLM_HIGHEST:
+        return f"{t} {temperature:g}: vLLM samples at temperatures up to {VLLM_HIGHEST:g}; use {engine} hf above it"
+    return None
+
+
 def check_rollout_sampling(rollout: str, temperature: float, group_size: int) -> None:
     """The rollout's sampling as its engine takes it: vLLM would raise a temperature under 0.01 to 0.01 while the
     trainer scores at the asked one (every ratio off), and refuses one above 2."""
@@ -240,9 +270,7 @@ def check_rollout_sampling(rollout: str, temperature: float, group_size: int) ->
 
 
 def _check_sampling(rollout: str, temperature: float, n: int, temperature_flag: str, n_flag: str) -> None:
-    """See `common.evaluation.sampling_problem`."""
-    from common.evaluation import sampling_problem
-
+    """See `sampling_problem`."""
     names = {"temperature": temperature_flag, "n": n_flag, "rollout": "--rollout"}
     problem = sampling_problem(rollout, temperature, n, names)
     require(problem is None, str(problem))

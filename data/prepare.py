@@ -41,10 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.cli import arg, clear_errors, parse_args
-from common.math_data import iter_math_dataset, strip_dapo_instruction
+from common.math_data import iter_math_dataset, strip_dapo_instruction, synthetic_arithmetic, synthetic_eval_set
 from common.prompts import TEMPLATE_CHOICES
 from common.run_dir import write_jsonl
-from common.synthetic import synthetic_arithmetic, synthetic_eval_set
 from data.openr1 import (
     EGPO_MAX_RESPONSE_TOKENS,
     EGPO_POOL,
@@ -187,7 +186,7 @@ def main(args: Args) -> None:
                 summaries += [openr1_summary(r, config) for r in source_rows]
             test_problems = []
             if args.decontaminate:
-                from common.eval_sets import load_benchmarks
+                from common.evaluation import load_benchmarks
 
                 with clear_errors("--decontaminate"):  # its errors name this command's flags
                     benchmarks = load_benchmarks(args.decontaminate, args.data_dir, data_dir_flag="--data_dir")

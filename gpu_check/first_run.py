@@ -59,7 +59,7 @@ PARTS = [Part(s, 120, 900, SCRIPT_PART.format(s)) for s in SCRIPTS] + [
     Part("logp_gap", 45, 300, "trainer-vs-engine log-prob gap per sampled token, demo model, bf16"),
     Part("gpu_step", 120, 300, "one update at Qwen2.5-Math-1.5B's shape: time, MFU, each phase's peak memory"),
 ]
-# The rollout correction's figures (common/rollout_correction.py `figures`) say whether it acts: on a GPU
+# The rollout correction's figures (common/logprobs.py `figures`) say whether it acts: on a GPU
 # --rollout_correction auto truncates, the trainer scoring in bf16.
 CORRECTION_KEYS = ["train/rollout_logp_gap", "train/rollout_logp_gap_p99", "train/rollout_is_ratio_max",
                    "train/rollout_is_weight_mean", "train/rollout_is_corrected_frac"]  # fmt: skip

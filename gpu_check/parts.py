@@ -104,10 +104,10 @@ def logp_gap(dry: bool) -> Findings:
     logits are near zero, and bf16 rounds them little."""
     from transformers import AutoTokenizer
 
+    from common.math_data import synthetic_eval_set
     from common.models import demo_model_dir, load_policy, precision_for
     from common.prompts import format_prompt
     from common.rollout import make_engine
-    from common.synthetic import synthetic_eval_set
 
     f = Findings()
     gpu = torch.cuda.is_available()

@@ -40,14 +40,14 @@ FLAGS = [
 
 def held_out_rows() -> list[dict]:
     """The 100 held-out evaluation sums."""
-    from common.synthetic import synthetic_arithmetic
+    from common.math_data import synthetic_arithmetic
 
     return synthetic_arithmetic(100, seed=1, max_operand=99)
 
 
 def write_data(folder: Path) -> tuple[Path, Path]:
     """The held-out evaluation sums first, then the training sums drawn without them."""
-    from common.synthetic import synthetic_arithmetic
+    from common.math_data import synthetic_arithmetic
 
     folder.mkdir(parents=True, exist_ok=True)
     held_out = held_out_rows()

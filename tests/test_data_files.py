@@ -81,7 +81,7 @@ def _dataset(path):
 
 
 def _benchmark(path):
-    from common.eval_sets import load_benchmarks
+    from common.evaluation import load_benchmarks
 
     load_benchmarks(f"mine={path}")
 
@@ -198,7 +198,7 @@ def test_training_data_is_checked_in_every_row(tmp_path, tokenizer, key, where, 
 @pytest.mark.parametrize("where", LACKING)
 @pytest.mark.parametrize("key", ["problem", "answer"])
 def test_a_benchmark_file_is_checked_in_every_row(tmp_path, key, where):
-    from common.eval_sets import load_benchmark
+    from common.evaluation import load_benchmark
 
     source = f"{fields_file(tmp_path, key, where)}:problem=q:answer=a"
     if where == "all":

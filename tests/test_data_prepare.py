@@ -15,10 +15,9 @@ from dataset_standins import (
     save,
 )
 
-from common.math_data import iter_math_dataset, load_math_dataset
+from common.math_data import iter_math_dataset, load_math_dataset, synthetic_eval_set
 from common.prompts import format_prompt
 from common.run_dir import iter_jsonl, write_jsonl
-from common.synthetic import synthetic_eval_set
 from data import near_duplicates, openr1, prepare
 
 

@@ -1,4 +1,4 @@
-"""common/evaluation.py, common/eval_sets.py and tools/evaluate.py: pass@k, averages, benchmark loading,
+"""common/evaluation.py, common/evaluation.py and tools/evaluate.py: pass@k, averages, benchmark loading,
 end-to-end runs, re-scoring."""
 
 import json
@@ -10,14 +10,13 @@ import pytest
 import torch
 
 import tools.evaluate as tool
-from common import eval_sets, evaluation
+from common import evaluation
 from common.checkpoint import write_manifest
 from common.cli import parse_args
-from common.math_data import load_math_dataset
+from common.math_data import SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SIZE, load_math_dataset
 from common.models import model_to_load
 from common.rollout import Completion, HFEngine
 from common.run_dir import write_jsonl
-from common.synthetic import SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SIZE
 from common.verifier import MathVerifier
 
 
@@ -134,7 +133,9 @@ def test_summary_skips_k_above_n():
 
 def test_format_table_lists_benchmarks_and_averages():
     s = evaluation.summarize([_record("math500", [True, False]), _record("aime24", [False, False], finished=False)])
-    table = evaluation.format_table(s)
+    from tools.evaluate import format_table
+
+    table = format_table(s)
     lines = table.splitlines()
     assert lines[0].startswith("| benchmark | problems | pass@1 (%) | pass@2 (%)")
     assert any(line.startswith("| math500 | 1 | 50.0 | 100.0") for line in lines)
@@ -149,12 +150,12 @@ def test_format_table_lists_benchmarks_and_averages():
 
 def test_registry_covers_the_papers_benchmarks():
     for name in ("math500", "aime24", "aime25", "amc23", "amc", "minerva", "olympiadbench", "gsm8k", "synthetic"):
-        assert name in eval_sets.BENCHMARKS
-    assert eval_sets.BENCHMARKS["gsm8k"][:3] == ("openai/gsm8k", "main", "test")
+        assert name in evaluation.BENCHMARKS
+    assert evaluation.BENCHMARKS["gsm8k"][:3] == ("openai/gsm8k", "main", "test")
 
 
 def test_synthetic_benchmark_is_the_shipped_file():
-    rows = eval_sets.load_benchmark("synthetic")
+    rows = evaluation.load_benchmark("synthetic")
     assert len(rows) == SYNTHETIC_EVAL_SIZE
     assert rows == [
         {"problem": r["problem"], "answer": r["answer"]} for r in load_math_dataset(str(SYNTHETIC_EVAL_PATH))
@@ -172,7 +173,7 @@ def test_local_raw_dumps_use_the_hub_fields(tmp_path):
         [{"id": 1, "question": "O", "answer": r"$\frac{1}{2}$", "final_answer": ["x"]}],
         tmp_path / "olympiadbench.jsonl",
     )
-    got = eval_sets.load_benchmarks("gsm8k,minerva,amc,olympiadbench", data_dir=str(tmp_path))
+    got = evaluation.load_benchmarks("gsm8k,minerva,amc,olympiadbench", data_dir=str(tmp_path))
     assert got["gsm8k"] == [{"problem": "Q1", "answer": "1200"}]
     assert got["minerva"] == [{"problem": "P", "answer": r"7.5 \times 10^{-4}"}]
     assert got["amc"] == [{"problem": "A", "answer": "27"}]
@@ -182,7 +183,7 @@ def test_local_raw_dumps_use_the_hub_fields(tmp_path):
 def test_local_file_in_our_format_and_explicit_source(tmp_path):
     path = tmp_path / "mine.jsonl"
     write_jsonl([{"problem": "What is 1 + 1?", "answer": "2"}, {"problem": "Q", "answer": "#### 5"}], path)
-    got = eval_sets.load_benchmarks(f"gsm8k={path},custom={path}", limit=1)
+    got = evaluation.load_benchmarks(f"gsm8k={path},custom={path}", limit=1)
     assert got == {
         "gsm8k": [{"problem": "What is 1 + 1?", "answer": "2"}],
         "custom": [{"problem": "What is 1 + 1?", "answer": "2"}],
@@ -191,9 +192,9 @@ def test_local_file_in_our_format_and_explicit_source(tmp_path):
 
 def test_unknown_benchmark_and_bad_names(tmp_path):
     with pytest.raises(ValueError, match="unknown benchmark 'nope'.*Give it a file: nope=path/to/nope.jsonl"):
-        eval_sets.load_benchmark("nope")
+        evaluation.load_benchmark("nope")
     with pytest.raises(ValueError, match="invalid benchmark name"):
-        eval_sets.load_benchmark("overall", source=str(SYNTHETIC_EVAL_PATH))
+        evaluation.load_benchmark("overall", source=str(SYNTHETIC_EVAL_PATH))
     bad = tmp_path / "bad.jsonl"
     write_jsonl([{"text": "no problem field"}], bad)
     with pytest.raises(
@@ -201,9 +202,9 @@ def test_unknown_benchmark_and_bad_names(tmp_path):
         match=r"benchmark 'olympiadbench': .*bad.jsonl needs the fields problem, answer "
         r"or question, answer \(.*fields: text\)\); map them: olympiadbench=PATH:problem=FIELD:answer=FIELD",
     ):
-        eval_sets.load_benchmark("olympiadbench", source=str(bad))
+        evaluation.load_benchmark("olympiadbench", source=str(bad))
     with pytest.raises(ValueError, match="named twice"):
-        eval_sets.load_benchmarks("synthetic,synthetic")
+        evaluation.load_benchmarks("synthetic,synthetic")
 
 
 def test_hub_unreachable_says_to_pass_a_local_file(monkeypatch):
@@ -216,10 +217,10 @@ def test_hub_unreachable_says_to_pass_a_local_file(monkeypatch):
     with pytest.raises(
         RuntimeError, match=r"(?s)HuggingFaceH4/MATH-500.*local copy: math500=path/to/math500.jsonl"
     ) as e:
-        eval_sets.load_benchmark("math500")
+        evaluation.load_benchmark("math500")
     assert "--data_dir" not in str(e.value)  # a training run has no such flag
     with pytest.raises(RuntimeError, match=r"math500=DIR holding math500.jsonl, or --data_dir DIR holding it"):
-        eval_sets.load_benchmark("math500", data_dir_flag="--data_dir")  # tools.evaluate has
+        evaluation.load_benchmark("math500", data_dir_flag="--data_dir")  # tools.evaluate has
 
 
 # ---------------------------------------------------------------------------
@@ -473,7 +474,7 @@ def test_problem_and_answer_fields_name_a_benchmarks_columns_as_in_training(tmp_
         tool.Args,
         argv=["--benchmarks", f"mine={tmp_path / 'mine.jsonl'}", "--problem_field", "q.text", "--answer_field", "gold"],
     )
-    got = eval_sets.load_benchmarks(args.benchmarks, problem_field=args.problem_field, answer_field=args.answer_field)
+    got = evaluation.load_benchmarks(args.benchmarks, problem_field=args.problem_field, answer_field=args.answer_field)
     assert got == {"mine": [{"problem": "1 + 1?", "answer": "2"}, {"problem": "2 + 3?", "answer": "5"}]}
     with pytest.raises(SystemExit, match="--benchmarks: .*gold"):
         run_tool(benchmarks=f"mine={tmp_path / 'mine.jsonl'}", answer_field="nope", export_data=str(tmp_path / "x"))

@@ -75,7 +75,7 @@ def test_the_detectors_warnings_are_recorded_not_shown(capsys):
     ]
 
 
-# What common/rollout_correction.py `figures` logs each step beside the mean gap: whether the correction acts.
+# What common/logprobs.py `figures` logs each step beside the mean gap: whether the correction acts.
 CORRECTION = ["rollout_logp_gap_p99", "rollout_is_ratio_max", "rollout_is_weight_mean", "rollout_is_corrected_frac"]
 
 

@@ -1,4 +1,4 @@
-"""common/math_data.py, common/prompts.py and common/synthetic.py on local stand-ins of each paper's dataset
+"""common/math_data.py, common/prompts.py and common/math_data.py on local stand-ins of each paper's dataset
 (tests/dataset_standins.py); data/prepare.py's own tests: tests/test_data_prepare.py."""
 
 import json
@@ -15,16 +15,18 @@ from dataset_standins import (
     write_parquet,
 )
 
-from common.math_data import DAPO_PREFIX, DAPO_SUFFIX, load_math_dataset
-from common.prompts import format_prompt
-from common.run_dir import write_jsonl
-from common.synthetic import (
+from common.math_data import (
+    DAPO_PREFIX,
+    DAPO_SUFFIX,
     SYNTHETIC_EVAL_PATH,
     SYNTHETIC_MAX_OPERAND,
     SYNTHETIC_TRAIN_SIZE,
+    load_math_dataset,
     synthetic_arithmetic,
     synthetic_eval_set,
 )
+from common.prompts import format_prompt
+from common.run_dir import write_jsonl
 from data import prepare
 
 # ---------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def test_the_evaluation_reads_as_accuracy_does(template, few_shot):
 
 def test_a_training_run_checks_at_start():
     """start_session's check, before any model loads: refused, warned, the stop strings said and returned."""
-    from common.checks import check_prompt_format
+    from common.session import check_prompt_format
 
     class Tok:  # the prompt as token ids: one per character
         def __call__(self, text):

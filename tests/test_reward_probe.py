@@ -105,7 +105,7 @@ def verifier():
 
 def training_outcome(fn, rows, tokenizer, verifier) -> str | None:
     """What training's scoring (`Scorer.score`) says over a whole epoch, G completions a prompt: None, or its error."""
-    from common.scoring import Scorer
+    from common.rewards import Scorer
 
     scorer = Scorer(verifier, [], [fn], False, tokenizer.decode, "cpu")
     for start in range(0, len(rows), 2):  # 2 prompts a step

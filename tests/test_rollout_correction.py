@@ -1,4 +1,4 @@
-"""--rollout_correction (common/rollout_correction.py): each mode's weights against its formula, hand-computed;
+"""--rollout_correction (common/logprobs.py): each mode's weights against its formula, hand-computed;
 the weights in the loss; auto's choice; the flags' checks in every script."""
 
 import ast
@@ -11,8 +11,8 @@ import torch
 
 from common.batching import rows_with_loss
 from common.cli import parse_args
+from common.logprobs import MODES, RolloutCorrection, percentile, rollout_correction
 from common.models import precision_for
-from common.rollout_correction import MODES, RolloutCorrection, percentile, rollout_correction
 from common.run_flags import RunFlags
 
 # Two completions of 3 tokens. Row 0: pi_old / pi_rollout = 0.5, 1.5, 3 per token. Row 1: 2, then a token the engine

@@ -1,10 +1,10 @@
-"""common/sampler.py: the per-step prompt order, sharded by rank, resumable; baselines/dapo.py fill_groups: more prompts within a step."""
+"""common/rollout.py: the per-step prompt order, sharded by rank, resumable; baselines/dapo.py fill_groups: more prompts within a step."""
 
 import json
 
 import pytest
 
-from common.sampler import PromptSampler, count_steps
+from common.rollout import PromptSampler, count_steps
 
 # ---------------------------------------------------------------------------
 # Prompt sampler

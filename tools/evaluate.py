@@ -89,8 +89,8 @@ class Args:
 
 def validate(args: Args) -> list[int] | None:
     """The parsed --k (None: the default 1, 2, 4, ...), or one line naming the bad flag: among them, sampling
-    the engine would refuse or change (`common.evaluation.sampling_problem`), before anything loads."""
-    from common.evaluation import sampling_problem
+    the engine would refuse or change (`common.run_flags.sampling_problem`), before anything loads."""
+    from common.run_flags import sampling_problem
 
     for flag, check in (("--template", check_template), ("--stop", parse_stop)):
         try:
@@ -204,7 +204,7 @@ def _named(key: str, value) -> tuple[str | None, bool]:
     benchmark names, "mine" (not all) for a benchmark read from a file; (None, False) for a path or a stop string."""
     plain = re.compile(r"[A-Za-z0-9_.+]+")
     if key == "benchmarks":
-        from common.eval_sets import parse_benchmarks
+        from common.evaluation import parse_benchmarks
 
         try:
             items = parse_benchmarks(value)
@@ -292,7 +292,7 @@ def few_shot_pool_for(args: Args, run: Path | None) -> list[dict] | None:
 
 
 def rescore_main(args: Args, ks: list[int] | None) -> None:
-    from common.evaluation import RESULTS_FILE, format_table, rescore, write_results
+    from common.evaluation import RESULTS_FILE, rescore, write_results
 
     try:
         summary, records = rescore(args.rescore, ks=ks)
@@ -350,7 +350,7 @@ def folder_for(args: Args, overridden: dict, model_path: str, run: Path | None) 
 def write_evaluation(args: Args, out: Path, tag: str, model_path: str, run: Path | None, summary: dict,
                      records: list[dict], stops: list[str], seconds: float) -> None:  # fmt: skip
     """The results in `out` (`folder_for`), with the settings that made them; the table, and where they went."""
-    from common.evaluation import format_table, write_results
+    from common.evaluation import write_results
 
     config = asdict(args) | {"model_path": model_path, "eval_s": round(seconds, 1)}
     config |= {"stop_strings": stops, "quick_check": tag or None, "settings": settings_of(args)}
@@ -371,7 +371,7 @@ def main(args: Args, ks: list[int] | None, given: set[str] | None = None, engine
     if args.rescore:
         return rescore_main(args, ks)
     from common.cli import clear_errors
-    from common.eval_sets import load_benchmarks
+    from common.evaluation import load_benchmarks
     from common.models import offline_unless_hub_reachable
     from common.run_dir import write_jsonl
 
@@ -433,6 +433,37 @@ def main(args: Args, ks: list[int] | None, given: set[str] | None = None, engine
         args.seed, ks=ks, say=print, few_shot=args.few_shot, few_shot_pool=pool,
     )  # fmt: skip
     write_evaluation(args, out, tag, model_path, run, summary, records, stops, time.perf_counter() - start)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def format_table(summary: dict) -> str:
+    """Markdown table: one row per benchmark (+ overall, mean), pass@k in %, lengths in tokens."""
+    from common.evaluation import AGGREGATES
+
+    rows: dict[str, dict[str, float]] = {}
+    for key, value in summary.items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "eval":
+            rows.setdefault(parts[1], {})[parts[2]] = value
+    ks = sorted({int(m[5:]) for r in rows.values() for m in r if m.startswith("pass@")})
+    header = ["benchmark", "problems", *[f"pass@{k} (%)" for k in ks], "response len", "truncated (%)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    order = [b for b in rows if b not in AGGREGATES] + [b for b in AGGREGATES if b in rows]
+    for bench in order:
+        r = rows[bench]
+        label = {"overall": "overall (per problem)", "mean": "mean (per benchmark)"}.get(bench, bench)
+        cells = [
+            label,
+            str(int(r["num_problems"])) if "num_problems" in r else "",
+            *[_pct(r[f"pass@{k}"]) if f"pass@{k}" in r else "" for k in ks],
+            f"{r['response_len']:.0f}" if "response_len" in r else "",
+            _pct(r["truncated_frac"]) if "truncated_frac" in r else "",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,9 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config,
 
 from common.checkpoint import write_manifest
 from common.cli import arg, parse_args
+from common.math_data import SYNTHETIC_MAX_OPERAND, SYNTHETIC_TRAIN_SEED, SYNTHETIC_TRAIN_SIZE, synthetic_arithmetic
 from common.models import SHIPPED_DIR
 from common.prompts import TEMPLATES, format_prompt
-from common.synthetic import SYNTHETIC_MAX_OPERAND, SYNTHETIC_TRAIN_SEED, SYNTHETIC_TRAIN_SIZE, synthetic_arithmetic
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VERSION = 2  # of the recipe below; recorded in the model's tiny_model.json
