@@ -182,10 +182,10 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
     recipe = {}
     if path:
         recipe = _recipe(path, converters, {f.name: f for _, f in fields})
-        given = _given(parser, names, argv)
+        on_line = _given(parser, names, argv)
         defaults = {f.name: f.default for _, f in fields}
         for name, other in ALTERNATIVES.items():
-            if name in given and other in recipe and other not in given and other in defaults:
+            if name in on_line and other in recipe and other not in on_line and other in defaults:
                 recipe[other] = defaults[other]  # the command line's --steps beats the recipe's epochs
         parser.set_defaults(**recipe)
     values = vars(parser.parse_args(argv))

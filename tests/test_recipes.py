@@ -139,3 +139,14 @@ def test_command_line_steps_or_epochs_beat_the_recipes_other_one(tmp_path, recip
     (tmp_path / "r.yaml").write_text(recipe)
     args, _ = parse_args(grpo_base.Args, RunFlags, argv=["--config", str(tmp_path / "r.yaml"), *argv])
     assert (args.steps, args.epochs) == (steps, epochs)
+
+
+def test_given_holds_the_flags_of_the_command_line_and_the_recipe(tmp_path):
+    """tools.evaluate follows a run's own settings only where this command set none: `given` must be filled with a
+    --config too (it was rebound inside parse_args, so a recipe left it empty and the run's settings won)."""
+    from tools import evaluate as tool
+
+    (tmp_path / "r.yaml").write_text("n: 2\n")
+    given = set()
+    args = parse_args(tool.Args, argv=["--config", str(tmp_path / "r.yaml"), "--template", "plain"], given=given)
+    assert (args.n, args.template, given) == (2, "plain", {"n", "template"})
