@@ -1,6 +1,6 @@
 """Rollout engines behind one interface (`RolloutEngine`, built by `make_engine`): `VLLMEngine`
 (common/vllm_engine.py) or `HFEngine` (common/hf_engine.py); both return each sampled token's log-prob under
-logits / T. Then the rollout side of a session (`Rollout`, `open_rollout`). Scripts and tests import from here.
+logits / T. Then the rollout side of a session (`Rollout`, `open_rollout`).
 Each step's prompts come from `PromptSampler`: a seeded, resumable order, each rank's share of every step."""
 
 import math
@@ -11,18 +11,13 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from common.completion import Completion, cut_at_stop, prompt_seeds, stop_token_ids
+from common.completion import Completion, prompt_seeds, stop_token_ids
 from common.hf_engine import HFEngine
 from common.logprobs import RolloutCorrection, rollout_correction
 from common.models import Precision
 from common.run_flags import RunFlags
 from common.vllm_engine import (
-    CPU_KV_CACHE_GIB,
     VLLMEngine,
-    cpu_kv_cache_space,
-    kv_cache_note,
-    tensor_batches,
-    vllm_engine_args,
 )
 
 
@@ -107,14 +102,6 @@ def count_steps(steps: int, epochs: float | None, num_rows: int, prompts_per_ste
     rounded = f", rounded up to whole steps: {covered:.2f} epochs" if abs(covered - epochs) > 1e-6 else ""
     why = f"{total} steps (--epochs {epochs:g} of {num_rows} prompts at --prompts_per_step {prompts_per_step}{rounded})"
     return total, why
-
-
-_batches = tensor_batches  # its name before the split (tests/test_distributed.py)
-
-__all__ = [
-    "CPU_KV_CACHE_GIB", "Completion", "HFEngine", "RolloutEngine", "VLLMEngine", "_batches", "cpu_kv_cache_space",
-    "cut_at_stop", "kv_cache_note", "make_engine", "prompt_seeds", "stop_token_ids", "vllm_engine_args",
-]  # fmt: skip
 
 
 @runtime_checkable

