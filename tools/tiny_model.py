@@ -6,15 +6,9 @@
 holds the command that made it. A rebuild differs from it by this machine's CPU kernels and thread count,
 so the README's demo figures are not a rebuild's.
 
-A tiny Qwen2 model and tokenizer for the CPU demo and tests.
-
-No model can be downloaded here, so the demo has its own: a byte-level BPE
-tokenizer trained on the synthetic arithmetic task's text (digits split one
-by one, Qwen chat markup as special tokens) and a ~1M-parameter Qwen2 model.
-head_dim is 32 because vLLM's CPU attention kernels accept only 32 or 64.
-The demo's model is built once and shipped (models/tiny-arith, `demo_model_dir`):
-a build's weights depend on the CPU's kernels and thread count, and the
-README's figures are those of the shipped weights. Tests build random ones.
+The model: a byte-level BPE tokenizer trained on the synthetic task's text (digits split one by one, Qwen chat
+markup as special tokens) and a ~1M-parameter Qwen2 (head_dim 32: vLLM's CPU attention takes only 32 or 64).
+Tests build random ones.
 
 The warm-start SFT is deliberately noisy: half of its solutions state the sum
 without `\\boxed{}` ("3 + 4 = 7. The answer is 7."), which the verifier
