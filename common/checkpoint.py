@@ -38,12 +38,11 @@ def save_checkpoint(
     trainer_state: dict,
     keep_last: int = 0,
     export: bool = False,
-    mode=None,
 ) -> Path | None:
     """Save what resuming after `step` needs (None: not saved, the weights are not finite); keep the newest
     `keep_last` (0: all); `export`: also make it `output_dir/model`. Every rank calls it."""
     output_dir = Path(output_dir)
-    if not weights_are_finite(accelerator, model, mode):
+    if not weights_are_finite(accelerator, model):
         if accelerator.is_main_process:
             print(f"warning: step {step}: the weights hold NaN or inf; checkpoint-{step} is not saved")
         return None
@@ -162,7 +161,7 @@ def ensure_export(output_dir: str | Path, final_step: int) -> None:
         export_model(last / "model", model)
 
 
-def weights_are_finite(accelerator: Accelerator, model: torch.nn.Module, mode=None) -> bool:
+def weights_are_finite(accelerator: Accelerator, model: torch.nn.Module) -> bool:
     """No NaN or inf in any parameter, on every rank; each checks what it holds (ZeRO-3: `ds_tensor`, FSDP2:
     its shard)."""
     bad = 0

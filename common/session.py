@@ -323,7 +323,7 @@ class Checkpoints:
         try:
             saved = save_checkpoint(
                 trainer.accelerator, trainer.model, rollout.tokenizer, self.run_dir, step,
-                {"sampler": rollout.sampler.state_dict()}, self.keep_last, export=final, mode=trainer.mode,
+                {"sampler": rollout.sampler.state_dict()}, self.keep_last, export=final,
             )  # fmt: skip
         finally:
             if self.stop is not None:

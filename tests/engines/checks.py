@@ -62,7 +62,7 @@ facts_linear["torch_linear_after"] = torch.nn.functional.linear.__name__ == "lin
 facts = {
     "rank": accelerator.process_index,
     "mode": mode.kind,
-    "finite_before": weights_are_finite(accelerator, model, mode),
+    "finite_before": weights_are_finite(accelerator, model),
 }
 
 facts["linear"] = facts_linear
@@ -107,7 +107,7 @@ with torch.no_grad():  # a NaN in rank 0's share of one parameter
     held = p.ds_tensor if hasattr(p, "ds_tensor") else p.to_local() if hasattr(p, "to_local") else p
     if accelerator.process_index == 0:
         held.view(-1)[0] = float("nan")
-facts["finite_after_nan"] = weights_are_finite(accelerator, model, mode)
+facts["finite_after_nan"] = weights_are_finite(accelerator, model)
 
 try:
     check_shared(
