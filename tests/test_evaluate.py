@@ -1,4 +1,4 @@
-"""common/evaluation.py, common/evaluation.py and tools/evaluate.py: pass@k, averages, benchmark loading,
+"""common/evaluation.py and tools/evaluate.py: pass@k, averages, benchmark loading,
 end-to-end runs, re-scoring."""
 
 import json
@@ -45,9 +45,7 @@ def verifier():
         yield v
 
 
-# ---------------------------------------------------------------------------
 # pass@k
-# ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -94,9 +92,7 @@ def test_default_ks():
     assert evaluation.default_ks(12) == [1, 2, 4, 8]
 
 
-# ---------------------------------------------------------------------------
 # Averages
-# ---------------------------------------------------------------------------
 
 
 def _record(bench, correct, tokens=10, finished=True):
@@ -134,9 +130,7 @@ def test_summary_skips_k_above_n():
 
 def test_format_table_lists_benchmarks_and_averages():
     s = evaluation.summarize([_record("math500", [True, False]), _record("aime24", [False, False], finished=False)])
-    from tools.evaluate import format_table
-
-    table = format_table(s)
+    table = tool.format_table(s)
     lines = table.splitlines()
     assert lines[0].startswith("| benchmark | problems | pass@1 (%) | pass@2 (%)")
     assert any(line.startswith("| math500 | 1 | 50.0 | 100.0") for line in lines)
@@ -144,9 +138,7 @@ def test_format_table_lists_benchmarks_and_averages():
     assert lines[-2].startswith("| overall") and lines[-1].startswith("| mean")
 
 
-# ---------------------------------------------------------------------------
 # Benchmark loading
-# ---------------------------------------------------------------------------
 
 
 def test_registry_covers_the_papers_benchmarks():
@@ -224,9 +216,7 @@ def test_hub_unreachable_says_to_pass_a_local_file(monkeypatch):
         evaluation.load_benchmark("math500", data_dir_flag="--data_dir")  # tools.evaluate has
 
 
-# ---------------------------------------------------------------------------
 # evaluate() with a scripted engine: known answers, known scores
-# ---------------------------------------------------------------------------
 
 
 class ScriptedEngine:
@@ -310,9 +300,7 @@ def test_evaluate_counts_overlong_prompts_as_wrong(tokenizer, verifier):
     assert summary["eval/a/truncated_frac"] == 0.0  # lengths describe generated completions only
 
 
-# ---------------------------------------------------------------------------
 # End to end with the tiny model (HF engine), then re-scoring
-# ---------------------------------------------------------------------------
 
 
 def test_cli_end_to_end_hf_then_rescore(tiny_model, tmp_path, capsys):
