@@ -7,7 +7,7 @@ import random
 import re
 from collections import Counter
 
-from common.cli import not_utf8
+from common.cli import clear_errors, not_utf8, require
 
 QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 
@@ -231,3 +231,73 @@ def format_few_shot_prompt(problem: str, template: str, examples: list[tuple[str
     turns = "".join(f"{CHATML_USER}{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n" for q, a in examples)
     user = prompt.index(CHATML_USER)  # ChatML templates: the shots go before the user turn
     return prompt[:user] + turns + prompt[user:]
+
+
+# The answer format each built-in term reads; one the prompt does not ask for scores every completion alike.
+READS = {"accuracy": "boxed", "boxed_format": "boxed", "dapo": "answer_line", "think_format": "think"}
+READS["think_answer_format"] = "think"
+FORMATS = {
+    "boxed": ("\\boxed{}", "--template qwen_math (or r1)"),
+    "answer_line": ("an 'Answer: ...' last line", "--template dapo_native"),
+    "think": ("<think> ... </think>", "--template r1 (or r1_native)"),
+}
+
+
+def prompt_asks(prompt: str, cue: str = "") -> set[str]:
+    """The answer formats (FORMATS) a rendered prompt asks for, in its instruction or worked examples. The
+    template's answer `cue` ("Answer:" of `plain`) is not an "Answer:" line: the completion follows it."""
+    text = prompt.replace(cue, "") if cue else prompt
+    asks = set()
+    if "\\boxed" in text or "<answer>" in text:
+        asks.add("boxed")  # extract_answer reads the last box, else an <answer> block
+    if "Answer:" in text:
+        asks.add("answer_line")
+    if "<think>" in text:
+        asks.add("think")
+    return asks
+
+
+def format_mismatch(terms: list[str], prompt: str, template: str, who: str = "") -> tuple[str, str] | None:
+    """("error" or "warning", one line) when a term reads a format the prompt does not ask for: an error if it
+    asks for another (`--rewards dapo` under a \\boxed{} template), a warning if for none; else None.
+    `who`: the reader, when it is not a reward (an evaluation reads as `accuracy` does)."""
+    asks = prompt_asks(prompt, answer_cue(template))
+    for term in terms:
+        reads = READS.get(term)
+        if reads is None or reads in asks:
+            continue
+        what, fix = FORMATS[reads]
+        label = template if "{problem}" not in template and len(template) < 60 else "(yours)"
+        reader, other = (who, "docs/EVALUATION.md") if who else (f"--rewards {term}", "a reward that reads it")
+        instead = sorted(asks & {"boxed", "answer_line"})
+        if instead and reads != "think":
+            asked = " and ".join(FORMATS[f][0] for f in instead)
+            return "error", (
+                f"{reader} reads {what}, but the prompt of --template {label} asks for {asked}: every "
+                f"completion would score alike; use {fix} with it, or {other}"
+            )
+        return "warning", (
+            f"warning: {reader} reads {what}, and the prompt of --template {label} does not ask for it "
+            f"(nor do its worked examples): a model that does not write it scores alike on every completion; "
+            f"{fix} asks for it"
+        )
+    return None
+
+
+def check_prompt_format(terms: list[str], prompt_ids: list[int], tokenizer, template: str, few_shot: int,
+                        stop: str | None, say, evaluates: bool = False) -> list[str]:  # fmt: skip
+    """A reward term that reads a format the prompt asks against is refused, one it does not ask for warned
+    (`common.rewards.format_mismatch`); `evaluates`: the evaluation's \\boxed{} too. Returns the stop strings."""
+    prompt = tokenizer.decode(prompt_ids)
+    found = format_mismatch(terms, prompt, template)
+    if found and found[0] == "error":
+        require(False, found[1])
+    if found:
+        say(found[1])
+    if evaluates and (found := format_mismatch(["accuracy"], prompt, template, who="--eval_steps' evaluation")):
+        say(found[1] if found[0] == "warning" else f"warning: {found[1]}")
+    with clear_errors("--stop"):
+        stops, line = stop_strings(stop, template, few_shot)
+    if line:
+        say(line)
+    return stops

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.answers import extract_answer, extract_boxed
-from common.prompts import answer_cue
 from common.run_flags import RunFlags
 from common.verifier import MathVerifier, default_workers
 
@@ -357,57 +356,6 @@ def compute_rewards(
         by_term[_name(fn)] = scores = custom_scores(fn, completions, answers, verifier, columns)
         total = [t + s for t, s in zip(total, scores)]
     return Rewards(total, accuracy, [v is not None for v in verdicts], by_term)
-
-
-# The answer format each built-in term reads; one the prompt does not ask for scores every completion alike.
-READS = {"accuracy": "boxed", "boxed_format": "boxed", "dapo": "answer_line", "think_format": "think"}
-READS["think_answer_format"] = "think"
-FORMATS = {
-    "boxed": ("\\boxed{}", "--template qwen_math (or r1)"),
-    "answer_line": ("an 'Answer: ...' last line", "--template dapo_native"),
-    "think": ("<think> ... </think>", "--template r1 (or r1_native)"),
-}
-
-
-def prompt_asks(prompt: str, cue: str = "") -> set[str]:
-    """The answer formats (FORMATS) a rendered prompt asks for, in its instruction or worked examples. The
-    template's answer `cue` ("Answer:" of `plain`) is not an "Answer:" line: the completion follows it."""
-    text = prompt.replace(cue, "") if cue else prompt
-    asks = set()
-    if "\\boxed" in text or "<answer>" in text:
-        asks.add("boxed")  # extract_answer reads the last box, else an <answer> block
-    if "Answer:" in text:
-        asks.add("answer_line")
-    if "<think>" in text:
-        asks.add("think")
-    return asks
-
-
-def format_mismatch(terms: list[str], prompt: str, template: str, who: str = "") -> tuple[str, str] | None:
-    """("error" or "warning", one line) when a term reads a format the prompt does not ask for: an error if it
-    asks for another (`--rewards dapo` under a \\boxed{} template), a warning if for none; else None.
-    `who`: the reader, when it is not a reward (an evaluation reads as `accuracy` does)."""
-    asks = prompt_asks(prompt, answer_cue(template))
-    for term in terms:
-        reads = READS.get(term)
-        if reads is None or reads in asks:
-            continue
-        what, fix = FORMATS[reads]
-        label = template if "{problem}" not in template and len(template) < 60 else "(yours)"
-        reader, other = (who, "docs/EVALUATION.md") if who else (f"--rewards {term}", "a reward that reads it")
-        instead = sorted(asks & {"boxed", "answer_line"})
-        if instead and reads != "think":
-            asked = " and ".join(FORMATS[f][0] for f in instead)
-            return "error", (
-                f"{reader} reads {what}, but the prompt of --template {label} asks for {asked}: every "
-                f"completion would score alike; use {fix} with it, or {other}"
-            )
-        return "warning", (
-            f"warning: {reader} reads {what}, and the prompt of --template {label} does not ask for it "
-            f"(nor do its worked examples): a model that does not write it scores alike on every completion; "
-            f"{fix} asks for it"
-        )
-    return None
 
 
 def flat_reason(rewards: Rewards, completions: list[str], group_size: int) -> str | None:

@@ -9,8 +9,8 @@
 
 The parts (`s.trainer`, `s.rollout`, `s.rewards`, `s.io`) are mapped in docs/CODE.md. `start_session` first runs
 what can be checked before any model loads, each failure one line: the launch and reward terms
-(`check_launch_and_rewards`), the run directory, model, data, --reward_fn, steps and benchmarks
-(`check_before_loading` -> `Prepared`), the reward terms against the prompt's answer format (`check_prompt_format`).
+(`check_launch_and_rewards`), the run directory, model, data, the reward terms against the prompt's answer format
+(`common.prompts.check_prompt_format`), --reward_fn, steps and benchmarks (`check_before_loading` -> `Prepared`).
 Past `spec_from`, nothing in common/ sees a script's Args."""
 
 from __future__ import annotations
@@ -49,21 +49,18 @@ from common.models import (
     offline_unless_hub_reachable,
     precision_for,
 )
-from common.prompts import pool_of, stop_strings
-from common.rewards import REWARD_FUNCS, Scorer, format_mismatch, load_reward_fn, open_scorer, probe_reward_fn
+from common.prompts import check_prompt_format, pool_of
+from common.rewards import REWARD_FUNCS, Scorer, load_reward_fn, open_scorer, probe_reward_fn
 from common.rollout import Rollout, count_steps, engine_size, open_rollout
 from common.run_dir import RunLock, check_run_dir, check_writable, start_run_dir
-from common.run_flags import RunFlags, check_batch_split, launch_world
+from common.run_flags import RunFlags, launch_world
 from common.trainer import Trainer, open_trainer
 
 
-def check_launch_and_rewards(
-    rewards: str, reward_fn: str | None, prompts_per_step: int, group_size: int
-) -> tuple[list[str], list]:
+def check_launch_and_rewards(rewards: str, reward_fn: str | None) -> tuple[list[str], list]:
     """The checks that need only the flags and the launch (accelerate sets WORLD_SIZE before any process starts).
     Returns (the reward terms, the loaded --reward_fn functions)."""
     check_launch(dict(os.environ), sys.argv)
-    check_batch_split(prompts_per_step, group_size, 1, launch_world())  # the scripts' validate checks --num_minibatches
     terms = rewards.split(",")
     unknown = set(terms) - set(REWARD_FUNCS)
     require(
@@ -73,25 +70,6 @@ def check_launch_and_rewards(
     with clear_errors("--reward_fn"):
         custom = [load_reward_fn(spec) for spec in (reward_fn or "").split(",") if spec]
     return terms, custom
-
-
-def check_prompt_format(terms: list[str], prompt_ids: list[int], tokenizer, template: str, few_shot: int,
-                        stop: str | None, say, evaluates: bool = False) -> list[str]:  # fmt: skip
-    """A reward term that reads a format the prompt asks against is refused, one it does not ask for warned
-    (`common.rewards.format_mismatch`); `evaluates`: the evaluation's \\boxed{} too. Returns the stop strings."""
-    prompt = tokenizer.decode(prompt_ids)
-    found = format_mismatch(terms, prompt, template)
-    if found and found[0] == "error":
-        require(False, found[1])
-    if found:
-        say(found[1])
-    if evaluates and (found := format_mismatch(["accuracy"], prompt, template, who="--eval_steps' evaluation")):
-        say(found[1] if found[0] == "warning" else f"warning: {found[1]}")
-    with clear_errors("--stop"):
-        stops, line = stop_strings(stop, template, few_shot)
-    if line:
-        say(line)
-    return stops
 
 
 @dataclass
@@ -107,6 +85,8 @@ class Prepared:
     opens_think: bool  # the template's prompt ends inside <think>
     total_steps: int
     eval_sets: dict
+    stop: list[str]  # the stop strings, --stop's and the few-shot format's
+    pool: list[dict] | None  # the worked examples of prompts outside the dataset (--few_shot)
 
 
 def check_before_loading(script: str, spec, run: RunFlags, values: dict, resumable: set[str]) -> Prepared:
@@ -141,6 +121,11 @@ def check_before_loading(script: str, spec, run: RunFlags, values: dict, resumab
     )  # fmt: skip
     if spec.check_data is not None:
         spec.check_data(rows)
+    stop = check_prompt_format(
+        spec.rewards.split(","), rows[0]["prompt_ids"], tokenizer, spec.template, spec.few_shot, run.stop, say,
+        bool(run.eval_steps),
+    )  # fmt: skip
+    pool = pool_of(rows, spec.few_shot) if spec.few_shot else None  # the evaluation's worked examples
     # each --reward_fn called as training calls it, on stand-ins for a few rows: one that would fail in training
     # fails here (`common.rewards.probe_reward_fn`)
     per_step = spec.prompts_per_step // launch_world() * spec.group_size
@@ -155,7 +140,9 @@ def check_before_loading(script: str, spec, run: RunFlags, values: dict, resumab
     if run.eval_steps:  # fail fast, before training
         with clear_errors("--eval_benchmarks"):
             eval_sets = load_benchmarks(run.eval_benchmarks)
-    return Prepared(run_dir, lock, is_main, model_path, tokenizer, rows, opens_think, total_steps, eval_sets)
+    return Prepared(
+        run_dir, lock, is_main, model_path, tokenizer, rows, opens_think, total_steps, eval_sets, stop, pool
+    )
 
 
 @dataclass
@@ -261,18 +248,14 @@ def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict
     machine = describe_machine(
         torch.get_num_threads(), torch.cuda.get_device_name() if torch.cuda.is_available() else None
     )
-    terms, custom = check_launch_and_rewards(spec.rewards, spec.reward_fn, spec.prompts_per_step, spec.group_size)
+    terms, custom = check_launch_and_rewards(spec.rewards, spec.reward_fn)
     pre = check_before_loading(script, spec, run, values, resumable)
     gpu, say0 = torch.cuda.is_available(), print if pre.is_main else lambda _: None
-    stop = check_prompt_format(
-        terms, pre.rows[0]["prompt_ids"], pre.tokenizer, spec.template, spec.few_shot, run.stop, say0,
-        bool(run.eval_steps),
-    )  # fmt: skip
     precision = precision_for(run.precision, gpu)
     announce_loading(say0, pre.model_path, spec.reference_model, run.rollout, run.precision, gpu, machine["bf16_units"])
     size = engine_size(spec, run, launch_world(), pre.eval_sets)  # the preflight plans it, the rollout builds it
     trainer = open_trainer(spec, run, pre.model_path, precision, pre.run_dir, pre.total_steps, gpu, say0, size)
-    rollout = open_rollout(spec, run, pre.model_path, pre.tokenizer, trainer, precision, pre.rows, size, stop, say0)
+    rollout = open_rollout(spec, run, pre.model_path, pre.tokenizer, trainer, precision, pre.rows, size, pre.stop, say0)
     start_step = 0
     if run.resume and (state := trainer.resume(pre.run_dir)) is not None:
         rollout.resume(state, trainer)
@@ -280,8 +263,7 @@ def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict
     rewards = open_scorer(run, terms, custom, pre.opens_think, pre.tokenizer, trainer.device)
     evaluation = TrainingEval(
         run.eval_steps, run.eval_benchmarks, pre.eval_sets, run.eval_n, run.eval_temperature, spec.template,
-        spec.max_completion_len, spec.top_p, spec.seed, spec.max_prompt_len, spec.few_shot,
-        pool_of(pre.rows, spec.few_shot) if spec.few_shot else None,
+        spec.max_completion_len, spec.top_p, spec.seed, spec.max_prompt_len, spec.few_shot, pre.pool,
     )  # fmt: skip
     io = open_run_io(
         script, run, pre, values, trainer.accelerator, trainer.mode, start_step,

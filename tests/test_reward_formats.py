@@ -4,8 +4,8 @@ the first step's flat-reward line, and reward functions of your own that take th
 
 import pytest
 
-from common.prompts import format_few_shot_prompt
-from common.rewards import compute_rewards, flat_reason, format_mismatch, reward_columns
+from common.prompts import format_few_shot_prompt, format_mismatch
+from common.rewards import compute_rewards, flat_reason, reward_columns
 from common.verifier import MathVerifier
 
 SHOTS = [("What is 2 + 3?", "2 + 3 = 5. The answer is \\boxed{5}."), ("What is 1 + 1?", "\\boxed{2}")]
@@ -95,7 +95,7 @@ def test_the_evaluation_reads_as_accuracy_does(template, few_shot):
 
 def test_a_training_run_checks_at_start():
     """start_session's check, before any model loads: refused, warned, the stop strings said and returned."""
-    from common.session import check_prompt_format
+    from common.prompts import check_prompt_format
 
     class Tok:  # the prompt as token ids: one per character
         def __call__(self, text):

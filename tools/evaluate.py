@@ -314,11 +314,10 @@ def rescore_main(args: Args, ks: list[int] | None) -> None:
 
 def check_prompts(args: Args, benchmarks: dict, tokenizer, pool: list[dict] | None, model_path: str) -> int:
     """Refuse or warn when the prompts ask for another answer format than the \\boxed{} read
-    (`common.rewards.format_mismatch`); the engine's context: longest prompt + --max_tokens, capped at the model's."""
+    (`common.prompts.format_mismatch`); the engine's context: longest prompt + --max_tokens, capped at the model's."""
     from common.cli import clear_errors
     from common.models import context_length
-    from common.prompts import few_shot_examples, format_few_shot_prompt
-    from common.rewards import format_mismatch
+    from common.prompts import few_shot_examples, format_few_shot_prompt, format_mismatch
 
     shots = lambda problem: few_shot_examples(problem, pool, args.few_shot) if args.few_shot else []
     render = lambda problem: format_few_shot_prompt(problem, args.template, shots(problem), tokenizer)
