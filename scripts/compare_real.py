@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,14 +37,12 @@ from scripts.comparison.grid import (  # noqa: E402
     ABLATIONS,
     BASE,
     BASELINES,
-    EVAL_N,
     METHODS,
     NAMES,
     ORDER,
+    REGIMES,
     SCRIPT,
-    SEEDS,
     STEPS,
-    Budget,
 )
 from scripts.comparison.page import FIGURE, PAGE, STORE, method_block, page, readme_block, runs_of  # noqa: E402
 from scripts.comparison.plot import draw  # noqa: E402
@@ -104,9 +103,16 @@ def parse_grid(methods: str, seeds: str) -> tuple[list[str], list[int]]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="the model every run trains (tiny: the CPU demo's, for a check)")
+    p.add_argument(
+        "--regime",
+        choices=REGIMES,
+        default="primary",
+        help="primary: 4 optimiser steps per rollout, 10 seeds, 300 held-out sums x 4 samples (the page's first "
+        "table); on_policy: one step per rollout, 5 seeds, 100 sums x 8 (the stored first grid)",
+    )
     p.add_argument("--steps", type=int, default=STEPS, help="steps of every run")
     p.add_argument(
-        "--eval_n", type=int, default=EVAL_N, help="samples per held-out sum (fewer: a quick check of the grid itself)"
+        "--eval_n", type=int, help="samples per held-out sum (default: the regime's; fewer: a quick check of the grid)"
     )
     p.add_argument(
         "--methods",
@@ -114,8 +120,8 @@ def main() -> None:
         help=f"comma-separated runs, {BASE} among them: methods ({', '.join(METHODS)}), baselines "
         f"({', '.join(BASELINES)}) or ablations: " + ", ".join(f"{a} ({NAMES[a]})" for a in ABLATIONS),
     )
-    p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated seeds")
-    p.add_argument("--runs_dir", default="runs/compare_real", help="the run directories (with their models), the data")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the regime's; its ablations on the first 5)")
+    p.add_argument("--runs_dir", help="the run directories (with their models), the data (default: runs/<store>)")
     p.add_argument("--out", default=str(ROOT / "docs"), help=f"where {STORE}/, {PAGE} and {FIGURE} go")
     p.add_argument(
         "--readme", default=str(ROOT / "README.md"), help="README whose comparison block is written ('' for none)"
@@ -123,15 +129,19 @@ def main() -> None:
     p.add_argument("--render_only", action="store_true", help="only write the page, the figure and the README block")
     p.add_argument("--fresh", action="store_true", help="delete the stored runs first and run them all again")
     a = p.parse_args()
-    grid, seeds = parse_grid(a.methods, a.seeds)
-    for flag, value in (("--steps", a.steps), ("--eval_n", a.eval_n)):
+    regime = REGIMES[a.regime]
+    grid, seeds = parse_grid(a.methods, a.seeds or ",".join(map(str, regime.seeds)))
+    budget = replace(regime.budget, model=a.model, steps=a.steps, eval_n=a.eval_n or regime.budget.eval_n)
+    for flag, value in (("--steps", budget.steps), ("--eval_n", budget.eval_n)):
         if value < 1:
             raise SystemExit(f"error: {flag} must be at least 1 (got {value})")
     out, readme = Path(a.out), Path(a.readme) if a.readme else None
     if not a.render_only:
-        if a.fresh and (out / STORE).exists():
-            shutil.rmtree(out / STORE)
-        run_all(grid, seeds, Budget(a.model, a.steps, a.eval_n), Path(a.runs_dir), out / STORE)
+        store = out / regime.store
+        if a.fresh and store.exists():
+            shutil.rmtree(store)
+        runs = Path(a.runs_dir or f"runs/{regime.store}")
+        run_all(grid, seeds, budget, runs, store, regime.ablation_seeds if a.seeds is None else None)
     render(out, readme)
 
 

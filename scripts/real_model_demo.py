@@ -38,20 +38,30 @@ FLAGS = [
 ]  # fmt: skip
 
 
-def held_out_rows() -> list[dict]:
-    """The 100 held-out evaluation sums."""
+def held_out_rows(n: int = 100) -> list[dict]:
+    """The held-out evaluation sums: the first 100, then (n > 100) more drawn apart from them and the training sums,
+    so that every grid trains on the same 400 sums."""
     from common.math_data import synthetic_arithmetic
 
-    return synthetic_arithmetic(100, seed=1, max_operand=99)
+    first = synthetic_arithmetic(100, seed=1, max_operand=99)
+    if n <= 100:
+        return first[:n]
+    seen = [r["problem"] for r in first + training_rows(first)]
+    return first + synthetic_arithmetic(n - 100, seed=3, max_operand=99, exclude=seen)
 
 
-def write_data(folder: Path) -> tuple[Path, Path]:
+def training_rows(held_out: list[dict]) -> list[dict]:
+    """The 400 training sums, drawn without the first 100 held-out ones."""
+    from common.math_data import synthetic_arithmetic
+
+    return synthetic_arithmetic(400, seed=2, max_operand=99, exclude=[r["problem"] for r in held_out[:100]])
+
+
+def write_data(folder: Path, held_out_n: int = 100) -> tuple[Path, Path]:
     """The held-out evaluation sums first, then the training sums drawn without them."""
-    from common.math_data import synthetic_arithmetic
-
     folder.mkdir(parents=True, exist_ok=True)
-    held_out = held_out_rows()
-    train = synthetic_arithmetic(400, seed=2, max_operand=99, exclude=[r["problem"] for r in held_out])
+    held_out = held_out_rows(held_out_n)
+    train = training_rows(held_out)
     paths = folder / "sums_train.jsonl", folder / "sums_eval.jsonl"
     for path, rows in zip(paths, (train, held_out)):
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))

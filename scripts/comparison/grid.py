@@ -112,12 +112,37 @@ def method_of(run: str) -> str:
 
 @dataclass(frozen=True)
 class Budget:
-    """What every run of a grid is given: the model it trains, its steps, and its samples per held-out sum (fewer
-    than EVAL_N: a quick check of the grid itself, pass@k up to k = eval_n)."""
+    """What every run of a grid is given: the model it trains, its steps, its optimiser steps per rollout, its
+    held-out sums and samples per sum (fewer than EVAL_N: a quick check of the grid itself, pass@k up to k = eval_n),
+    and whether it is evaluated at the methods' own settings too."""
 
     model: str = "smollm2"
     steps: int = STEPS
     eval_n: int = EVAL_N
+    num_minibatches: int = 1
+    held_out: int = 100
+    own_settings: bool = True
+
+
+@dataclass(frozen=True)
+class Regime:
+    """A grid's design: where it is stored, its budget and seeds; ablations run on the first `ablation_seeds`."""
+
+    store: str
+    budget: Budget
+    seeds: tuple
+    ablation_seeds: int
+
+
+# primary: 4 optimiser steps per rollout, the fewest the papers take (GSPO 4; Dr. GRPO and KL-Cov 8; DAPO and
+# Pro-GRPO 16), so the ratio leaves 1 and the clip acts. 10 seeds, 300 held-out sums at 4 samples: seeds shrink
+# the interval fastest per CPU-hour (docs/results_real.md, "What this design can tell"). No own-setting
+# evaluations: they are exploratory, and would double its cost. on_policy: one step per rollout, as stored first.
+REGIMES = {
+    "primary": Regime("real_compare_primary", Budget(eval_n=4, num_minibatches=4, held_out=300, own_settings=False),
+                      tuple(range(10)), 5),
+    "on_policy": Regime("real_compare", Budget(), SEEDS, len(SEEDS)),
+}  # fmt: skip
 
 
 def settings(run: str, seed: int, budget: Budget) -> dict:
@@ -127,7 +152,10 @@ def settings(run: str, seed: int, budget: Budget) -> dict:
     if run != BASE:  # the policy before training is every run's: evaluated once per seed, in BASE's run
         evals += ["--eval_before", "false"]
     extra = ABLATIONS[run][1] if run in ABLATIONS else VARIANTS[run][1] if run in VARIANTS else []
-    return {"method": run, "seed": seed, "model": budget.model, "steps": steps, "flags": FLAGS + extra + evals}
+    regime = [] if budget.num_minibatches == 1 else ["--num_minibatches", str(budget.num_minibatches)]
+    held_out = {} if budget.held_out == 100 else {"held_out": budget.held_out}  # the on-policy runs predate it
+    flags = FLAGS + regime + extra + evals
+    return {"method": run, "seed": seed, "model": budget.model, "steps": steps, "flags": flags} | held_out
 
 
 def own_setting(run: str) -> tuple | None:
@@ -136,9 +164,11 @@ def own_setting(run: str) -> tuple | None:
     return found[0] if found else None
 
 
-def eval_settings(run: str, runs: list) -> list[tuple]:
+def eval_settings(run: str, runs: list, budget: Budget) -> list[tuple]:
     """The settings a run is evaluated at besides T = EVAL_TEMPERATURE: its own and those of the methods in `runs`
-    that read it (GRPO: every one; a baseline: COMPARED_WITH)."""
+    that read it (GRPO: every one; a baseline: COMPARED_WITH); none where the budget has no own settings."""
+    if not budget.own_settings:
+        return []
     if run == BASE:
         readers = runs
     else:

@@ -13,6 +13,7 @@ from pathlib import Path
 from common.evaluation import RECORDS_FILE
 from common.run_dir import read_jsonl, write_jsonl
 from scripts.comparison.grid import (
+    ABLATIONS,
     BASE,
     BENCH,
     EVAL_TEMPERATURE,
@@ -76,7 +77,8 @@ def run_one(run: str, seed: int, budget: Budget, data: tuple[Path, Path], runs: 
     config = json.loads((run_dir / "run_config.json").read_text())
     flags = {k: v for k, v in config["flags"].items() if k not in LOCAL_FLAGS}
     sizes = {"train": len(read_jsonl(train)), "held_out": len(read_jsonl(held_out))}
-    info = want | {"data": sizes, "script_flags": flags, "wall_s": round(wall_s, 1)}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    info = want | {"data": sizes, "script_flags": flags, "wall_s": round(wall_s, 1), "commit": commit.strip()}
     info["machine"] = config["history"][0].get("machine")  # CPU, bf16 units, threads, load at start, precision
     (out / RUN_FILE).write_text(json.dumps(info, indent=1) + "\n")
     for checkpoint in run_dir.glob("checkpoint-*"):  # the exported model/ stays, for the other evaluations
@@ -131,14 +133,14 @@ def missing_evaluations(run: str, seed: int, grid: list, budget: Budget, data: t
     float rounding, `rerun` says), and then lacks every setting, so that all its samples come from one model."""
     name = f"{run}-seed{seed}"
     done = json.loads((store / name / RUN_FILE).read_text()).get("evals", {})
-    missing = [s for s in eval_settings(run, grid) if label(s) not in done]
+    missing = [s for s in eval_settings(run, grid, budget) if label(s) not in done]
     if missing and not (runs / name / "model").is_dir():
         print(f"== {run}, seed {seed}: its model is not in {runs / name}: trained again to evaluate it", flush=True)
         before = [r for r in read_jsonl(store / name / SAMPLES_FILE) if r["eval"] == "after"]
         run_one(run, seed, budget, data, runs, store)
         after = [r for r in read_jsonl(store / name / SAMPLES_FILE) if r["eval"] == "after"]
         print(f"== {run}, seed {seed}: trained again; its evaluation at T = {EVAL_TEMPERATURE}: {rerun(before, after)}")
-        missing = eval_settings(run, grid)
+        missing = eval_settings(run, grid, budget)
     return missing
 
 
@@ -153,14 +155,17 @@ def check_stored(path: Path, run: str, seed: int, budget: Budget) -> None:
         )
 
 
-def run_all(grid: list, seeds: list, budget: Budget, runs: Path, store: Path) -> None:
-    """Every (run, seed) not stored yet, seed by seed, then the seed's runs evaluated at the settings they lack."""
+def run_all(grid: list, seeds: list, budget: Budget, runs: Path, store: Path, ablation_seeds: int | None = None):
+    """Every (run, seed) not stored yet, seed by seed, then the seed's runs evaluated at the settings they lack; the
+    ablations on the first `ablation_seeds` seeds only (None: all)."""
     from scripts.real_model_demo import write_data
 
-    data = write_data(runs / "data")
-    for seed in seeds:
+    data = write_data(runs / "data", budget.held_out)
+    for i, seed in enumerate(seeds):
         pending = []  # evaluated together once the seed's runs are trained: vLLM starts once
         for run in grid:
+            if run in ABLATIONS and ablation_seeds is not None and i >= ablation_seeds:
+                continue
             done = store / f"{run}-seed{seed}" / RUN_FILE
             if done.is_file():
                 check_stored(done, run, seed, budget)
