@@ -40,11 +40,21 @@ from scripts.comparison.grid import (  # noqa: E402
     METHODS,
     NAMES,
     ORDER,
+    REFERENCE,
     REGIMES,
     SCRIPT,
     STEPS,
 )
-from scripts.comparison.page import FIGURE, PAGE, STORE, method_block, page, readme_block, runs_of  # noqa: E402
+from scripts.comparison.page import (  # noqa: E402
+    FIGURE,
+    PAGE,
+    PRIMARY,
+    STORE,
+    method_block,
+    page,
+    readme_block,
+    runs_of,
+)
 from scripts.comparison.plot import draw  # noqa: E402
 from scripts.comparison.runs import run_all  # noqa: E402
 from scripts.comparison.verdicts import Reader, comparisons  # noqa: E402
@@ -74,9 +84,15 @@ def compared_methods(figures: dict) -> list[str]:
     return [m for m in METHODS if m in firsts and m != BASE]
 
 
-def render(out: Path, readme: Path | None) -> None:
+def stored(out: Path) -> tuple[dict, dict, tuple | None]:
+    """The on-policy grid's (figures, infos), and the primary regime's once its GRPO has a run (else None)."""
     figures, infos = load(out / STORE)
-    (out / PAGE).write_text(page(figures, infos, task_text()))
+    return figures, infos, load(out / PRIMARY.store) if any((out / PRIMARY.store).glob(f"{BASE}-seed*")) else None
+
+
+def render(out: Path, readme: Path | None) -> None:
+    figures, infos, primary = stored(out)
+    (out / PAGE).write_text(page(figures, infos, task_text(), primary))
     draw(Reader(figures), runs_of(figures), infos[BASE][min(infos[BASE])]["model"], out / FIGURE)
     if (out / "algorithms").is_dir():
         for m in compared_methods(figures):
@@ -84,7 +100,9 @@ def render(out: Path, readme: Path | None) -> None:
             write_between(path, READING_BEGIN, READING_END, method_block(m, figures, infos), "real-model reading")
     if readme is not None:
         docs = Path(os.path.relpath(out.resolve(), readme.resolve().parent)).as_posix()
-        write_between(readme, README_BEGIN, README_END, readme_block(figures, infos, docs), "real-model comparison")
+        write_between(
+            readme, README_BEGIN, README_END, readme_block(figures, infos, docs, primary), "real-model comparison"
+        )
     print(f"wrote {out / PAGE} and {out / FIGURE}" + (f", and the comparison block of {readme}" if readme else ""))
 
 
@@ -118,7 +136,8 @@ def main() -> None:
         "--methods",
         default=",".join(ORDER),
         help=f"comma-separated runs, {BASE} among them: methods ({', '.join(METHODS)}), baselines "
-        f"({', '.join(BASELINES)}) or ablations: " + ", ".join(f"{a} ({NAMES[a]})" for a in ABLATIONS),
+        f"({', '.join(BASELINES)}), {REFERENCE} (TRL's GRPOTrainer as {BASE}) or ablations: "
+        + ", ".join(f"{a} ({NAMES[a]})" for a in ABLATIONS),
     )
     p.add_argument("--seeds", help="comma-separated seeds (default: the regime's; its ablations on the first 5)")
     p.add_argument("--runs_dir", help="the run directories (with their models), the data (default: runs/<store>)")

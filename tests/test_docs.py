@@ -110,9 +110,9 @@ def stored(path: str):
 def real_compare():
     """compare_real's module, its page module and the stored runs' figures."""
     compare = module("scripts/compare_real.py")  # puts the repository root on sys.path for scripts.comparison
-    from scripts.comparison import figures, page
+    from scripts.comparison import page
 
-    return compare, page, figures.load(ROOT / "docs" / page.STORE)
+    return compare, page, compare.stored(ROOT / "docs")
 
 
 def real_model_table(page: str) -> str:
@@ -137,9 +137,9 @@ BLOCKS = {
                    lambda page: module("tests/test_learning.py").held_table()),
     "real-model table": ("scripts/real_model_demo.py", ("BEGIN", "END"), real_model_table),
     "real-model comparison": ("scripts/compare_real.py", ("README_BEGIN", "README_END"),
-                              lambda page: real_compare()[1].readme_block(*real_compare()[2])),
+                              lambda page: real_compare()[1].readme_block(*real_compare()[2][:2], "docs", real_compare()[2][2])),
     "real-model reading": ("scripts/compare_real.py", ("READING_BEGIN", "READING_END"),
-                           lambda page: real_compare()[1].method_block(Path(page).stem, *real_compare()[2])),
+                           lambda page: real_compare()[1].method_block(Path(page).stem, *real_compare()[2][:2])),
     "KV room": ("benchmarks/kv_room.py", ("KV_TABLE_BEGIN", "KV_TABLE_END"),
                 lambda page: module("benchmarks/kv_room.py").kv_table()),
     "per-GPU budget": ("benchmarks/kv_room.py", ("BUDGET_BEGIN", "BUDGET_END"),
@@ -154,7 +154,9 @@ BLOCKS = {
                               ("MEMORY_BEGIN", "MEMORY_END")),
 }  # fmt: skip
 GENERATED_PAGES = {  # page -> its text, rendered from its stored runs
-    "docs/results_real.md": lambda: real_compare()[1].page(*real_compare()[2], real_compare()[0].task_text()),
+    "docs/results_real.md": lambda: real_compare()[1].page(
+        *real_compare()[2][:2], real_compare()[0].task_text(), real_compare()[2][2]
+    ),
     "docs/results_demo.md": lambda: module("scripts/readme_demo_table.py").results_page(),
 }
 

@@ -5,10 +5,11 @@ The paired statistics themselves: tests/test_comparison_stats.py."""
 import importlib.util
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
-from train_utils import ROOT, run_cli
+from train_utils import ROOT, run_cli, user_env
 
 from common.evaluation import RECORDS_FILE
 from common.models import SHIPPED_DIR
@@ -18,7 +19,7 @@ SPEC = importlib.util.spec_from_file_location("compare_real", ROOT / "scripts" /
 compare = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(compare)  # puts the repository root on sys.path: scripts.comparison imports below
 
-from scripts.comparison import alike, design, details, figures, grid, page, runs, verdicts  # noqa: E402
+from scripts.comparison import alike, design, details, figures, grid, page, runs, trl_grpo, verdicts  # noqa: E402
 
 DOCS = ROOT / "docs"
 STORED = DOCS / page.STORE
@@ -195,7 +196,7 @@ def test_each_ablation_is_its_method_with_flags_its_script_takes():
 def test_each_run_is_evaluated_at_its_own_setting_and_at_those_of_the_methods_that_read_it():
     """A method and its ablations at the method's setting; a baseline at its own and at that of each method whose
     paper compares with it; GRPO at all; greedy takes one sample per problem."""
-    es = grid.eval_settings
+    es = lambda run, runs: grid.eval_settings(run, runs, grid.Budget())  # noqa: E731
     assert es("edge_grpo", ["grpo_base", "edge_grpo"]) == [(0.1, 1.0)] == es("edge_grpo-gec", [])
     assert es("edge_grpo", ["egpo"]) == [(0.1, 1.0), (0.6, 0.95)]  # EGPO's Table 1 compares with EDGE-GRPO
     assert es("dapo", ["dapo"]) == [(1.0, 0.7)] and es("dapo", ["dapo", "egpo"]) == [(0.6, 0.95), (1.0, 0.7)]
@@ -251,7 +252,7 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path, monkeyp
     readme.write_text(f"intro\n{compare.README_BEGIN}\nold\n{compare.README_END}\nrest\n")
     common = ["--model", "tiny", "--steps", "2", "--seeds", "0", "--out", str(out), "--runs_dir", str(run_dirs)]
     common += ["--eval_n", "2"]  # the grid's logic; its sampling is the scripts' and tools.evaluate's own tests'
-    common += ["--methods", "grpo_base,cw_grpo,clip_cov"]
+    common += ["--methods", "grpo_base,cw_grpo,clip_cov", "--regime", "on_policy"]
     first = run_cli("scripts/compare_real.py", *common, "--readme", str(readme), timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
     stored = out / page.STORE / "grpo_base-seed0"
@@ -314,6 +315,41 @@ def test_compare_real_end_to_end_on_the_tiny_model_and_resumes(tmp_path, monkeyp
     monkeypatch.setattr("sys.argv", argv)
     with pytest.raises(SystemExit, match="--fresh"):  # other settings than the stored runs': refused
         compare.main()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_the_primary_regime_and_trls_row_end_to_end_on_the_tiny_model(tmp_path):
+    """--regime primary: 4 optimiser steps per rollout and 300 held-out sums reach the stored runs; TRL's
+    GRPOTrainer runs as a script of the grid, its log holds every figure the page reads, and its evaluation command
+    gives GRPO's model the very completions of GRPO's own evaluation (like for like); the page opens with the
+    primary table, the grid said under way, and the README keeps the on-policy table until the grid is complete."""
+    out, run_dirs, readme = tmp_path / "docs", tmp_path / "runs", tmp_path / "README.md"
+    shutil.copytree(STORED, out / page.STORE)  # the page always has the stored first grid
+    readme.write_text(f"{compare.README_BEGIN}\n{compare.README_END}\n")
+    flags = ["--regime", "primary", "--model", "tiny", "--steps", "2", "--eval_n", "2", "--seeds", "0"]
+    flags += ["--methods", "grpo_base,trl", "--out", str(out), "--runs_dir", str(run_dirs), "--readme", str(readme)]
+    done = run_cli("scripts/compare_real.py", *flags, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figs, infos = figures.load(out / page.PRIMARY.store)
+    for name in ("grpo_base", "trl"):
+        info = infos[name][0]
+        assert info["data"]["held_out"] == 300 and info["script_flags"]["num_minibatches"] == 4, name
+        assert len(figs[name][0]["pass1_after_problems"]) == 300 and len(figs[name][0]["reward_curve"]) == 2
+    assert infos["trl"][0]["script_flags"]["trl"] == "1.16.0"
+    ours = [json.loads(x) for x in (run_dirs / "grpo_base-seed0" / RECORDS_FILE).read_text().splitlines()]
+    data = run_dirs / "data"
+    cmd = trl_grpo.eval_command(
+        run_dirs / "grpo_base-seed0" / "model", run_dirs / "check", data / "sums_train.jsonl",
+        f"sums={data / 'sums_eval.jsonl'}", 0, 2, 32,
+    )  # fmt: skip
+    assert subprocess.run(cmd, cwd=ROOT, env=user_env(), capture_output=True, timeout=600).returncode == 0
+    again = [json.loads(x) for x in (run_dirs / "check" / RECORDS_FILE).read_text().splitlines()]
+    assert [r["completions"] for r in again] == [r["completions"] for r in ours]
+    text = (out / page.PAGE).read_text()
+    assert text.index("(the primary regime)") < text.index("(the on-policy regime)")
+    assert "2 of its 145 runs stored so far" in text and "| TRL's GRPOTrainer | T = 1.0 | 1 |" in text
+    assert "the primary regime's grid (4 steps per rollout) is under way" in readme.read_text()
 
 
 @pytest.mark.vllm

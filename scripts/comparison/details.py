@@ -272,7 +272,8 @@ def coverage_text(reader: Reader) -> str:
     line = f"Simulated from the measured variance components, its {CONFIDENCE:.0%} interval covers the true difference "
     line += f"in {fixed}"
     if (key := (SIM_SEEDS[0], True)) in found:
-        line += f" ({span(found[key])} at {SIM_SEEDS[0]} seeds if the 100 sums are taken as a sample of all sums)"
+        sums = tables[0].shape[1]
+        line += f" ({span(found[key])} at {SIM_SEEDS[0]} seeds if the {sums} sums are taken as a sample of all sums)"
     return line + "."
 
 

@@ -23,7 +23,12 @@ PART_OFF = {"edge_grpo-gec": "EDA", "edge_grpo-eda": "GEC"}
 STABILISERS = ("edge_grpo-bound",)  # read beside the method, not as its ablation
 SCRIPT = {m: f"baselines/{VARIANTS.get(m, (m,))[0]}.py" if m in BASELINES else f"{m}.py" for m in METHODS + BASELINES}
 SCRIPT |= {a: SCRIPT[m] for a, (m, _, _) in ABLATIONS.items()}
-ORDER = METHODS + BASELINES + tuple(ABLATIONS)  # BASE first: its run evaluates the policy before training
+# TRL's GRPOTrainer configured as BASE: the reference against the implementation most users run. A check of the
+# reference, outside the primary family: "not told apart" is the expected reading.
+REFERENCE = "trl"
+SCRIPT[REFERENCE] = "scripts/comparison/trl_grpo.py"
+ROWS = METHODS + BASELINES + (REFERENCE,)  # the verdict table's runs
+ORDER = ROWS + tuple(ABLATIONS)  # BASE first: its run evaluates the policy before training
 BASE = "grpo_base"
 
 SEEDS = (0, 1, 2, 3, 4)
@@ -64,11 +69,12 @@ NAMES = {
     "gspo": "GSPO",
     "kl_cov": "KL-Cov",
     "clip_cov": "Clip-Cov",
+    REFERENCE: "TRL's GRPOTrainer",
 }
 NAMES |= {a: f"{NAMES[m]}, {off}" for a, (m, _, off) in ABLATIONS.items()}
 TAB = "blue orange green red purple brown pink olive cyan".split()  # matplotlib's tab: colours, in turn
 COLORS = dict(zip(METHODS + BASELINES, ["black"] + [f"tab:{c}" for c in TAB]))
-COLORS |= {a: COLORS[m] for a, (m, _, _) in ABLATIONS.items()}
+COLORS |= {a: COLORS[m] for a, (m, _, _) in ABLATIONS.items()} | {REFERENCE: "tab:gray"}
 
 P1 = "pass1_after"  # the accuracy a run is read by, at T = EVAL_TEMPERATURE
 # Each paper's claim: (method, what the paper says, the figure that measures it, the direction it claims). An

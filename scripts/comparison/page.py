@@ -7,12 +7,13 @@ from scripts.comparison.design import POWER
 from scripts.comparison.grid import (
     ABLATIONS,
     BASE,
-    BASELINES,
     COMPARED_WITH,
     EVAL_TEMPERATURE,
-    METHODS,
     NAMES,
     P1,
+    REFERENCE,
+    REGIMES,
+    ROWS,
     SCRIPT,
     STABILISERS,
     own_setting,
@@ -40,6 +41,7 @@ from scripts.comparison.verdicts import (
 )
 
 PAGE, FIGURE, STORE = "results_real.md", "compare_real.png", "real_compare"
+PRIMARY = REGIMES["primary"]
 BOOKKEEPING = {"eval_before"}  # the comparison's own flag, not a method's
 WORDS = {"higher": "better", "lower": "worse", "not told apart": "not told apart"}  # a difference, in words
 
@@ -80,8 +82,8 @@ def primary_cells(reader: Reader, m: str) -> tuple[str, str]:
 
 
 def runs_of(figures: dict) -> list[str]:
-    """The methods and baselines stored (not the ablations), in the grid's order."""
-    return [m for m in figures if m in METHODS + BASELINES]
+    """The methods, baselines and TRL's row stored (not the ablations), in the grid's order."""
+    return [m for m in figures if m in ROWS]
 
 
 def verdict_table(reader: Reader, infos: dict) -> list[str]:
@@ -97,6 +99,8 @@ def verdict_table(reader: Reader, infos: dict) -> list[str]:
         t = infos[m][min(infos[m])]["script_flags"]["temperature"]
         e = None if m == BASE else reader.diff(m, BASE)
         p, said = primary_cells(reader, m)
+        if m == REFERENCE and e is not None:  # outside the family: its own p and interval
+            p, said = shown(e.p, 3) + " (its own)", word(e) + " (a check of the reference, outside the family)"
         L.append(
             f"| {NAMES[m]} | T = {t} | {len(reader.figures[m])} | {pct(reader.level(m))} | "
             f"{'-' if m == BASE else diff_cell(e, reader.gap(m, BASE))} | {p} | "
@@ -369,7 +373,44 @@ def seeds_text(infos: dict) -> str:
     return line
 
 
-def page(figures: dict, infos: dict, task: str) -> str:
+def planned_runs(figures: dict) -> int:
+    """The primary grid's runs: every method and baseline on its seeds, every ablation on the first few."""
+    seeds, few = len(PRIMARY.seeds), PRIMARY.ablation_seeds
+    return len(ROWS) * seeds + len(ABLATIONS) * few
+
+
+def complete(figures: dict) -> bool:
+    """Does the primary store hold every method and baseline on every seed of its regime?"""
+    return all(len(figures.get(m, {})) >= len(PRIMARY.seeds) for m in ROWS)
+
+
+def primary_section(figures: dict, infos: dict) -> list[str]:
+    """The primary regime's verdict table, read as the on-policy one is; while its grid runs, what it holds so far."""
+    reader, base = Reader(figures), infos[BASE][min(infos[BASE])]
+    stored = sum(len(runs) for runs in figures.values())
+    steps, n = (base["script_flags"][k] for k in ("num_minibatches", "eval_n"))
+    L = [
+        f"## Which method: {steps} optimiser steps per rollout (the primary regime)",
+        "",
+        f"Held-out pass@1 after training, at T = {EVAL_TEMPERATURE} for every run, on {base['data']['held_out']} "
+        f"held-out sums at {n} samples each. Every run takes {steps} optimiser steps per rollout "
+        f"(`--num_minibatches {steps}`, the fewest the papers take), so the ratio leaves 1 and the clip acts. "
+        f"TRL's GRPOTrainer is configured as GRPO ([how](../scripts/comparison/trl_grpo.py)): a check of the "
+        f"reference, outside the family. The runs: [{PRIMARY.store}/]({PRIMARY.store}/).",
+        "",
+    ]
+    if stored < planned_runs(figures):
+        L += [
+            f"**The grid is under way**: {stored} of its {planned_runs(figures)} runs stored so far "
+            "(`python scripts/compare_real.py` runs the rest, resumable). The table reads what is stored; a row "
+            f"with fewer than {MIN_SEEDS} seeds has no verdict yet.",
+            "",
+        ]
+    return L + [*verdict_table(reader, infos), "", rule_line(reader), ""]
+
+
+def page(figures: dict, infos: dict, task: str, primary_runs: tuple[dict, dict] | None = None) -> str:
+    """The page; `primary_runs`: the primary regime's (figures, infos), its table first, when stored."""
     reader = Reader(figures)
     L = [
         "# The methods and baselines side by side on a real model",
@@ -377,7 +418,8 @@ def page(figures: dict, infos: dict, task: str) -> str:
         "Written by `python scripts/compare_real.py` from the runs stored in [real_compare/](real_compare/) "
         "(`--render_only` writes it again from them). Figure: [compare_real.png](compare_real.png).",
         "",
-        "## Which method",
+        *(primary_section(*primary_runs) if primary_runs else []),
+        "## Which method" + (": one optimiser step per rollout (the on-policy regime)" if primary_runs else ""),
         "",
         f"Held-out pass@1 after training, at T = {EVAL_TEMPERATURE} for every run:",
         "",
@@ -407,9 +449,20 @@ def page(figures: dict, infos: dict, task: str) -> str:
     return "\n".join(L)
 
 
-def readme_block(figures: dict, infos: dict, docs: str = "docs") -> str:
-    """The README's lines: the primary table, one line, and the links."""
+def readme_block(figures: dict, infos: dict, docs: str = "docs", primary_runs: tuple[dict, dict] | None = None) -> str:
+    """The README's lines: the verdict table (the primary regime's once its grid is complete), one line, the links."""
     L = [f"[{docs}/{PAGE}]({docs}/{PAGE}) (figure: [{docs}/{FIGURE}]({docs}/{FIGURE})):", ""]
+    if primary_runs and complete(primary_runs[0]):
+        figures, infos = primary_runs
+        L += [f"{PRIMARY.budget.num_minibatches} optimiser steps per rollout (the primary regime):", ""]
+    elif primary_runs:
+        stored = sum(len(runs) for runs in primary_runs[0].values())
+        L += [
+            f"One optimiser step per rollout (the on-policy regime); the primary regime's grid "
+            f"({PRIMARY.budget.num_minibatches} steps per rollout) is under way, {stored} of "
+            f"{planned_runs(primary_runs[0])} runs stored:",
+            "",
+        ]
     if figures:
         reader = Reader(figures)
         found = detectable(reader, grpo_pairs(reader))
