@@ -42,6 +42,7 @@ from scripts.comparison.grid import (  # noqa: E402
     ORDER,
     REFERENCE,
     REGIMES,
+    ROWS,
     SCRIPT,
     STEPS,
 )
@@ -134,8 +135,7 @@ def main() -> None:
     )
     p.add_argument(
         "--methods",
-        default=",".join(ORDER),
-        help=f"comma-separated runs, {BASE} among them: methods ({', '.join(METHODS)}), baselines "
+        help=f"comma-separated runs (default: the regime's), {BASE} among them: methods ({', '.join(METHODS)}), baselines "
         f"({', '.join(BASELINES)}), {REFERENCE} (TRL's GRPOTrainer as {BASE}) or ablations: "
         + ", ".join(f"{a} ({NAMES[a]})" for a in ABLATIONS),
     )
@@ -149,7 +149,8 @@ def main() -> None:
     p.add_argument("--fresh", action="store_true", help="delete the stored runs first and run them all again")
     a = p.parse_args()
     regime = REGIMES[a.regime]
-    grid, seeds = parse_grid(a.methods, a.seeds or ",".join(map(str, regime.seeds)))
+    methods = a.methods or ",".join((*ROWS, *regime.ablations))
+    grid, seeds = parse_grid(methods, a.seeds or ",".join(map(str, regime.seeds)))
     budget = replace(regime.budget, model=a.model, steps=a.steps, eval_n=a.eval_n or regime.budget.eval_n)
     for flag, value in (("--steps", budget.steps), ("--eval_n", budget.eval_n)):
         if value < 1:

@@ -348,7 +348,7 @@ def test_the_primary_regime_and_trls_row_end_to_end_on_the_tiny_model(tmp_path):
     assert [r["completions"] for r in again] == [r["completions"] for r in ours]
     text = (out / page.PAGE).read_text()
     assert text.index("(the primary regime)") < text.index("(the on-policy regime)")
-    assert "2 of its 145 runs stored so far" in text and "| TRL's GRPOTrainer | T = 1.0 | 1 |" in text
+    assert "2 of its 130 runs stored so far" in text and "| TRL's GRPOTrainer | T = 1.0 | 1 |" in text
     assert "the primary regime's grid (4 steps per rollout) is under way" in readme.read_text()
 
 

@@ -132,22 +132,24 @@ class Budget:
 
 @dataclass(frozen=True)
 class Regime:
-    """A grid's design: where it is stored, its budget and seeds; ablations run on the first `ablation_seeds`."""
+    """A grid's design: where it is stored, its budget and seeds, its ablations, run on the first `ablation_seeds`."""
 
     store: str
     budget: Budget
     seeds: tuple
     ablation_seeds: int
+    ablations: tuple
 
 
 # primary: 4 optimiser steps per rollout, the fewest the papers take (GSPO 4; Dr. GRPO and KL-Cov 8; DAPO and
 # Pro-GRPO 16), so the ratio leaves 1 and the clip acts. 10 seeds, 300 held-out sums at 4 samples: seeds shrink
 # the interval fastest per CPU-hour (docs/results_real.md, "What this design can tell"). No own-setting
-# evaluations: they are exploratory, and would double its cost. on_policy: one step per rollout, as stored first.
+# evaluations, and of the ablations only each method's whole one (its idea off): the rest is exploratory, and a run
+# takes about 8 minutes (a TRL run about 20). on_policy: one step per rollout, as stored first.
 REGIMES = {
     "primary": Regime("real_compare_primary", Budget(eval_n=4, num_minibatches=4, held_out=300, own_settings=False),
-                      tuple(range(10)), 5),
-    "on_policy": Regime("real_compare", Budget(), SEEDS, len(SEEDS)),
+                      tuple(range(10)), 5, tuple(a for a in ABLATIONS if a.endswith("-off"))),
+    "on_policy": Regime("real_compare", Budget(), SEEDS, len(SEEDS), tuple(ABLATIONS)),
 }  # fmt: skip
 
 

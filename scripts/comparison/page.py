@@ -376,7 +376,7 @@ def seeds_text(infos: dict) -> str:
 def planned_runs(figures: dict) -> int:
     """The primary grid's runs: every method and baseline on its seeds, every ablation on the first few."""
     seeds, few = len(PRIMARY.seeds), PRIMARY.ablation_seeds
-    return len(ROWS) * seeds + len(ABLATIONS) * few
+    return len(ROWS) * seeds + len(PRIMARY.ablations) * few
 
 
 def complete(figures: dict) -> bool:
