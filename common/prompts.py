@@ -287,7 +287,7 @@ def format_mismatch(terms: list[str], prompt: str, template: str, who: str = "")
 def check_prompt_format(terms: list[str], prompt_ids: list[int], tokenizer, template: str, few_shot: int,
                         stop: str | None, say, evaluates: bool = False) -> list[str]:  # fmt: skip
     """A reward term that reads a format the prompt asks against is refused, one it does not ask for warned
-    (`common.rewards.format_mismatch`); `evaluates`: the evaluation's \\boxed{} too. Returns the stop strings."""
+    (`format_mismatch`); `evaluates`: the evaluation's \\boxed{} too. Returns the stop strings."""
     prompt = tokenizer.decode(prompt_ids)
     found = format_mismatch(terms, prompt, template)
     if found and found[0] == "error":

@@ -89,9 +89,11 @@ class Prepared:
     pool: list[dict] | None  # the worked examples of prompts outside the dataset (--few_shot)
 
 
-def check_before_loading(script: str, spec, run: RunFlags, values: dict, resumable: set[str]) -> Prepared:
+def check_before_loading(
+    script: str, spec, run: RunFlags, values: dict, resumable: set[str], terms: list[str]
+) -> Prepared:  # fmt: skip
     """Everything about `spec` (`common.session.TrainSpec`) checked without a model (`values` and `resumable`: the
-    flags and which of them a resume may change)."""
+    flags and which of them a resume may change; `terms`: the reward terms)."""
     quiet_libraries()  # our progress bar and lines; library notices that need no action are filtered
     # --output_dir: writable, locked by rank 0, fit for this run
     run_dir = Path(run.output_dir or f"runs/{script}")
@@ -122,7 +124,7 @@ def check_before_loading(script: str, spec, run: RunFlags, values: dict, resumab
     if spec.check_data is not None:
         spec.check_data(rows)
     stop = check_prompt_format(
-        spec.rewards.split(","), rows[0]["prompt_ids"], tokenizer, spec.template, spec.few_shot, run.stop, say,
+        terms, rows[0]["prompt_ids"], tokenizer, spec.template, spec.few_shot, run.stop, say,
         bool(run.eval_steps),
     )  # fmt: skip
     pool = pool_of(rows, spec.few_shot) if spec.few_shot else None  # the evaluation's worked examples
@@ -249,7 +251,7 @@ def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict
         torch.get_num_threads(), torch.cuda.get_device_name() if torch.cuda.is_available() else None
     )
     terms, custom = check_launch_and_rewards(spec.rewards, spec.reward_fn)
-    pre = check_before_loading(script, spec, run, values, resumable)
+    pre = check_before_loading(script, spec, run, values, resumable, terms)
     gpu, say0 = torch.cuda.is_available(), print if pre.is_main else lambda _: None
     precision = precision_for(run.precision, gpu)
     announce_loading(say0, pre.model_path, spec.reference_model, run.rollout, run.precision, gpu, machine["bf16_units"])

@@ -373,10 +373,10 @@ def seeds_text(infos: dict) -> str:
     return line
 
 
-def planned_runs(figures: dict) -> int:
-    """The primary grid's runs: every method and baseline on its seeds, every ablation on the first few."""
-    seeds, few = len(PRIMARY.seeds), PRIMARY.ablation_seeds
-    return len(ROWS) * seeds + len(PRIMARY.ablations) * few
+def progress(figures: dict) -> tuple[int, int]:
+    """(runs stored, runs planned) of the primary grid: every row on its seeds, every ablation on the first few."""
+    planned = len(ROWS) * len(PRIMARY.seeds) + len(PRIMARY.ablations) * PRIMARY.ablation_seeds
+    return sum(len(runs) for runs in figures.values()), planned
 
 
 def complete(figures: dict) -> bool:
@@ -387,7 +387,7 @@ def complete(figures: dict) -> bool:
 def primary_section(figures: dict, infos: dict) -> list[str]:
     """The primary regime's verdict table, read as the on-policy one is; while its grid runs, what it holds so far."""
     reader, base = Reader(figures), infos[BASE][min(infos[BASE])]
-    stored = sum(len(runs) for runs in figures.values())
+    stored, planned = progress(figures)
     steps, n = (base["script_flags"][k] for k in ("num_minibatches", "eval_n"))
     L = [
         f"## Which method: {steps} optimiser steps per rollout (the primary regime)",
@@ -399,9 +399,9 @@ def primary_section(figures: dict, infos: dict) -> list[str]:
         f"reference, outside the family. The runs: [{PRIMARY.store}/]({PRIMARY.store}/).",
         "",
     ]
-    if stored < planned_runs(figures):
+    if stored < planned:
         L += [
-            f"**The grid is under way**: {stored} of its {planned_runs(figures)} runs stored so far "
+            f"**The grid is under way**: {stored} of its {planned} runs stored so far "
             "(`python scripts/compare_real.py` runs the rest, resumable). The table reads what is stored; a row "
             f"with fewer than {MIN_SEEDS} seeds has no verdict yet.",
             "",
@@ -456,11 +456,10 @@ def readme_block(figures: dict, infos: dict, docs: str = "docs", primary_runs: t
         figures, infos = primary_runs
         L += [f"{PRIMARY.budget.num_minibatches} optimiser steps per rollout (the primary regime):", ""]
     elif primary_runs:
-        stored = sum(len(runs) for runs in primary_runs[0].values())
+        stored, planned = progress(primary_runs[0])
         L += [
             f"One optimiser step per rollout (the on-policy regime); the primary regime's grid "
-            f"({PRIMARY.budget.num_minibatches} steps per rollout) is under way, {stored} of "
-            f"{planned_runs(primary_runs[0])} runs stored:",
+            f"({PRIMARY.budget.num_minibatches} steps per rollout) is under way, {stored} of {planned} runs stored:",
             "",
         ]
     if figures:
