@@ -224,15 +224,6 @@ def optimizer_options(device_type: str) -> dict:
     return {"fused": True} if device_type == "cuda" else {}
 
 
-def announce_loading(
-    say, model_path: str, reference_model: bool, rollout: str, precision: str, gpu: bool, bf16_units: list[str]
-) -> None:
-    """Say what the slow part of start-up loads (and what a bf16 mode means on CPU)."""
-    say(f"loading {model_path}: the policy{', the reference model' * reference_model} and the {rollout} rollout engine")
-    if note := precision_note(precision, gpu, bf16_units):
-        say(note)
-
-
 def precision_note(precision: str, gpu: bool, bf16_units: list[str] | None = None) -> str | None:
     """The start-up line of a bf16 mode on CPU (`bf16_units`: `common.metrics.cpu_info`'s); None elsewhere."""
     if gpu or precision not in ("bf16", "bf16-mixed"):

@@ -6,7 +6,7 @@ The update's own peak is `update_phases`'s."""
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 GIB = 2**30
 MARGIN_GIB = 2.0
@@ -271,4 +271,22 @@ def preflight_memory(
     return check_plan(
         parameters, mode=mode, world=world, precision=precision, reference_model=reference_model,
         vllm_utilization=vllm_utilization, total_gib=total_gib, vllm_floor=floor,
+    )  # fmt: skip
+
+
+def check_memory(
+    run, model_path: str, mode, reference_model: bool, device_gib: float | None, engine_size=None
+):  # fmt: skip
+    """`preflight_memory` of this run's flags (`common.run_flags.RunFlags`) under `mode`
+    (`common.distributed.ParallelMode`; `engine_size` None: vLLM's defaults, which err high), after the one layout
+    no memory makes work. Returns the plan (GiB per item) or None."""
+    if reference_model and mode.kind == "zero3":
+        raise SystemExit(
+            "error: --beta > 0 under DeepSpeed ZeRO-3: the reference model would be partitioned and never wrapped; "
+            "use configs/accelerate/fsdp2.yaml (the reference model is then loaded whole on each GPU) or --beta 0"
+        )
+    return preflight_memory(
+        model_path, mode=mode.kind, world=mode.world, precision=run.precision, reference_model=reference_model,
+        vllm_utilization=run.vllm_gpu_memory_utilization if run.rollout == "vllm" else 0.0, total_gib=device_gib,
+        **(asdict(engine_size) if engine_size is not None else {}),
     )  # fmt: skip

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.batching import select
-from common.cli import require
 from common.logprobs import sequence_logprobs
 from common.metrics import UpdateGuard
 from common.models import Precision
@@ -155,11 +154,12 @@ def open_trainer(spec, run: RunFlags, model_path: str, precision: Precision, run
     from common.distributed import confine_zero3_linear
     from common.models import load_policy, load_reference_model, optimizer_options
 
+    # The schedule counts optimiser steps (--mu x --num_minibatches a step), as the scheduler is stepped.
+    schedule = lr_lambda(spec.lr_schedule, spec.warmup_steps, total_steps * spec.optimizer_steps_per_step)
     accelerator, mode = open_accelerator(
         run, spec.grad_clip, precision, run_dir, model_path, spec.reference_model, device_memory_gib(gpu), engine_size
     )
     set_seed(spec.seed + accelerator.process_index)
-    schedule = lr_lambda(spec.lr_schedule, spec.warmup_steps, total_steps * spec.optimizer_steps_per_step)
     policy = load_policy(model_path, precision.policy, run.gradient_checkpointing)
     ref_model = None
     if spec.reference_model:  # only then: all four papers train without it
@@ -177,7 +177,6 @@ def open_trainer(spec, run: RunFlags, model_path: str, precision: Precision, run
         say=say, residual_bytes=precision.residual_bytes,
     )  # fmt: skip
     opt = spec.optimizer(policy.parameters(), **optimizer_options(accelerator.device.type))  # fused on CUDA
-    # The schedule counts optimiser steps (--mu x --num_minibatches a step), as the scheduler is stepped.
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     policy, opt = accelerator.prepare(policy, opt)
     confine_zero3_linear(policy)  # DeepSpeed's F.linear for the policy only, not the rollout engine's layers
@@ -195,36 +194,16 @@ def open_accelerator(
     device_gib: float | None, engine_size=None,
 ):  # fmt: skip
     """(accelerator, parallel mode), then the checks that need them before any weight loads: every rank sees the
-    run directory, no reference model under ZeRO-3, the memory preflight (`device_gib` None: CPU, not planned)."""
+    run directory, and the memory preflight (`device_gib` None: CPU, not planned)."""
     from common.distributed import make_accelerator, parallel_mode
+    from common.preflight import check_memory
     from common.run_dir import check_shared
 
     accelerator = make_accelerator(precision.mixed, grad_clip, run.micro_batch_size, run.report_to, str(run_dir))
     check_shared(run_dir, accelerator)  # multi-node: before minutes of loading
     mode = parallel_mode(accelerator)
-    require(
-        not (reference_model and mode.kind == "zero3"),
-        "--beta > 0 under DeepSpeed ZeRO-3: the reference model would be partitioned and never wrapped; "
-        "use configs/accelerate/fsdp2.yaml (the reference model is then loaded whole on each GPU) or --beta 0",
-    )
     check_memory(run, model_path, mode, reference_model, device_gib, engine_size)
     return accelerator, mode
-
-
-def check_memory(
-    run: RunFlags, model_path: str, mode, reference_model: bool, device_gib: float | None, engine_size=None
-):  # fmt: skip
-    """`common.preflight.preflight_memory` of this run's flags under `mode` (`engine_size` None: vLLM's defaults,
-    which err high). Returns the plan (GiB per item) or None."""
-    from dataclasses import asdict
-
-    from common.preflight import preflight_memory
-
-    return preflight_memory(
-        model_path, mode=mode.kind, world=mode.world, precision=run.precision, reference_model=reference_model,
-        vllm_utilization=run.vllm_gpu_memory_utilization if run.rollout == "vllm" else 0.0, total_gib=device_gib,
-        **(asdict(engine_size) if engine_size is not None else {}),
-    )  # fmt: skip
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:

@@ -134,7 +134,7 @@ def vllm_engine_args(
     if distributed:  # one engine per accelerate rank, TRL's colocate mode
         kwargs["distributed_executor_backend"] = "external_launcher"
     if gpu:
-        kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
+        kwargs |= {"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": enable_sleep_mode}
     if max_num_seqs:  # sequences decoded together; a step's whole rollout at once if the KV cache holds it
         kwargs["max_num_seqs"] = max_num_seqs
     if max_num_batched_tokens:  # tokens per forward (chunked prefill budget)

@@ -205,7 +205,7 @@ def test_the_session_plans_memory_on_a_gpu_only(tiny_random_dir):
     import dataclasses
 
     from common.distributed import ParallelMode
-    from common.trainer import check_memory
+    from common.preflight import check_memory
 
     run, mode = RunFlags(), ParallelMode("ddp", 2)
     assert check_memory(run, str(tiny_random_dir), mode, False, None) is None

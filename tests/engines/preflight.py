@@ -5,7 +5,7 @@
 
 The accelerator comes from the trainer's own step (`common.trainer.open_accelerator`, as `start_session`
 builds it on a GPU: bf16 mixed precision, whose engine settings are reported); then, for each plan of PLANS.json (a recipe's model config directory and flags), the parameter
-count and `common.trainer.check_memory` on a device of the stated GiB: the plan, or the one line it stops
+count and `common.preflight.check_memory` on a device of the stated GiB: the plan, or the one line it stops
 with. Under ZeRO-3 the accelerator leaves transformers' ZeRO-3 hook set (an HfDeepSpeedConfig alive): the
 count must neither crash in zero.Init nor see partitioned (empty) parameters, and the hook must stay set.
 """
@@ -19,9 +19,9 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 
 from common.distributed import end_run
 from common.models import precision_for
-from common.preflight import count_parameters
+from common.preflight import check_memory, count_parameters
 from common.run_flags import RunFlags
-from common.trainer import check_memory, open_accelerator
+from common.trainer import open_accelerator
 
 plans, run_dir = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
 first = next(iter(plans.values()))
