@@ -10,6 +10,7 @@ The demo table of the README is fp32's: a bf16 figure moves with the CPU's bf16 
 import json
 import shutil
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,19 +97,24 @@ def precision_record(run) -> dict:
     return json.loads((run / "run_config.json").read_text())["history"][0]["machine"]["precision"]
 
 
-@pytest.mark.parametrize("script", SCRIPTS + BASELINES)
-def test_every_script_trains_in_the_gpus_mode(script, tiny_random_dir, tmp_path):
-    """A step with the HF engine (the trainer's own weights, fp32, against its bf16 autocast scoring): the run
-    records the mode, says at start what it means on this CPU, and the rollout correction is on (auto)."""
-    out = tmp_path / "run"
-    proc = run_cli(
-        script, "--model", str(tiny_random_dir), "--rollout", "hf", *ONE_STEP, *MODE, "--output_dir", str(out)
-    )
+def assert_trained_in_the_gpus_mode(proc, out: Path) -> None:
+    """The run records the mode, says at start what it means on this CPU, and the rollout correction is on (auto)."""
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "note: --precision bf16-mixed on CPU: the GPU's mode" in proc.stdout + proc.stderr
     assert precision_record(out) == RECORD
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["train/skipped_steps"] == 0 and r["train/rollout_is_weight_mean"] > 0 for r in rows)
+
+
+# grpo_base.py's: test_resume_is_bit_exact_in_bf16_mixed's straight run.
+@pytest.mark.parametrize("script", [s for s in SCRIPTS + BASELINES if s != "grpo_base.py"])
+def test_every_script_trains_in_the_gpus_mode(script, tiny_random_dir, tmp_path):
+    """A step with the HF engine (the trainer's own weights, fp32, against its bf16 autocast scoring)."""
+    out = tmp_path / "run"
+    proc = run_cli(
+        script, "--model", str(tiny_random_dir), "--rollout", "hf", *ONE_STEP, *MODE, "--output_dir", str(out)
+    )
+    assert_trained_in_the_gpus_mode(proc, out)
 
 
 @pytest.mark.slow
@@ -131,7 +137,8 @@ def test_vllm_samples_in_bf16_and_learns_as_fp32_does(tmp_path):
 
 @pytest.mark.slow
 def test_resume_is_bit_exact_in_bf16_mixed(tiny_random_dir, tmp_path):
-    """Three steps straight against one step, a resume, two more: the same weights to the bit."""
+    """Three steps straight against one step, a resume, two more: the same weights to the bit (and the straight run
+    is grpo_base.py's in test_every_script_trains_in_the_gpus_mode)."""
     flags = [
         "--model",
         str(tiny_random_dir),
@@ -146,7 +153,7 @@ def test_resume_is_bit_exact_in_bf16_mixed(tiny_random_dir, tmp_path):
     ]
     straight = tmp_path / "straight"
     proc = run_cli("grpo_base.py", *flags, "--steps", "3", "--output_dir", str(straight))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_trained_in_the_gpus_mode(proc, straight)
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     shutil.copy(straight / "run_config.json", resumed / "run_config.json")

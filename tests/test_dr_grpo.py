@@ -3,7 +3,7 @@ written from the paper's objective in fp64 (loops, no vectorisation), and its CP
 
 import pytest
 import torch
-from train_utils import demo_learns_and_smollm2_runs
+from train_utils import demo_learns
 
 from baselines.dr_grpo import Args, dr_advantages, policy_loss
 from common.cli import parse_args
@@ -88,4 +88,4 @@ def test_grpo_aggregation_stays_available():
 def test_demo_learns(tmp_path):
     """No real-model step: Dr. GRPO's change (the advantage and the loss's constant normaliser) meets nothing a
     real model shapes that GRPO's own real-model steps (tests/test_real_model.py) do not run."""
-    demo_learns_and_smollm2_runs("baselines/dr_grpo.py", tmp_path, smollm2=False)
+    demo_learns("baselines/dr_grpo.py", tmp_path)

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from train_utils import demo_learns_and_smollm2_runs
+from train_utils import demo_learns
 
 from baselines.kl_cov import Args, kl_cov_advantages, policy_loss, token_covariance, validate
 from common.run_flags import RunFlags
@@ -153,7 +153,7 @@ def test_demo_learns(variant, tmp_path):
     """The CPU demo's accuracy rises over 8 steps with each variant (as tests/test_learning.py holds the five scripts
     to). No real-model step: the variants choose tokens by the covariance of their log-probs and advantages, which
     meets nothing a real model shapes that GRPO's own real-model steps (tests/test_real_model.py) do not run."""
-    rows = demo_learns_and_smollm2_runs("baselines/kl_cov.py", tmp_path, "--variant", variant, smollm2=False)
+    rows = demo_learns("baselines/kl_cov.py", tmp_path, "--variant", variant)
     if variant == "kl_cov":  # at least one token per micro-batch (Clip-Cov's band may be empty on the demo)
         assert all(r["kl_cov/chosen_frac"] > 0 for r in rows if r["train/skipped_rows"] < 16 * 8)
 
