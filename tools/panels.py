@@ -1,9 +1,8 @@
-"""The figure `tools.plot` draws: which panels (`choose_metrics`, `requested_metrics`), their labels (`describe`),
-and the panels themselves (`figure`, saved by `plot_runs`)."""
+"""The figure `tools.plot` draws: which panels (`choose_metrics`, `requested_metrics`) and the panels themselves
+(`figure`, saved by `plot_runs`), each titled by its metric key as metrics.jsonl names it."""
 
 import difflib
 import math
-import textwrap
 from pathlib import Path
 
 from tools.run_logs import LogError, finite, numeric_keys, series
@@ -22,121 +21,18 @@ COMMON = (
 )
 # Namespaces every script shares; any other namespace is one method's own.
 SHARED_NAMESPACES = ("train/", "eval/", "time/", "reward/")
-# A method's namespaces -> the method (EDGE-GRPO's GEC logs under gec/); GSPO logs none of its own.
-METHODS = {
-    "egpo": "EGPO",
-    "cw": "CW-GRPO",
-    "pro": "Pro-GRPO",
-    "edge": "EDGE-GRPO",
-    "gec": "EDGE-GRPO",
-    "dapo": "DAPO",
-    "dr": "Dr. GRPO",
-    "kl_cov": "KL-Cov / Clip-Cov",
-}
+GEC = {"gec": "edge"}  # EDGE-GRPO logs edge/, and gec/ when its GEC runs
 XLABEL = "training step"  # metrics.jsonl's "step": one rollout batch, not an optimiser step
-
-# key -> (panel title, y-axis label). A method's keys are in the order its panels appear.
-LABELS: dict[str, tuple[str, str]] = {
-    ACCURACY: ("Training accuracy", "fraction correct"),
-    REWARD: ("Training reward", "mean reward"),
-    EVAL_KEY: ("Eval pass@1 (all benchmarks)", "pass@1"),
-    "train/entropy": ("Policy entropy", "nats per token"),
-    "train/response_len": ("Response length", "tokens"),
-    "train/zero_adv_group_frac": ("Groups with no signal (all rewards equal)", "fraction of groups"),
-    "train/adv_var_within_group": ("Advantage variance within a group", "variance"),
-    "train/truncated_frac": ("Truncated responses", "fraction of responses"),
-    "train/loss": ("Policy loss", "loss"),
-    "train/grad_norm": ("Gradient norm", "L2 norm"),
-    "train/approx_kl": ("Approx. KL(old policy || policy)", "nats per token"),
-    "train/clip_frac_low": ("Tokens clipped at 1 - eps_low", "fraction of tokens"),
-    "train/clip_frac_high": ("Tokens clipped at 1 + eps_high", "fraction of tokens"),
-    "train/rollout_logp_gap": ("Rollout vs trainer log-prob gap", "|difference| in nats per token"),
-    "train/rollout_is_corrected_frac": ("Tokens the rollout correction changed", "fraction of tokens"),
-    "train/skipped_steps": ("Skipped optimiser steps", "steps"),
-    "train/lr": ("Learning rate", "learning rate"),
-    "train/epoch": ("Epoch", "epoch"),
-    "time/step_s": ("Time per step", "seconds"),
-    "time/rollout_s": ("Rollout time per step", "seconds"),
-    "time/gec_s": ("GEC time per step", "seconds"),
-    "time/tokens_per_s": ("Throughput", "tokens per second"),
-    "time/peak_mem_gb": ("Peak accelerator memory", "GB"),
-    "reward/timeouts": ("Verifier timeouts", "answers per step"),
-    "reward/unchecked": ("Answers not checked", "answers per step"),
-    "egpo/entropy_proxy_correct": ("EGPO: entropy proxy H, correct answers", "nats per token"),
-    "egpo/entropy_proxy_incorrect": ("EGPO: entropy proxy H, incorrect answers", "nats per token"),
-    "egpo/nsr_group_frac": ("EGPO: all-incorrect (NSR) groups", "fraction of groups"),
-    "egpo/w_mean": ("EGPO: mean weight", "weight w"),
-    "egpo/w_at_lambda_min_frac": ("EGPO: weight at lambda_min (fraction)", "fraction of completions"),
-    "egpo/w_at_lambda_max_frac": ("EGPO: weight at lambda_max (fraction)", "fraction of completions"),
-    "egpo/w_at_one_frac": ("EGPO: weight at 1 (fraction)", "fraction of completions"),
-    "egpo/w_min": ("EGPO: smallest weight", "weight w"),
-    "egpo/w_max": ("EGPO: largest weight", "weight w"),
-    "cw/cov_top1pct_share": ("CW-GRPO: top 1% tokens' share of sum |c|", "fraction of sum |c|"),
-    "cw/cov_top1pct_weight": ("CW-GRPO: top 1% tokens' kernel weight", "mean weight"),
-    "cw/cov_mean": ("CW-GRPO: mean covariance c", "covariance c"),
-    "cw/cov_abs_p60": ("CW-GRPO: |c|, 60th percentile", "|covariance|"),
-    "cw/cov_abs_p80": ("CW-GRPO: |c|, 80th percentile", "|covariance|"),
-    "cw/cov_abs_p99": ("CW-GRPO: |c|, 99th percentile", "|covariance|"),
-    "cw/cov_abs_p99.99": ("CW-GRPO: |c|, 99.99th percentile", "|covariance|"),
-    "cw/cov_abs_max": ("CW-GRPO: largest |c|", "|covariance|"),
-    "pro/conf_prompt": ("Pro-GRPO: prompt confidence c(q)", "confidence"),
-    "pro/conf_answer_correct": ("Pro-GRPO: answer confidence, correct", "confidence"),
-    "pro/conf_answer_incorrect": ("Pro-GRPO: answer confidence, incorrect", "confidence"),
-    "pro/mixed_group_frac": ("Pro-GRPO: mixed groups (re-weighted)", "fraction of groups"),
-    "pro/bonus_abs": ("Pro-GRPO: size of the advantage bonus", "|bonus|"),
-    "pro/adv_sign_flip_frac": ("Pro-GRPO: advantage sign flips", "fraction of completions"),
-    "pro/lowprob_token_prob": ("Pro-GRPO: low-probability tokens' probability", "probability"),
-    "dr/response_len_above_mean": ("Dr. GRPO: length of responses above their group's mean", "tokens"),
-    "dr/response_len_below_mean": ("Dr. GRPO: length of responses below their group's mean", "tokens"),
-    "kl_cov/cov_mean": ("KL-Cov: mean log-prob x advantage covariance", "covariance"),
-    "kl_cov/cov_top_k": ("KL-Cov: covariance threshold of the top k", "covariance"),
-    "kl_cov/band_frac": ("Clip-Cov: tokens in the covariance band", "fraction of tokens"),
-    "kl_cov/chosen_frac": ("KL-Cov / Clip-Cov: tokens penalised or cut", "fraction of tokens"),
-    "edge/entropy_P": ("EDGE-GRPO: completion entropy P", "nats per token"),
-    "edge/adv_var_within_group_before_eda": ("EDGE-GRPO: advantage variance before EDA", "variance"),
-    "gec/rollout_accuracy": ("EDGE-GRPO: accuracy before GEC", "fraction correct"),
-    "gec/fixed": ("EDGE-GRPO: GEC edits correct afterwards", "completions per step"),
-    "gec/reflection_fixed": ("EDGE-GRPO: reflections correct afterwards", "completions per step"),
-    "gec/reflection": ("EDGE-GRPO: GEC reflections", "completions per step"),
-    "gec/injection": ("EDGE-GRPO: GEC answer injections", "completions per step"),
-    "gec/replacement": ("EDGE-GRPO: GEC reference solutions", "completions per step"),
-}
-# Words of a key a title spells out (for keys LABELS does not know).
-WORDS = {
-    "w": "weight",
-    "adv": "advantage",
-    "var": "variance",
-    "cov": "covariance",
-    "conf": "confidence",
-    "len": "length",
-    "prob": "probability",
-    "frac": "(fraction)",
-    "s": "(seconds)",
-    "nsr": "NSR",
-    "eda": "EDA",
-    "gec": "GEC",
-    "kl": "KL",
-    "lr": "learning rate",
-}
-# Key endings whose y-axis label is known.
-UNITS = {"_frac": "fraction", "_s": "seconds", "_len": "tokens", "_gb": "GB"}
-# Names joined by "_" that are one word (the flags lambda_min, eps_high, ...).
-JOINED = ("lambda_min", "lambda_max", "eps_low", "eps_high", "per_s")
 
 
 def is_method_key(key: str) -> bool:
     return "/" in key and not key.startswith(SHARED_NAMESPACES)
 
 
-def method_of_key(key: str) -> str:
-    """The method a method key belongs to: "EGPO" for egpo/..., "EDGE-GRPO" for gec/..., the namespace if unknown."""
-    namespace = key.split("/", 1)[0]
-    return METHODS.get(namespace, namespace)
-
-
 def method_of(rows: list[dict]) -> str:
-    """The method a run's own metrics name ("EGPO", "EDGE-GRPO", ...; "GRPO" when it logs none)."""
-    return " + ".join(sorted({method_of_key(k) for k in numeric_keys(rows) if is_method_key(k)})) or "GRPO"
+    """The namespaces of a run's own metrics ("egpo", "edge"; "grpo" when it logs none): one method's."""
+    namespaces = {k.split("/", 1)[0] for k in numeric_keys(rows) if is_method_key(k)}
+    return " + ".join(sorted({GEC.get(n, n) for n in namespaces})) or "grpo"
 
 
 def reward_is_accuracy(runs: dict[str, list[dict]]) -> bool:
@@ -151,12 +47,6 @@ def reward_is_accuracy(runs: dict[str, list[dict]]) -> bool:
     return both
 
 
-def _order(key: str) -> tuple:
-    """Sort key: the metrics LABELS knows in its order, then the rest by name."""
-    keys = list(LABELS)
-    return (0, keys.index(key), "") if key in keys else (1, 0, key)
-
-
 def choose_metrics(runs: dict[str, list[dict]], method_panels: bool | None = None, max_extra: int = 9) -> list[str]:
     """The common metrics any run logs (train/reward left out when it equals train/accuracy), then at most
     `max_extra` method metrics: method_panels None: when every run is one method; True: always; False: never."""
@@ -164,7 +54,7 @@ def choose_metrics(runs: dict[str, list[dict]], method_panels: bool | None = Non
     chosen = [k for k in COMMON if k in present]
     if REWARD in chosen and reward_is_accuracy(runs):
         chosen.remove(REWARD)
-    own = sorted((k for k in present if is_method_key(k)), key=_order)
+    own = sorted(k for k in present if is_method_key(k))
     if not own or method_panels is False:
         return chosen
     methods = sorted({method_of(rows) for rows in runs.values()})
@@ -175,8 +65,9 @@ def choose_metrics(runs: dict[str, list[dict]], method_panels: bool | None = Non
         )
         return chosen
     by_method: dict[str, list[str]] = {}
-    for k in sorted(own, key=method_of_key):  # methods by name; a method's keys stay in LABELS order
-        by_method.setdefault(method_of_key(k), []).append(k)
+    for k in own:
+        namespace = k.split("/", 1)[0]
+        by_method.setdefault(GEC.get(namespace, namespace), []).append(k)
     # Round robin over the methods, so that a cap leaves every method a panel.
     extra = []
     for rank in range(max(map(len, by_method.values()))):
@@ -198,7 +89,7 @@ def requested_metrics(runs: dict[str, list[dict]], spec: str) -> list[str]:
             continue
         if item.endswith(("/*", "/")):
             prefix = item.rstrip("*")
-            keys = sorted((k for k in present if k.startswith(prefix)), key=_order)
+            keys = sorted(k for k in present if k.startswith(prefix))
             chosen += [k for k in keys if k not in chosen]
             missing += [] if keys else [item]
         elif item in present:
@@ -211,34 +102,6 @@ def requested_metrics(runs: dict[str, list[dict]], spec: str) -> list[str]:
     if not chosen:
         raise LogError(f"--metrics {spec}: no run logs any of these metrics")
     return chosen
-
-
-def _spell(name: str) -> str:
-    for joined in JOINED:
-        name = name.replace(joined, joined.replace("_", "\0"))
-    return " ".join(WORDS.get(w, w).replace("\0", "_") for w in name.split("_"))
-
-
-def describe(key: str, merged: bool = False) -> tuple[str, str]:
-    """(panel title, y-axis label) of a metric key; merged: train/accuracy's panel stands for train/reward too."""
-    if key == ACCURACY and merged:
-        return "Training accuracy (= reward)", "fraction correct"
-    if key in LABELS:
-        return LABELS[key]
-    parts = key.split("/")
-    if parts[0] == "eval" and len(parts) == 3:
-        where = {"overall": "all benchmarks", "mean": "benchmark mean"}.get(parts[1], parts[1])
-        stat = parts[2]
-        if stat.startswith("pass@"):
-            return f"Eval {stat} ({where})", stat
-        named = {"response_len": ("response length", "tokens"), "truncated_frac": ("truncated", "fraction")}
-        text, unit = named.get(stat, (_spell(stat), stat))
-        return f"Eval {text} ({where})", unit
-    namespace, _, rest = key.partition("/")
-    prefix = {"train": "Training", "time": "Time", "reward": "Reward"}.get(namespace) or METHODS.get(namespace)
-    prefix = prefix or namespace.upper()
-    unit = next((u for end, u in UNITS.items() if rest.endswith(end)), rest or key)
-    return f"{prefix}: {_spell(rest.replace('/', ' '))}" if rest else key, unit
 
 
 def ema(values: list[float], weight: float) -> list[float]:
@@ -296,9 +159,7 @@ def figure(runs: dict[str, list[dict]], metrics: list[str], smooth: float | None
                 ax.plot(steps, values, color=color, alpha=0.2, linewidth=0.8)
                 values = ema(values, weight)
             ax.plot(steps, values, color=color, linewidth=1.6)
-        title, ylabel = describe(key, merged)
-        ax.set_title("\n".join(textwrap.wrap(title, 46)), fontsize=10)
-        ax.set_ylabel(ylabel, fontsize=9)
+        ax.set_title(f"{key} (= {REWARD})" if key == ACCURACY and merged else key, fontsize=10)
         ax.set_xlabel(XLABEL, fontsize=9)
         ax.set_xlim(first - pad, last + pad)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
