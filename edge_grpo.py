@@ -27,10 +27,9 @@ import torch
 
 from common.batching import pack, rows_with_loss
 from common.cli import arg, flag_record, parse_args, require
-from common.completion import Completion, prompt_seeds
 from common.distributed import global_sum
 from common.logprobs import CORRECTIONS, masked_mean
-from common.prompts import TEMPLATE_CHOICES
+from common.prompts import TEMPLATE_CHOICES, Completion, prompt_seeds
 from common.rewards import accuracy_reward, without_unchecked_groups
 from common.run_flags import RunFlags, check_batch_split, check_correction, check_rollout_sampling, launch_world
 from common.session import spec_from, start_session

@@ -98,8 +98,8 @@ def demo_batch(n: int):
     from transformers import AutoModelForCausalLM
 
     from common.batching import pack
-    from common.completion import Completion
     from common.models import demo_model_dir
+    from common.prompts import Completion
 
     torch.manual_seed(0)
     rng = random.Random(0)

@@ -25,9 +25,15 @@ BEGIN, END, FIND = stored_run.markers("stop_strings", "benchmarks/stop_strings.p
 
 def measure(max_len: int, repeats: int, prompts_per_step: int, group: int) -> dict:
     """One engine, `repeats` steps after a warm-up, the old and the new path in turn (alternating which goes first)."""
-    from common.completion import cut_groups, prompt_seeds
     from common.models import ensure_smollm2, load_tokenizer
-    from common.prompts import few_shot_examples, few_shot_pool, format_few_shot_prompt, stop_strings
+    from common.prompts import (
+        cut_groups,
+        few_shot_examples,
+        few_shot_pool,
+        format_few_shot_prompt,
+        prompt_seeds,
+        stop_strings,
+    )
     from common.rollout import make_engine
     from scripts.real_model_demo import write_data
 

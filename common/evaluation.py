@@ -24,9 +24,8 @@ from typing import NamedTuple
 
 from common.answers import extract_answer, extract_boxed
 from common.cli import not_utf8
-from common.completion import prompt_seeds
 from common.math_data import DATA_FILE_EXTS, SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SIZE, iter_math_dataset
-from common.prompts import few_shot_examples, format_few_shot_prompt
+from common.prompts import few_shot_examples, format_few_shot_prompt, prompt_seeds
 from common.run_dir import read_jsonl, write_jsonl
 from common.verifier import MathVerifier
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from common.completion import Completion, CutEngine, completion_seed, stop_at
+from common.prompts import Completion, CutEngine, completion_seed, stop_at
 
 
 class _RowSampler:

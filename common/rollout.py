@@ -11,10 +11,10 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from common.completion import Completion, prompt_seeds, stop_token_ids
 from common.hf_engine import HFEngine
 from common.logprobs import RolloutCorrection, rollout_correction
 from common.models import Precision
+from common.prompts import Completion, prompt_seeds, stop_token_ids
 from common.run_flags import RunFlags
 from common.vllm_engine import (
     VLLMEngine,

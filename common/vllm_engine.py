@@ -13,9 +13,9 @@ from functools import partial
 import torch
 
 from common.cli import require
-from common.completion import Completion, CutEngine, stop_at
 from common.metrics import quiet_libraries
 from common.preflight import kv_bytes_per_token, model_shape
+from common.prompts import Completion, CutEngine, stop_at
 
 CPU_KV_CACHE_GIB = 2  # the most a run's own sizing gives vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE: any size)
 VLLM_CPU_MAX_NUM_SEQS = 256  # vLLM 0.32's CPU default for `LLM` (engine/arg_utils.py, default_max_num_seqs)

@@ -45,7 +45,7 @@ def sample_accuracies(
     """Each row's accuracy over `samples` completions from `engine` (`generate` as in common.rollout)."""
     from tqdm import tqdm
 
-    from common.completion import prompt_seeds
+    from common.prompts import prompt_seeds
 
     accuracies = []
     for start in tqdm(range(0, len(rows), batch_size), desc="sampling", unit="batch"):

@@ -12,8 +12,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from common.batching import SharedPrefix, pack, select
-from common.completion import Completion
 from common.logprobs import _add_product, _device_memory, _fp32_out_addmm, head_chunk_rows, sequence_logprobs
+from common.prompts import Completion
 from gpu_check.report import Findings
 
 # Groups of rows sharing a prompt: (prompt length, completion lengths), as tests/test_logprobs.py's SHARED_GROUPS.

@@ -12,9 +12,9 @@ from scaling_utils import ROOT, _free_port, baseline_run, checkpoint_weights, co
 from train_utils import max_logp_error
 from transformers import AutoModelForCausalLM
 
-from common.completion import prompt_seeds
 from common.distributed import hf_name, peak_memory_gb, state_dict_for_sync
 from common.hf_engine import HFEngine
+from common.prompts import prompt_seeds
 from common.run_flags import vllm_available
 from common.vllm_engine import VLLMEngine, tensor_batches
 

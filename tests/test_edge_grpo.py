@@ -10,9 +10,9 @@ import torch
 from train_utils import TWO_STEPS, run_cli, run_script
 
 from common.cli import parse_args
-from common.completion import Completion, prompt_seeds
 from common.hf_engine import HFEngine
 from common.logprobs import sequence_logprobs
+from common.prompts import Completion, prompt_seeds
 from common.rewards import compute_rewards
 from common.run_flags import RunFlags, vllm_available
 from common.verifier import MathVerifier

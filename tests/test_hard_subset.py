@@ -3,7 +3,7 @@
 import json
 
 from common.cli import parse_args
-from common.completion import Completion
+from common.prompts import Completion
 from common.verifier import MathVerifier
 from data.hard_subset import Args, hardest, main, sample_accuracies
 

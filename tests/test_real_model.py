@@ -199,7 +199,7 @@ def test_vllm_logprobs_match_the_trainer_before_and_after_a_sync(smollm2_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.completion import stop_token_ids
+    from common.prompts import stop_token_ids
     from common.vllm_engine import VLLMEngine
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)

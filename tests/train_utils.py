@@ -73,7 +73,7 @@ def max_logp_error(model, prompts, groups, temperature: float) -> float:
 
 def as_completions(token_lists: list[list[int]], finished: bool = True) -> list:
     """Token lists as the rollout engine's completions (log-prob 0 for every token)."""
-    from common.completion import Completion
+    from common.prompts import Completion
 
     return [Completion(list(t), [0.0] * len(t), finished) for t in token_lists]
 
