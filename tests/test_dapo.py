@@ -150,8 +150,7 @@ def _dynamic_sampling_rank(rank, world, port, model_dir, out_dir, cases):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from baselines.dapo import fewest_over_ranks, fill_groups
-    from common.hf_engine import HFEngine
-    from common.rollout import PromptSampler
+    from common.rollout import HFEngine, PromptSampler
 
     accelerator = Accelerator(cpu=True)
     assert accelerator.num_processes == world

@@ -13,8 +13,8 @@ from train_utils import max_logp_error
 from transformers import AutoModelForCausalLM
 
 from common.distributed import hf_name, peak_memory_gb, state_dict_for_sync
-from common.hf_engine import HFEngine
 from common.prompts import prompt_seeds
+from common.rollout import HFEngine
 from common.run_flags import vllm_available
 from common.vllm_engine import VLLMEngine, tensor_batches
 

@@ -10,10 +10,10 @@ import torch
 from train_utils import TWO_STEPS, run_cli, run_script
 
 from common.cli import parse_args
-from common.hf_engine import HFEngine
 from common.logprobs import sequence_logprobs
 from common.prompts import Completion, prompt_seeds
 from common.rewards import compute_rewards
+from common.rollout import HFEngine
 from common.run_flags import RunFlags, vllm_available
 from common.verifier import MathVerifier
 from common.vllm_engine import VLLMEngine

@@ -13,10 +13,10 @@ import tools.evaluate as tool
 from common import evaluation
 from common.checkpoint import write_manifest
 from common.cli import parse_args
-from common.hf_engine import HFEngine
 from common.math_data import SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SIZE, load_math_dataset
 from common.models import model_to_load
 from common.prompts import Completion
+from common.rollout import HFEngine
 from common.run_dir import write_jsonl
 from common.verifier import MathVerifier
 

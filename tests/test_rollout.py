@@ -7,8 +7,7 @@ import torch
 import train_utils
 from transformers import AutoModelForCausalLM
 
-from common.hf_engine import HFEngine
-from common.rollout import RolloutEngine, make_engine
+from common.rollout import HFEngine, RolloutEngine, make_engine
 from common.run_flags import vllm_available
 from common.vllm_engine import VLLMEngine, cpu_kv_cache_space, kv_cache_note
 

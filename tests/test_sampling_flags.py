@@ -65,8 +65,8 @@ def vllm_accepts(temperature, n, top_p, max_tokens) -> bool:
 def hf():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.hf_engine import HFEngine
     from common.models import SHIPPED_DIR
+    from common.rollout import HFEngine
 
     tok = AutoTokenizer.from_pretrained(SHIPPED_DIR)
     model = AutoModelForCausalLM.from_pretrained(SHIPPED_DIR)
