@@ -42,7 +42,7 @@ class Args:
     # What to train. The defaults run the CPU demo; recipes/ holds each paper's setting.
     model: str = arg(
         "tiny",
-        "HF hub name or local path (a run or checkpoint directory too); 'tiny' is the shipped CPU demo model, 'smollm2' converts SmolLM2-135M-Instruct",
+        "HF hub name or local path (a run or checkpoint directory too); 'tiny' is the shipped CPU demo model, 'smollm2' is SmolLM2-135M-Instruct (python -m tools.smollm2 converts it)",
     )
     dataset: str = arg("synthetic-arith", "hub name, local .jsonl/.json/.parquet, or 'synthetic-arith'")
     template: str = arg(

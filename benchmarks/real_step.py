@@ -97,8 +97,9 @@ def evaluation(root: Path, out: Path) -> dict:
 def eval_prefix(problems: list[str]) -> int:
     """The tokens every evaluation prompt begins with (the template and the worked examples), as this tree builds them."""
     from common.evaluation import prompt_ids
-    from common.models import ensure_smollm2, load_tokenizer
+    from common.models import load_tokenizer
     from tools.evaluate import Args, few_shot_pool_for
+    from tools.smollm2 import ensure_smollm2
 
     tok, pool = load_tokenizer(str(ensure_smollm2())), few_shot_pool_for(Args(few_shot=2), None)
     return len(os.path.commonprefix([prompt_ids(p, Args.template, tok, 2, pool) for p in problems]))
@@ -122,7 +123,7 @@ def model_params() -> dict:
     and the LM head (SmolLM2's is the embedding)."""
     from transformers import AutoModelForCausalLM
 
-    from common.models import ensure_smollm2
+    from tools.smollm2 import ensure_smollm2
 
     model = AutoModelForCausalLM.from_pretrained(str(ensure_smollm2()))
     embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
@@ -139,7 +140,8 @@ def prompt_lengths(rows: list[dict]) -> dict:
 def training_rows(data: Path):
     """The model's path, its tokenizer and the training prompts, as grpo_base.py loads them (2 worked examples)."""
     from common.math_data import load_prompts
-    from common.models import ensure_smollm2, load_tokenizer
+    from common.models import load_tokenizer
+    from tools.smollm2 import ensure_smollm2
 
     path = str(ensure_smollm2())
     tok = load_tokenizer(path)

