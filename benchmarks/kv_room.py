@@ -5,7 +5,7 @@ GPU holds at the rollout and at the update. Arithmetic, not measured.
     python benchmarks/kv_room.py --write    # and put them in docs/SCALING.md, between their markers
 
 The KV room: tests/recipe_memory.py `kv_table` (tests/test_kv_room.py checks it). The budget: the training state,
-the reference model, the update's activations (`common.preflight.update_phases`), vLLM's share and the KV a step
+the reference model, the update's activations (`benchmarks/memory.py` `update_phases`), vLLM's share and the KV a step
 wants, summed at the rollout and at the update with the preflight's margin (vLLM asleep under --vllm_sleep).
 """
 

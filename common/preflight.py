@@ -2,7 +2,7 @@
 train one step and die at vLLM's next wake-up, beside AdamW's state. Resident on each GPU (docs/SCALING.md "Per-GPU
 budget"): the training state, the bf16 reference model, vLLM's share (the whole model: colocated, no tensor
 parallelism; it must hold `vllm_floor` and one `max_model_len` sequence) and `MARGIN_GIB`, a floor, not a promise.
-The update's own peak is `update_phases`'s."""
+The update's own peak is estimated phase by phase in benchmarks/memory.py (`update_phases`)."""
 
 import contextlib
 import math
@@ -28,65 +28,6 @@ def bytes_per_parameter(mode: str, world: int, precision: str) -> float:
         raise ValueError(f"unknown parallel mode {mode!r}")
     weights, sharded = (4.0, 12.0) if precision == "fp32" else (2.0, 16.0)
     return (weights if mode == "zero2" else weights / world) + sharded / world
-
-
-def update_phases(
-    parameters: int, config, tokens: int, *, mode: str, world: int, precision: str, chunk_rows: int,
-    scored: int | None = None, checkpointing: bool = True, autocast_cache: bool = False, fused_adamw: bool = True,
-) -> dict[str, dict[str, float]]:  # fmt: skip
-    """GiB per term of each phase of one micro-batch's update on one GPU, at the phase's peak. `tokens`: its padded
-    tokens, `scored` of them through the output layer (None: all), `chunk_rows` at a time; `autocast_cache`,
-    `fused_adamw`: what the trainer does (`common.models.autocast_options`, `optimizer_options`). An estimate from
-    the shapes: gpu_check/step.py measures each phase."""
-    from common.batching import activation_bytes_per_token
-
-    V, D, L = config.vocab_size, config.hidden_size, config.num_hidden_layers
-    scored = tokens if scored is None else scored
-    autocast = mode in ("single", "ddp") and precision in ("auto", "bf16-mixed")
-    value = 4 if precision == "fp32" else 2  # inside a layer: the compute dtype
-    residual = 4 if autocast or precision == "fp32" else 2
-    head = V * D * (value if mode in ("fsdp2", "zero3") else 2 if autocast else 0)  # gathered, or cast once
-    embeddings = V * D * (1 if getattr(config, "tie_word_embeddings", False) else 2)  # not cast by autocast
-    shard = 1 if mode in ("single", "ddp") else world
-    moment = parameters * (4 if mode.startswith("zero") or precision != "bf16" else 2) / shard  # AdamW's v
-    state = parameters * bytes_per_parameter(mode, world, precision)
-    per_token = activation_bytes_per_token(config, value, checkpointing, residual)
-    inputs = tokens * (L * residual * D if checkpointing else per_token)
-    layer = tokens * per_token - inputs  # with checkpointing, the layer recomputed at a time
-    if autocast and checkpointing:
-        layer = layer_backward_bytes(config, tokens, (parameters - embeddings) // L)
-    rows, chunks = scored * D * residual, 4 * min(chunk_rows, scored) * V * 4  # ~4 fp32 [rows, V] tensors at once
-    cache = 2 * (parameters - embeddings) if autocast and autocast_cache else 0
-    grad = V * D * (4 if autocast or precision == "fp32" else 2)  # a [V, D] gradient
-    # A tied output layer's gradient waits in autograd's buffer for the embedding's, to the end of the backward.
-    waiting = grad if getattr(config, "tie_word_embeddings", False) else 0
-    phases = {
-        "forward": {"training state": state, "autocast's weight cache": cache, "layer inputs": inputs,
-                    "output layer's input rows": rows, "output layer's compute copy": head, "output layer's chunks": chunks},
-        "output layer's backward": {"training state": state, "layer inputs": inputs,
-                                    "output layer's input rows and their gradient": 2 * rows,
-                                    "output layer's compute copy": head, "output layer's chunks": chunks,
-                                    "output layer's fp32 gradient sum": 4 * V * D},
-        "layers' backward": {"training state": state, "layer inputs": inputs, "one layer's backward": layer,
-                             "the hidden states' gradient": tokens * D * residual,
-                             "the tied output layer's gradient, waiting": waiting},
-        "embedding's backward": {"training state": state, "the hidden states' gradient": tokens * D * residual,
-                                 "the tied output layer's gradient, waiting": waiting, "its dense gradient": grad},
-        "optimiser step": {"training state": state, "AdamW's sqrt(v) (foreach)": 0 if fused_adamw else moment},
-    }  # fmt: skip
-    return {phase: {k: v / GIB for k, v in terms.items()} for phase, terms in phases.items()}
-
-
-def layer_backward_bytes(config, tokens: int, layer_parameters: int) -> int:
-    """What one decoder layer holds in its backward under gradient checkpointing and bf16 autocast over fp32
-    weights, counted on Qwen2's layer (tests/test_update_memory.py measures it): per token the norms' fp32 outputs
-    and residual (3 D x 4), their bf16 casts for q, k, v, gate, up (5 D x 2), q, attention's output, o_proj's input
-    (3 A x 2), k, v (2 K x 2), the MLP's four (4 I x 2) and two gradients (2 I x 2); the weights in bf16."""
-    D, mlp = config.hidden_size, config.intermediate_size
-    head_dim = getattr(config, "head_dim", None) or D // config.num_attention_heads
-    A = config.num_attention_heads * head_dim
-    K = (getattr(config, "num_key_value_heads", None) or config.num_attention_heads) * head_dim
-    return tokens * (22 * D + 6 * A + 4 * K + 12 * mlp) + 2 * layer_parameters
 
 
 @dataclass(frozen=True)
@@ -167,14 +108,6 @@ def vllm_floor(
     }
 
 
-def kv_cache_tokens(floor: dict[str, float], shape: ModelShape, precision: str, share_gib: float) -> int:
-    """Tokens vLLM's KV cache holds in `share_gib` GiB beside the rest of its `floor` (`vllm_floor`), in whole
-    blocks."""
-    rest = sum(v for k, v in floor.items() if k != "one sequence's KV")
-    page = KV_BLOCK * kv_bytes_per_token(shape, 4 if precision == "fp32" else 2)
-    return max(0, int((share_gib - rest) * GIB // page)) * KV_BLOCK
-
-
 def check_plan(
     parameters: int, *, mode: str, world: int, precision: str, reference_model: bool, vllm_utilization: float,
     total_gib: float, vllm_floor: dict[str, float], margin_gib: float = MARGIN_GIB,
@@ -217,11 +150,6 @@ def check_plan(
         f"error: memory: each GPU would hold {need:.1f} GiB of its {total_gib:.1f} ({items}; {where}, "
         f"{parameters / 1e9:.2f}B parameters, --precision {precision}): {', or '.join(fixes)}"
     )
-
-
-def count_parameters(model_path: str) -> int:
-    """The policy's parameter count from its config.json alone (`model_config`)."""
-    return model_config(model_path)[1]
 
 
 def model_config(model_path: str) -> tuple:

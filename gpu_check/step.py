@@ -1,7 +1,7 @@
 """The part "gpu_step" of gpu_check/first_run.py: one update micro-batch at Qwen2.5-Math-1.5B's shape (random
 weights; 4 x (512 + 4,096) tokens), trained as the scripts train (bf16 autocast over fp32 weights, gradient
 checkpointing, fused AdamW), for the textbook log-prob path and the chunked head: step time, tokens/s, MFU, and
-each phase's peak memory, checked on a GPU against `common.preflight.update_phases` with no margin.
+each phase's peak memory, checked on a GPU against `benchmarks/memory.py` `update_phases` with no margin.
 
 MFU (nanoGPT's `estimate_mfu`, after PaLM, arXiv 2204.02311, appendix B): model FLOPs 6 N S (body) + 6 V D K
 (output layer, K scored tokens) + 12 L D S^2 (attention) a sequence, over the step's time over the GPU's peak dense
@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from benchmarks.memory import AllocationTracker
+from benchmarks.memory import AllocationTracker, update_phases
 from common.logprobs import head_chunk_rows, sequence_logprobs
 from common.models import autocast_options, optimizer_options
-from common.preflight import preflight_memory, update_phases
+from common.preflight import preflight_memory
 from gpu_check.report import Findings
 
 # Qwen2.5-Math-1.5B's config.json (the fields that set the shape).

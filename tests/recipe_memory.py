@@ -9,17 +9,18 @@ from types import SimpleNamespace
 import yaml
 from train_utils import ROOT
 
+from benchmarks.memory import update_phases
 from common.cli import parse_args
 from common.logprobs import head_chunk_rows
 from common.models import autocast_options, optimizer_options
 from common.preflight import (
     GIB,
+    KV_BLOCK,
     MARGIN_GIB,
+    ModelShape,
     bytes_per_parameter,
     kv_bytes_per_token,
-    kv_cache_tokens,
     model_shape,
-    update_phases,
     vllm_floor,
 )
 from common.run_flags import RunFlags
@@ -50,6 +51,14 @@ MODELS = {
     ),
 }  # fmt: skip
 RECIPES = sorted(p.name for p in (ROOT / "recipes").glob("*.yaml"))
+
+
+def kv_cache_tokens(floor: dict[str, float], shape: ModelShape, precision: str, share_gib: float) -> int:
+    """Tokens vLLM's KV cache holds in `share_gib` GiB beside the rest of its `floor` (`vllm_floor`), in whole
+    blocks."""
+    rest = sum(v for k, v in floor.items() if k != "one sequence's KV")
+    page = KV_BLOCK * kv_bytes_per_token(shape, 4 if precision == "fp32" else 2)
+    return max(0, int((share_gib - rest) * GIB // page)) * KV_BLOCK
 
 
 def launch_command(recipe: str) -> tuple[str, int | None, str]:
@@ -109,7 +118,7 @@ def recipe_floor(recipe: str, total_gib: float = H100_GIB) -> dict[str, float]:
 
 
 def update_phases_gib(recipe: str, total_gib: float = H100_GIB) -> dict[str, dict[str, float]]:
-    """`common.preflight.update_phases` of a micro-batch of the recipe's --max_tokens_per_micro_batch tokens on a
+    """`benchmarks/memory.py` `update_phases` of a micro-batch of the recipe's --max_tokens_per_micro_batch tokens on a
     GPU of `total_gib` GiB, with what the trainer does on CUDA (`common.models.autocast_options`,
     `optimizer_options`)."""
     args, run = recipe_flags(recipe)

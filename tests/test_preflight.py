@@ -15,7 +15,7 @@ from recipe_memory import H100_GIB, MODELS, RECIPES, launch_plan, recipe_flags, 
 from train_utils import ROOT
 
 from common.cli import parse_args
-from common.preflight import check_plan, count_parameters, model_shape, vllm_floor
+from common.preflight import check_plan, model_config, model_shape, vllm_floor
 from common.run_flags import RunFlags
 
 SCRIPTS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")
@@ -29,7 +29,7 @@ def parameters(tmp_path_factory):
     for name, (sizes, _) in MODELS.items():
         path = tmp_path_factory.mktemp("config")
         (path / "config.json").write_text(json.dumps(sizes))
-        counts[name] = count_parameters(str(path))
+        counts[name] = model_config(str(path))[1]
     return counts
 
 
@@ -230,7 +230,7 @@ def test_the_count_is_the_same_while_transformers_zero3_hook_is_set(tmp_path):
     hook = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
     try:
         assert is_deepspeed_zero3_enabled()
-        assert count_parameters(str(tmp_path)) == count
+        assert model_config(str(tmp_path))[1] == count
         assert is_deepspeed_zero3_enabled() and hook.is_zero3()  # put back for the engine
     finally:
         unset_hf_deepspeed_config()

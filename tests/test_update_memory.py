@@ -1,7 +1,7 @@
 """The update's memory under bf16 autocast over fp32 weights (issue 51, item 3): the three terms the plan left out,
 each measured on CPU (autocast's weight cache, foreach AdamW's sqrt(v), the fp32 residual stream) with the removal
 of the first two (`common.models.autocast_options`, `optimizer_options`), one layer's backward as counted, and
-DAPO's recipe on one 80 GB GPU by hand (`common.preflight.update_phases`, tests/recipe_memory.py)."""
+DAPO's recipe on one 80 GB GPU by hand (`benchmarks/memory.py` `update_phases`, tests/recipe_memory.py)."""
 
 import sys
 from types import SimpleNamespace
@@ -11,9 +11,10 @@ import torch
 from recipe_memory import H100_GIB, MODELS, update_activations_gib, update_phases_gib
 from train_utils import ROOT
 
+from benchmarks.memory import layer_backward_bytes, update_phases
 from common.batching import activation_bytes_per_token
 from common.models import autocast_options, optimizer_options, precision_for
-from common.preflight import GIB, layer_backward_bytes, update_phases
+from common.preflight import GIB
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 

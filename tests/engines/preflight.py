@@ -19,7 +19,7 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 
 from common.distributed import end_run
 from common.models import precision_for
-from common.preflight import check_memory, count_parameters
+from common.preflight import check_memory, model_config
 from common.run_flags import RunFlags
 from common.trainer import open_accelerator
 
@@ -46,7 +46,7 @@ if (ds := getattr(accelerator.state, "deepspeed_plugin", None)) is not None:
 facts["zero3_hook"] = is_deepspeed_zero3_enabled()
 for name, plan in plans.items():
     run = dataclasses.replace(RunFlags(), **plan["flags"])
-    out = {"count": count_parameters(plan["model_dir"])}
+    out = {"count": model_config(plan["model_dir"])[1]}
     try:
         out["plan"] = check_memory(run, plan["model_dir"], mode, plan["reference_model"], plan["device_gib"])
     except SystemExit as stop:
