@@ -352,13 +352,6 @@ class RolloutCorrection:
     def level(self) -> str:
         return MODES[self.mode][0]
 
-    def describe(self) -> str:
-        """In words: 'token_truncate at 2', 'token_mask within [0.5, 5]'."""
-        action = MODES[self.mode][1]
-        if action == "truncate" and self.low == 0:
-            return f"{self.mode} at {self.high:g}"
-        return f"{self.mode} within [{self.low:g}, {self.high:g}]" if action != "none" else "none"
-
     def weights(self, old_logp, batch: dict):
         """The per-token weights [N, C] (None under mode none) and their statistics for `figures` (on the device).
         batch["rollout_logp"] is NaN where the engine did not sample the token (EDGE-GRPO's insertions: weight 1)."""

@@ -220,24 +220,6 @@ def optimizer_options(device_type: str) -> dict:
     return {"fused": True} if device_type == "cuda" else {}
 
 
-def precision_note(precision: str, gpu: bool, bf16_units: list[str] | None = None) -> str | None:
-    """The start-up line of a bf16 mode on CPU (`bf16_units`: `common.metrics.cpu_info`'s); None elsewhere."""
-    if gpu or precision not in ("bf16", "bf16-mixed"):
-        return None
-    if precision == "bf16-mixed":
-        units = ", ".join(bf16_units or []) or "none: bf16 is emulated"
-        return (
-            "note: --precision bf16-mixed on CPU: the GPU's mode (fp32 weights, bf16 autocast, vLLM and the reference "
-            f"model in bf16); its rounding and speed follow this CPU's bf16 units ({units}), so its figures differ "
-            "from machine to machine; --precision auto trains in fp32 on CPU"
-        )
-    return (
-        "note: --precision bf16 on CPU: the policy's weights are bf16 with no fp32 copy, so an update smaller "
-        "than ~1/256 of a weight rounds away (most of them at a small --lr), and vLLM still samples in fp32; "
-        "--precision auto trains in fp32 on CPU and keeps every update"
-    )
-
-
 def load_reference_model(model_path: str, dtype, device):
     """The frozen reference model of the KL term (`--beta > 0`), whole on every rank. Loaded with FSDP's
     `cpu_ram_efficient_loading` off: it loads zeros on all but local rank 0, counting on `prepare` to broadcast,

@@ -15,9 +15,7 @@ from common.logprobs import RolloutCorrection, rollout_correction
 from common.models import Precision
 from common.prompts import Completion, CutEngine, completion_seed, prompt_seeds, stop_at, stop_token_ids
 from common.run_flags import RunFlags
-from common.vllm_engine import (
-    VLLMEngine,
-)
+from common.vllm_engine import VLLMEngine
 
 
 class PromptSampler:
@@ -26,17 +24,6 @@ class PromptSampler:
     cursor is global, so a run resumes on another world size."""
 
     def __init__(self, rows: list[dict], prompts_per_step: int, seed: int, rank: int = 0, world_size: int = 1):
-        if not rows:
-            raise ValueError("PromptSampler got an empty dataset")
-        if prompts_per_step < 1:
-            raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside world_size {world_size}")
-        if prompts_per_step % world_size:
-            raise ValueError(
-                f"prompts_per_step ({prompts_per_step}) must be divisible by the "
-                f"number of processes ({world_size}) so that each rank gets whole prompts"
-            )
         self.rows, self.prompts_per_step, self.seed = rows, prompts_per_step, seed
         self.rank, self.world_size = rank, world_size
         self._epoch, self._pos, self._step = 0, 0, 0
@@ -111,7 +98,6 @@ class RolloutEngine(Protocol):
     decode: Callable[[list[int]], str] | None  # token ids -> text, for the stop strings
     stop_token_ids: list[int]  # tokens that end a completion (kept in it)
     weight_dtype: torch.dtype | None  # the dtype `load_weights` is best given (None: any)
-    kv_cache_tokens: int | None  # tokens its KV cache holds at once (None: sized per call)
 
     def generate(
         self,
@@ -134,10 +120,6 @@ class RolloutEngine(Protocol):
         ...
 
     def close(self) -> None: ...
-
-    def kv_cache_note(self, prompt_lens: list[int], prompts: int, group_size: int, added_len: int) -> str | None:
-        """One line when a step's rollout may not fit the engine's KV cache at once, else None."""
-        ...
 
 
 def make_engine(
@@ -250,10 +232,9 @@ def engine_size(spec, run: RunFlags, world: int, eval_sets: dict) -> EngineSize:
 
 
 def open_rollout(spec, run: RunFlags, model_path: str, tokenizer, trainer, precision: Precision, rows: list[dict],
-                 size: EngineSize, stop: list[str], say) -> Rollout:  # fmt: skip
-    """The rollout side of `spec` (`common.session.TrainSpec`): the sampler over `rows`, the engine of --rollout
-    (said when its KV cache cannot hold a step at once), and the correction of its log-probs' difference from the
-    trainer's (said when in force)."""
+                 size: EngineSize, stop: list[str]) -> Rollout:  # fmt: skip
+    """The rollout side of `spec` (`common.session.TrainSpec`): the sampler over `rows`, the engine of --rollout,
+    and the correction of its log-probs' difference from the trainer's."""
     sampler = PromptSampler(rows, spec.prompts_per_step, seed=spec.seed, rank=trainer.rank, world_size=trainer.world)
     mode = trainer.mode
     engine = make_engine(
@@ -263,15 +244,9 @@ def open_rollout(spec, run: RunFlags, model_path: str, tokenizer, trainer, preci
         max_num_batched_tokens=run.vllm_max_num_batched_tokens, synced=mode.sharded,
         per_prompt_seeds=run.per_prompt_seeds, stop=stop,
     )  # fmt: skip
-    added_len = spec.max_completion_len + spec.extra_context  # what a sequence adds to its prompt
-    prompt_lens = [len(r["prompt_ids"]) for r in rows]
-    if kv_note := engine.kv_cache_note(prompt_lens, spec.prompts_per_step // mode.world, spec.group_size, added_len):
-        say(kv_note)
     correction = rollout_correction(
         spec.rollout_correction, spec.rollout_correction_min, spec.rollout_correction_max, precision, spec.top_p
     )
-    if correction.mode != "none":
-        say(f"rollout correction: {correction.describe()} (--rollout_correction {spec.rollout_correction})")
     return Rollout(engine, sampler, tokenizer, spec.seed, spec.prompts_per_step, trainer.rank, correction)
 
 
@@ -332,7 +307,6 @@ class _StopStrings:
 class HFEngine(CutEngine):
     """`common.rollout.RolloutEngine` on transformers' `generate`."""
 
-    kv_cache_tokens = None  # generate's own cache, sized per call
     weight_dtype = None  # load_weights takes nothing
 
     def __init__(
@@ -367,8 +341,6 @@ class HFEngine(CutEngine):
         groups; each row's generator is seeded by (its prompt's seed, its index): a prompt's samples do not depend
         on the call or the rank (None: the global RNG)."""
         seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
-        if len(seeds) != len(prompts):
-            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         was_training = self.model.training
         self.model.eval()
         device = next(self.model.parameters()).device
@@ -455,6 +427,3 @@ class HFEngine(CutEngine):
 
     def close(self) -> None:
         pass
-
-    def kv_cache_note(self, *_) -> None:
-        return None  # no cache to outgrow

@@ -47,7 +47,6 @@ from common.models import (
     model_to_load,
     offline_unless_hub_reachable,
     precision_for,
-    precision_note,
 )
 from common.prompts import check_prompt_format, pool_of
 from common.rewards import REWARD_FUNCS, Scorer, load_reward_fn, open_scorer, probe_reward_fn
@@ -254,14 +253,11 @@ def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict
     pre = check_before_loading(script, spec, run, values, resumable, terms)
     gpu, say0 = torch.cuda.is_available(), print if pre.is_main else lambda _: None
     precision = precision_for(run.precision, gpu)
-    # what the slow part of start-up loads, and what a bf16 mode means on CPU
     loads = "the policy" + ", the reference model" * spec.reference_model + f" and the {run.rollout} rollout engine"
     say0(f"loading {pre.model_path}: {loads}")
-    if note := precision_note(run.precision, gpu, machine["bf16_units"]):
-        say0(note)
     size = engine_size(spec, run, launch_world(), pre.eval_sets)  # the preflight plans it, the rollout builds it
     trainer = open_trainer(spec, run, pre.model_path, precision, pre.run_dir, pre.total_steps, gpu, say0, size)
-    rollout = open_rollout(spec, run, pre.model_path, pre.tokenizer, trainer, precision, pre.rows, size, pre.stop, say0)
+    rollout = open_rollout(spec, run, pre.model_path, pre.tokenizer, trainer, precision, pre.rows, size, pre.stop)
     start_step = 0
     if run.resume and (state := trainer.resume(pre.run_dir)) is not None:
         rollout.resume(state, trainer)

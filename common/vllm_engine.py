@@ -22,20 +22,6 @@ VLLM_CPU_MAX_NUM_SEQS = 256  # vLLM 0.32's CPU default for `LLM` (engine/arg_uti
 VLLM_CPU_BLOCK = 32  # tokens per KV block on CPU: the smallest vLLM 0.32's CPU attention takes (its default: 128)
 
 
-def cpu_kv_cache_space(value: str) -> str | None:
-    """VLLM_CPU_KVCACHE_SPACE checked (None: unset, the engine sizes the cache): vLLM would int() it deep in its
-    config (a pydantic traceback for "0.5"), and 0 leaves no cache."""
-    value = value.strip()
-    if not value:
-        return None
-    require(
-        value.isascii() and value.isdigit() and int(value) > 0,
-        f"VLLM_CPU_KVCACHE_SPACE={value}: vLLM's CPU KV cache is sized in whole GiB; set a whole number >= 1 "
-        f"(e.g. VLLM_CPU_KVCACHE_SPACE={CPU_KV_CACHE_GIB}), or unset it for a cache sized to the run",
-    )
-    return value
-
-
 def kv_cache_per_token(config, dtype: str) -> int | None:
     """Bytes of K and V per token of `config`'s model in `dtype` ("auto": 4, the most vLLM may pick on CPU); None
     for a cache of another kind (latent, state-space, linear attention) or missing fields: CPU_KV_CACHE_GIB then."""
@@ -68,11 +54,10 @@ def kv_tokens(max_model_len: int, sequences: int) -> int:
 def engine_kv_cache_bytes(
     environ: dict, model_path: str, dtype: str, max_model_len: int, max_num_seqs: int | None
 ) -> int | None:
-    """The CPU KV cache the engine gives vLLM: None when VLLM_CPU_KVCACHE_SPACE sets it, else `cpu_kv_cache_bytes`
-    (a blank value is removed: vLLM would int() it)."""
-    if cpu_kv_cache_space(environ.get("VLLM_CPU_KVCACHE_SPACE", "")) is not None:
+    """The CPU KV cache the engine gives vLLM: None when VLLM_CPU_KVCACHE_SPACE sets it, else `cpu_kv_cache_bytes`."""
+    if environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip():
         return None
-    environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # a blank value: vLLM would int() it
     from transformers import AutoConfig
 
     try:
@@ -87,34 +72,6 @@ def engine_kv_cache_bytes(
         f"VLLM_CPU_KVCACHE_SPACE={math.ceil(one / 2**30)}",
     )
     return cpu_kv_cache_bytes(per_token, max_model_len, max_num_seqs)
-
-
-def kv_cache_note(
-    capacity: int,
-    prompt_lens: list[int],
-    prompts: int,
-    group_size: int,
-    added_len: int,
-    max_num_seqs: int,
-    cpu_gib: float | None,
-) -> str | None:
-    """One line when the largest step's rollout (the longest `prompts` prompts, `group_size` sequences each of
-    `added_len` more tokens) may not fit `capacity` tokens at once, so that vLLM decodes it in slower waves; else
-    None. `cpu_gib`: the CPU KV cache's size (None on GPU)."""
-    longest = sorted(prompt_lens, reverse=True)[:prompts]
-    lens = [n + added_len for n in longest for _ in range(group_size)][:max_num_seqs]
-    need = sum(lens)
-    if need <= capacity:
-        return None
-    line = (
-        f"note: vLLM's KV cache holds {capacity:,} tokens; a step's rollout needs up to {need:,} ({len(lens)} "
-        f"sequences of up to {lens[0]:,} tokens: the longest prompts loaded + completions), so long completions "
-        f"are sampled in up to {math.ceil(need / capacity)} waves: "
-    )
-    if cpu_gib is None:
-        return line + "raise --vllm_gpu_memory_utilization (with --vllm_sleep on one GPU) to sample a step at once"
-    gib = math.ceil(cpu_gib * need / capacity)
-    return line + f"set VLLM_CPU_KVCACHE_SPACE={gib} (GiB; now {cpu_gib:g}) to sample a step at once"
 
 
 def sampling_context(gpu: bool) -> contextlib.AbstractContextManager:
@@ -185,11 +142,6 @@ class VLLMEngine(CutEngine):
     ):
         super().__init__(stop, decode)
         # In-process engine core: collective_rpc reaches the model without serialising the weights.
-        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
-            logging.getLogger(__name__).warning(
-                "VLLM_ENABLE_V1_MULTIPROCESSING=%s ignored: the weight sync needs vLLM's engine in this process",
-                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
-            )
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.gpu = torch.cuda.is_available()
         kv_cache_bytes = None
@@ -229,8 +181,6 @@ class VLLMEngine(CutEngine):
         if not prompts:
             return []
         seeds = seed if isinstance(seed, list) else [seed] * len(prompts)
-        if len(seeds) != len(prompts):
-            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         if not self.per_prompt_seeds:
             # Unseeded: the engine's own generator, seeded at construction (--per_prompt_seeds false: docs/SCALING.md).
             seeds = [None] * len(prompts)
@@ -296,21 +246,6 @@ class VLLMEngine(CutEngine):
         if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=2)
             self.asleep = {"weights", "kv_cache"}
-
-    @property
-    def kv_cache_tokens(self) -> int:
-        """Tokens vLLM's KV cache holds at once (all sequences together)."""
-        cache = self.llm.llm_engine.vllm_config.cache_config
-        return cache.num_gpu_blocks * cache.block_size
-
-    def kv_cache_note(self, prompt_lens: list[int], prompts: int, group_size: int, added_len: int) -> str | None:
-        """`kv_cache_note` for this engine."""
-        config = self.llm.llm_engine.vllm_config
-        cpu_bytes = None if self.gpu else config.cache_config.kv_cache_memory_bytes
-        return kv_cache_note(
-            self.kv_cache_tokens, prompt_lens, prompts, group_size, added_len, config.scheduler_config.max_num_seqs,
-            None if cpu_bytes is None else cpu_bytes / 2**30,
-        )  # fmt: skip
 
     def _wake(self, *tags: str) -> None:
         """Wake only what is asleep: vLLM warns (and reallocates nothing) on an awake engine."""

@@ -189,22 +189,6 @@ def test_a_rebuilt_demo_model_records_its_recipe_and_loads(tmp_path):
         build_tiny_model(path, sft_steps=0)
 
 
-def test_bf16_on_cpu_says_at_start_that_updates_round_away():
-    """--precision bf16 on CPU keeps no fp32 weights (small AdamW steps round away; one step at lr 2e-5 changed 18%
-    of the demo model's weights, all of them in fp32) and vLLM stays fp32: the start line says so, with the fix."""
-    from common.models import precision_note
-
-    line = precision_note("bf16", gpu=False)
-    assert line.startswith("note: --precision bf16 on CPU:") and "\n" not in line
-    assert "rounds away" in line and "vLLM still samples in fp32" in line and "--precision auto" in line
-    assert precision_note("bf16", gpu=True) is None  # vLLM follows the trainer; the flag's help says the rest
-    assert precision_note("auto", gpu=False) is None and precision_note("fp32", gpu=False) is None
-    mixed = precision_note("bf16-mixed", gpu=False, bf16_units=["avx512_bf16"])
-    assert mixed.startswith("note: --precision bf16-mixed on CPU: the GPU's mode") and "(avx512_bf16)" in mixed
-    assert "(none: bf16 is emulated)" in precision_note("bf16-mixed", gpu=False, bf16_units=[])
-    assert precision_note("bf16-mixed", gpu=True) is None
-
-
 def test_ctrl_c_while_starting_is_one_line(tiny_random_dir, tmp_path):
     """Ctrl-C before the run's own signal handling is in place (here: while a --reward_fn module imports, before
     any model loads) ends in one line and exit 130, not a KeyboardInterrupt traceback."""

