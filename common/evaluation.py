@@ -6,7 +6,7 @@ rendered with the training template, sampled `n` times and checked with the trai
 
 Summary keys: `eval/<benchmark>/pass@<k>` (and num_problems, response_len, truncated_frac), the same for `overall`
 (weighted by problems: EDGE-GRPO's), and `eval/mean/pass@<k>` (the mean of benchmarks: CW-GRPO's, Pro-GRPO's).
-Records keep the completion texts (`rescore`) and each one's `mean_logprob` (minus EGPO's eq. 5 at T = 1).
+Records keep the completion texts (`tools.evaluate --rescore`) and each one's `mean_logprob` (minus EGPO's eq. 5 at T = 1).
 
 The papers' math benchmarks: where each lives on the hub, its problem and answer fields, and loading them by
 name or from a local copy (`name=FILE`, `name=DIR`, a data directory; `name=FILE:problem=FIELD:answer=FIELD`).
@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from common.answers import extract_answer, extract_boxed
-from common.cli import not_utf8
 from common.math_data import DATA_FILE_EXTS, SYNTHETIC_EVAL_PATH, SYNTHETIC_EVAL_SIZE, iter_math_dataset
 from common.prompts import few_shot_examples, format_few_shot_prompt, prompt_seeds
-from common.run_dir import read_jsonl, write_jsonl
+from common.run_dir import write_jsonl
 from common.verifier import MathVerifier
 
 AGGREGATES = ("overall", "mean")  # reserved names in the summary keys
@@ -96,15 +95,8 @@ def split_fields(source: str) -> tuple[str, dict[str, str]]:
     a source without such a tail -> (source, {})."""
     m = _MAPPED.fullmatch(source)
     if not m:
-        if other := re.search(r":(\w*)=", source):
-            raise ValueError(
-                f"{source!r}: ':{other.group(1)}=' maps no field; name the fields as PATH:problem=FIELD:answer=FIELD"
-            )
         return source, {}
-    pairs = [item.split("=") for item in m.group("fields").split(":")[1:]]
-    if len({k for k, _ in pairs}) < len(pairs):
-        raise ValueError(f"{source!r} maps a field twice; name each of problem and answer once")
-    return m.group("path"), dict(pairs)
+    return m.group("path"), dict(item.split("=") for item in m.group("fields").split(":")[1:])
 
 
 def _local_copy(name: str, where: str) -> str | None:
@@ -249,9 +241,6 @@ def load_benchmarks(
 ) -> dict[str, list[dict]]:
     """{name: rows} of a `--benchmarks` (or `--eval_benchmarks`) string, in order (`load_benchmark`)."""
     items = parse_benchmarks(text)
-    names = [name for name, _ in items]
-    if len(set(names)) < len(names):
-        raise ValueError(f"a benchmark is named twice in {text!r}")
     return {
         name: load_benchmark(name, source, data_dir, limit, problem_field, answer_field, data_dir_flag)
         for name, source in items
@@ -278,11 +267,7 @@ def default_ks(n: int) -> list[int]:
 
 def summarize(records: list[dict], ks: list[int] | None = None) -> dict[str, float]:
     """Flat summary (see the module docstring) of scored records; k > a problem's n is skipped."""
-    if not records:
-        raise ValueError("no records to summarize")
     min_n = min(len(r["correct"]) for r in records)
-    if min_n == 0:
-        raise ValueError("a record has no completions")
     ks = sorted({k for k in (ks or default_ks(min_n)) if 1 <= k <= min_n} | {1})
     by_bench: dict[str, list[dict]] = {}
     for r in records:
@@ -458,37 +443,3 @@ def write_results(out_dir: str | os.PathLike, summary: dict, records: list[dict]
     tmp.write_text(json.dumps({"summary": summary, "config": config or {}}, indent=2, default=str) + "\n")
     os.replace(tmp, path)
     return path
-
-
-def read_records(path: str | os.PathLike) -> list[dict]:
-    """Records written by `write_results`, checked for the fields re-scoring needs."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"records file not found: {path}")
-    try:
-        records = read_jsonl(path)
-    except UnicodeDecodeError:
-        raise ValueError(not_utf8(path)) from None
-    needed = ("benchmark", "answer", "completions", "num_tokens", "finished")
-    for lineno, rec in enumerate(records, 1):
-        missing = [k for k in needed if not isinstance(rec, dict) or k not in rec]
-        if missing:
-            raise ValueError(f"{path}: record {lineno}: not an evaluation record (missing {', '.join(missing)})")
-    if not records:
-        raise ValueError(f"{path}: no records")
-    return records
-
-
-def rescore(
-    records_path: str | os.PathLike, verifier: MathVerifier | None = None, ks: list[int] | None = None
-) -> tuple[dict[str, float], list[dict]]:
-    """Re-check saved completions against their gold answers (no generation): (summary, records)."""
-    records = read_records(records_path)
-    own_verifier = verifier is None
-    verifier = verifier or MathVerifier()
-    try:
-        score_records(records, verifier)
-    finally:
-        if own_verifier:
-            verifier.close()
-    return summarize(records, ks), records

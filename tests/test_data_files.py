@@ -101,9 +101,9 @@ def _template(path):
 
 
 def _records(path):
-    from common.evaluation import read_records
+    from tools.evaluate import rescore
 
-    read_records(path)
+    rescore(path)
 
 
 def _metrics(path):

@@ -21,7 +21,7 @@ import hashlib
 import re
 from dataclasses import asdict, dataclass
 
-from common.cli import arg, parse_args, require
+from common.cli import arg, not_utf8, parse_args, require
 from common.prompts import TEMPLATE_CHOICES, check_template, parse_stop
 from common.run_flags import vllm_available
 
@@ -291,8 +291,32 @@ def few_shot_pool_for(args: Args, run: Path | None) -> list[dict] | None:
         )
 
 
+def rescore(path: str | os.PathLike, ks: list[int] | None = None) -> tuple[dict[str, float], list[dict]]:
+    """Re-check the completions an evaluation saved (`eval_records.jsonl`) against their gold answers, generating
+    nothing: (summary, records)."""
+    from common.evaluation import score_records, summarize
+    from common.run_dir import read_jsonl
+    from common.verifier import MathVerifier
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"records file not found: {path}")
+    try:
+        records = read_jsonl(path)
+    except UnicodeDecodeError:
+        raise ValueError(not_utf8(path)) from None
+    needed = ("benchmark", "answer", "completions", "num_tokens", "finished")
+    for lineno, rec in enumerate(records, 1):
+        if missing := [k for k in needed if not isinstance(rec, dict) or k not in rec]:
+            raise ValueError(f"{path}: record {lineno}: not an evaluation record (missing {', '.join(missing)})")
+    if not records:
+        raise ValueError(f"{path}: no records")
+    with MathVerifier() as verifier:
+        score_records(records, verifier)
+    return summarize(records, ks), records
+
+
 def rescore_main(args: Args, ks: list[int] | None) -> None:
-    from common.evaluation import RESULTS_FILE, rescore, write_results
+    from common.evaluation import RESULTS_FILE, write_results
 
     try:
         summary, records = rescore(args.rescore, ks=ks)
