@@ -7,12 +7,10 @@ anything heavy loads. `--help` groups the flags under the dataclass's comment li
 
 import argparse
 import dataclasses
-import difflib
 import inspect
 import operator
 import os
 import re
-import signal
 import sys
 import typing
 from contextlib import contextmanager
@@ -100,20 +98,10 @@ def _sections(cls) -> dict[str, str]:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage block) and a hint for a mistyped flag."""
-
-    def __init__(self, *a, flag_names: list[str] = (), **kw):
-        super().__init__(*a, **kw)
-        self.flag_names = list(flag_names)
+    """argparse with one-line errors (no usage block), printed by rank 0."""
 
     def error(self, message: str):
-        hint = ""
-        if m := re.search(r"unrecognized arguments: (.+)", message):  # every unknown flag, not the first only
-            for word in filter(lambda w: w.startswith("-"), m.group(1).split()):  # not the values
-                name = word.split("=")[0].lstrip("-").replace("-", "_")
-                if close := difflib.get_close_matches(name, self.flag_names, n=1, cutoff=0.6):
-                    hint += f"; --{name}: did you mean --{close[0]}?"
-        self.exit(2, f"error: {message}{hint} (see --help)\n" if _rank0() else None)
+        self.exit(2, f"error: {message} (see --help)\n" if _rank0() else None)
 
 
 class _Joined(argparse.Action):
@@ -140,9 +128,7 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
         if f.metadata.get("positional")
     ]
     usage = " ".join(["%(prog)s", *positionals, "[--config RECIPE.yaml] [--flag value ...]"])  # the flags: below
-    parser = _Parser(
-        description=description, usage=usage, formatter_class=argparse.RawDescriptionHelpFormatter, flag_names=names
-    )
+    parser = _Parser(description=description, usage=usage, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None, help="YAML file of flags (recipes/); command-line flags override it")
     groups, converters = {}, {}
     for cls in classes:
@@ -173,8 +159,6 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
             group.add_argument(
                 f"--{f.name}", type=convert, default=f.default, choices=f.metadata.get("choices"), help=text, **extra
             )
-    if argv is None:  # run as a program
-        signal.signal(signal.SIGINT, _interrupted_while_starting)
     argv = sys.argv[1:] if argv is None else argv
     config = argparse.ArgumentParser(add_help=False)
     config.add_argument("--config", default=None)
@@ -198,14 +182,7 @@ def parse_args(*classes, argv: list[str] | None = None, description: str | None 
         if problem := check_range(f, values[f.name]):
             require(False, problem)
     out = tuple(cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)}) for cls in classes)
-    for config in out:  # not a flag (run_config.json does not record it): what start-up notes read (`recipe_of`)
-        object.__setattr__(config, "_recipe", path)  # a frozen config class takes it too
     return out[0] if len(out) == 1 else out
-
-
-def recipe_of(config) -> str | None:
-    """The --config file (recipe) that `parse_args` read `config` with; None: none, or not parsed."""
-    return getattr(config, "_recipe", None)
 
 
 def _resumed(classes, values: dict, explicit: set[str], script: str | None) -> dict:
@@ -245,14 +222,6 @@ def _resumed(classes, values: dict, explicit: set[str], script: str | None) -> d
             + (f"; recorded but not flags of this script, left out: {', '.join(unknown)}" if unknown else "")
         )
     return out
-
-
-def _interrupted_while_starting(signum, frame) -> None:
-    """Ctrl-C before the run's own handling (common/metrics.py StopSignal), e.g. while models load: one line and
-    exit 130, not a traceback from deep inside a library."""
-    if _rank0():  # a terminal's Ctrl-C reaches every rank of a launch: one line in all
-        os.write(2, b"\ninterrupted (Ctrl-C): nothing was saved\n")
-    raise SystemExit(128 + signum)
 
 
 def _given(parser: argparse.ArgumentParser, names: list[str], argv: list[str]) -> set[str]:

@@ -195,7 +195,7 @@ def test_bad_inputs_stop_with_a_message_naming_the_flag(flags, message, tiny_ran
         (["--num_minibatches", "5"], "--num_minibatches"),
         (["--resume", "--overwrite"], "--resume"),
         (["--report_to", "tensorbored"], "--report_to"),
-        (["--grup_size", "8"], "--group_size"),  # did you mean
+        (["--grup_size", "8"], "--grup_size"),  # unrecognised
         (["--rollout", "sglang"], "rollout"),
         (["--attn_implementation", "flash_attention_2"], "--attn_implementation"),
     ],
