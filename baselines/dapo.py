@@ -215,7 +215,7 @@ def sample_groups(s, args: Args, timer, tally: Counter, prompt_rows: list[dict])
     texts = s.rollout.texts(completions)
     with timer("scoring"):
         scores = s.rewards.score(texts, [row for row in prompt_rows for _ in range(G)])
-        s.io.score_watch.saw(scores, texts)  # unchecked answers counted; a flat first step said
+        s.io.score_watch.saw(scores)  # unchecked answers counted
     lengths = torch.tensor([len(c.token_ids) for c in completions], device=scores.reward.device)
     r_length = length_reward(lengths, args.max_completion_len, overlong_cache(args))
     reward = scores.reward + args.overlong_penalty * r_length  # --overlong_penalty: R_length's weight

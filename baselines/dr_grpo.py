@@ -279,7 +279,7 @@ def main(args: Args, run: RunFlags) -> None:
             # 3. Rewards.
             with timer("scoring"):
                 scores = s.rewards.score(texts, rollout_rows)
-                s.io.score_watch.saw(scores, texts)  # unchecked answers counted; a flat first step said
+                s.io.score_watch.saw(scores)  # unchecked answers counted
 
             # 4. pi_old's log-probs (and token entropies) from the trainer, before any update.
             with timer("old_logp"):

@@ -315,23 +315,16 @@ class SignalWatch:
 
 
 class ScoreWatch:
-    """Reads each scoring (`common.rewards.Scores`): the first one's flat rewards explained at once
-    (`common.rewards.flat_reason`), answers the verifier had no time to check counted for the step's log."""
+    """Reads each scoring (`common.rewards.Scores`): answers the verifier had no time to check, counted for the
+    step's log."""
 
-    def __init__(self, group_size: int, say: Callable[[str], None] = print):
-        self.group_size = group_size
+    def __init__(self, say: Callable[[str], None] = print):
         self.say = say
-        self.first = True
         self.unchecked = 0
 
-    def saw(self, scores, texts: list[str]) -> None:
-        from common.rewards import flat_reason
-
-        record = scores.record
-        if self.first and (why := flat_reason(record, texts, self.group_size)):
-            self.say(why)
-        self.first = False
-        self.unchecked += len(record.checked) - sum(record.checked)
+    def saw(self, scores) -> None:
+        checked = scores.record.checked
+        self.unchecked += len(checked) - sum(checked)
 
     def take_unchecked(self) -> int:
         """The answers left unchecked since the last call."""

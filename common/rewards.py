@@ -358,22 +358,6 @@ def compute_rewards(
     return Rewards(total, accuracy, [v is not None for v in verdicts], by_term)
 
 
-def flat_reason(rewards: Rewards, completions: list[str], group_size: int) -> str | None:
-    """Why every group of a step has equal rewards (nothing to learn from), or None if some group does not."""
-    total = rewards.total
-    groups = [total[i : i + group_size] for i in range(0, len(total), group_size)]
-    if not groups or any(max(g) != min(g) for g in groups):
-        return None
-    alike = [f"{name} {scores[0]:g}" for name, scores in (rewards.terms or {}).items() if len(set(scores)) == 1]
-    example = next((c for c in completions if c.strip()), "")
-    what = f"every completion scored alike by {', '.join(alike)}" if alike else "within each group, equal rewards"
-    return (
-        f"warning: the first step's groups all have equal rewards ({what}; accuracy "
-        f"{sum(rewards.accuracy) / max(len(total), 1):.2f}): no group has a signal to learn from. A completion: "
-        f"{example[-160:]!r}; check that --template asks for the format --rewards reads"
-    )
-
-
 @dataclass
 class Scores:
     """A step's rewards as tensors on the training device, one entry per completion."""

@@ -269,7 +269,7 @@ def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict
     )  # fmt: skip
     io = open_run_io(
         script, run, pre, values, trainer.accelerator, trainer.mode, start_step,
-        machine | {"precision": precision.record()}, evaluation, spec.group_size,
+        machine | {"precision": precision.record()}, evaluation,
     )  # fmt: skip
     # The guard speaks through the log, and its advice on divergence names the newest checkpoint.
     trainer.guard.say, trainer.guard.checkpoint_hint = io.say, lambda: io.checkpoints.saved_step
@@ -343,7 +343,7 @@ class RunIO:
 
 
 def open_run_io(script: str, run: RunFlags, pre, values: dict, accelerator, mode, start_step: int, machine: dict,
-                evaluation: TrainingEval, group_size: int) -> RunIO:  # fmt: skip
+                evaluation: TrainingEval) -> RunIO:  # fmt: skip
     """Once everything has loaded: the run directory made this run's (`pre`: `common.session.Prepared`), the
     logger, the checkpoint schedule and the health checks, which speak through the log."""
     if pre.is_main:
@@ -361,7 +361,7 @@ def open_run_io(script: str, run: RunFlags, pre, values: dict, accelerator, mode
     checkpoints = Checkpoints(pre.run_dir, run.keep_last, run.save_steps, run.save_minutes, start_step or None, stop)
     return RunIO(
         pre.run_dir, pre.lock, logger, checkpoints, evaluation, SignalWatch(run.warn_flat_steps, say=logger.write),
-        ScoreWatch(group_size, say=logger.write), stop, start_step, pre.total_steps, accelerator.is_main_process,
+        ScoreWatch(say=logger.write), stop, start_step, pre.total_steps, accelerator.is_main_process,
     )  # fmt: skip
 
 

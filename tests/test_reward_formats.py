@@ -5,7 +5,7 @@ the first step's flat-reward line, and reward functions of your own that take th
 import pytest
 
 from common.prompts import format_few_shot_prompt, format_mismatch
-from common.rewards import compute_rewards, flat_reason, reward_columns
+from common.rewards import compute_rewards, reward_columns
 from common.verifier import MathVerifier
 
 SHOTS = [("What is 2 + 3?", "2 + 3 = 5. The answer is \\boxed{5}."), ("What is 1 + 1?", "\\boxed{2}")]
@@ -43,17 +43,6 @@ def test_the_issue_case_names_the_fix():
     kind, line = format_mismatch(["dapo"], format_few_shot_prompt("1 + 1?", "qwen_math", []), "qwen_math")
     assert kind == "error"
     assert "asks for \\boxed{}" in line and "--template dapo_native" in line
-
-
-def test_an_all_flat_first_step_says_why():
-    completions = ["7 + 5 = 12. \\boxed{12}", "\\boxed{11}", "\\boxed{12}", "\\boxed{13}"]
-    with MathVerifier(workers=1) as verifier:
-        r = compute_rewards(completions, ["12"] * 4, ["dapo"], verifier)
-        assert r.total == [-1.0] * 4 and r.terms == {"dapo": [-1.0] * 4}
-        line = flat_reason(r, completions, group_size=2)
-        assert "every completion scored alike by dapo -1" in line and "accuracy 0.00" in line and "boxed{" in line
-        mixed = compute_rewards(completions, ["12"] * 4, ["accuracy"], verifier)
-        assert flat_reason(mixed, completions, group_size=2) is None  # a group with a signal
 
 
 def test_reward_functions_of_your_own_get_the_prompt_and_columns_as_keywords():
