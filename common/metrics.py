@@ -347,21 +347,11 @@ class StopSignal:
     def __init__(self):
         self.received: int | None = None
         self.stopped = False
-        # The checkpoint being written now and the newest finished one (common.session.Checkpoints sets them).
-        self.saving: str | None = None
-        self.saved: int | None = None
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        if self.received is not None:  # the second: stop now (no traceback, no save)
-            if self.saving and int(os.environ.get("RANK", "0")) == 0:  # what the kill leaves, said while it can be
-                then = f"--resume goes on from checkpoint-{self.saved}" if self.saved else "no checkpoint was finished"
-                line = (
-                    f"\n{signal.Signals(signum).name} again: stopping now, during the save of {self.saving}: its "
-                    f"unfinished {self.saving}.tmp stays until the next start removes it; {then}\n"
-                )
-                os.write(2, line.encode())
+        if self.received is not None:  # the second: stop now (no traceback, no save; a half save is removed on resume)
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return

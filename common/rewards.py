@@ -12,7 +12,6 @@ import math
 import numbers
 import re
 import sys
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,15 +117,19 @@ REWARD_FUNCS: dict[str, Callable[..., list]] = {
 
 
 def load_reward_fn(spec: str) -> RewardFn:
-    """The function "package.module:function" or "path/to/file.py:function" names (the same object for the
-    process's life, so the probe calls what training calls); ValueError if it cannot be found or cannot take
-    (completions, answers, verifier) positionally. Its required keywords are checked by `probe_reward_fn`."""
+    """The function "package.module:function" or "path/to/file.py:function" names; ValueError if it cannot be
+    found. Whether training can call it is what `probe_reward_fn` finds out."""
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name.isidentifier():
         raise ValueError(f"{spec!r} is not module:function (e.g. my_rewards:brevity or path/to/rewards.py:brevity)")
     try:
         if where.endswith(".py") or "/" in where:
-            module = _file_module(Path(where).expanduser().resolve())
+            path = Path(where).expanduser().resolve()
+            if not path.is_file():
+                raise FileNotFoundError(f"no file {path}")
+            module_spec = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
         else:
             if "" not in sys.path and str(Path.cwd()) not in sys.path:
                 sys.path.insert(0, str(Path.cwd()))  # a module beside the user, as `python -c` would see it
@@ -136,45 +139,13 @@ def load_reward_fn(spec: str) -> RewardFn:
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ValueError(f"{where!r} has no function {name!r}")
-    try:
-        params = inspect.signature(fn).parameters.values()
-        inspect.signature(fn).bind_partial(["completion"], ["answer"], None)
-        positional_only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
-        if len(positional_only) > 3:
-            raise TypeError(f"missing positional-only argument(s) {positional_only[3:]}")
-    except TypeError as e:
-        raise ValueError(
-            f"{name}{_signature(fn)} cannot be called as {name}(completions, answers, verifier): {e}"
-        ) from None
-    except ValueError:  # no signature to read (a builtin): the probe call decides
-        pass
     return fn
-
-
-_FILE_MODULES: dict[Path, tuple[tuple[int, int], object]] = {}  # path -> ((mtime_ns, size), module)
-
-
-def _file_module(path: Path):
-    """The module a .py file defines, executed once per version of the file."""
-    if not path.is_file():
-        raise FileNotFoundError(f"no file {path}")
-    version = (path.stat().st_mtime_ns, path.stat().st_size)
-    if (cached := _FILE_MODULES.get(path)) and cached[0] == version:
-        return cached[1]
-    module_spec = importlib.util.spec_from_file_location(path.stem, path)
-    if module_spec is None:
-        raise FileNotFoundError(f"no file {path}")
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    _FILE_MODULES[path] = (version, module)
-    return module
 
 
 class RewardFnError(ValueError):
     """A --reward_fn function raised, or returned something that is not one finite number per completion."""
 
 
-SLOW_STEP_S = 10.0  # a custom term slower than this a step gets a note
 PROBE_ROWS = 4  # dataset rows the probe takes at the least, spread over the data (`probe_indices`)
 
 
@@ -188,32 +159,24 @@ def stand_ins(answer: str) -> list[str]:
     ]
 
 
-def probe_reward_fn(fn: RewardFn, rows: list[dict], decode, per_step: int, say=print) -> RewardFn:
+def probe_reward_fn(fn: RewardFn, rows: list[dict], decode) -> RewardFn:
     """Call `fn` before any model loads as `common.rewards.Scorer.score` will (`stand_ins` for a few `rows`, a
     real verifier, `reward_columns`), so that an error stops the run now (`RewardFnError`), not after the first
-    rollout. Slower than SLOW_STEP_S a step (timed twice: the first call may start the verifier): a note."""
+    rollout."""
     indices = probe_indices(rows)
     picked = [rows[i] for i in indices]
     group = [r for r in picked for _ in stand_ins("")]  # each completion's row, as the sampler gives them
     completions = [c for r in picked for c in stand_ins(r["answer"])]
-    answers = [r["answer"] for r in group]
     columns = reward_columns(group, decode)
-    where = f"called at start-up as training calls it, on stand-in completions for rows {', '.join(map(str, indices))}"
     try:
         with MathVerifier(workers=1) as verifier:
-            for _ in range(2):
-                start = time.perf_counter()
-                custom_scores(fn, completions, answers, verifier, columns)
-                per_completion = (time.perf_counter() - start) / len(completions)
-                if per_completion * per_step <= SLOW_STEP_S:
-                    return fn
+            custom_scores(fn, completions, [r["answer"] for r in group], verifier, columns)
     except RewardFnError as e:
+        where = (
+            f"called at start-up as training calls it, on stand-in completions for rows {', '.join(map(str, indices))}"
+        )
         where += f" of the {len(rows)} loaded from --dataset; the keyword arguments it may take: {', '.join(columns)}"
         raise RewardFnError(f"{e} ({where})") from None
-    say(
-        f"note: --reward_fn {_name(fn)} took {per_completion:.2f} s a completion on a probe: about "
-        f"{per_completion * per_step:.0f} s for a step's {per_step} completions"
-    )
     return fn
 
 
@@ -297,13 +260,6 @@ def _one_line(error: Exception) -> str:
 
 def _name(fn) -> str:
     return getattr(fn, "__name__", None) or repr(fn)
-
-
-def _signature(fn) -> str:
-    try:
-        return str(inspect.signature(fn))
-    except (TypeError, ValueError):
-        return "(...)"
 
 
 def _shown(value) -> str:

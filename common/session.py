@@ -89,10 +89,10 @@ class Prepared:
 
 
 def check_before_loading(
-    script: str, spec, run: RunFlags, values: dict, resumable: set[str], terms: list[str]
+    script: str, spec, run: RunFlags, values: dict, resumable: set[str], terms: list[str], custom: list
 ) -> Prepared:  # fmt: skip
     """Everything about `spec` (`common.session.TrainSpec`) checked without a model (`values` and `resumable`: the
-    flags and which of them a resume may change; `terms`: the reward terms)."""
+    flags and which of them a resume may change; `terms`, `custom`: the reward terms and --reward_fn functions)."""
     quiet_libraries()  # our progress bar and lines; library notices that need no action are filtered
     # --output_dir: writable, locked by rank 0, fit for this run
     run_dir = Path(run.output_dir or f"runs/{script}")
@@ -129,10 +129,9 @@ def check_before_loading(
     pool = pool_of(rows, spec.few_shot) if spec.few_shot else None  # the evaluation's worked examples
     # each --reward_fn called as training calls it, on stand-ins for a few rows: one that would fail in training
     # fails here (`common.rewards.probe_reward_fn`)
-    per_step = spec.prompts_per_step // launch_world() * spec.group_size
     with clear_errors("--reward_fn"):
-        for name in filter(None, (spec.reward_fn or "").split(",")):
-            probe_reward_fn(load_reward_fn(name), rows, tokenizer.decode, per_step, say)
+        for fn in custom:
+            probe_reward_fn(fn, rows, tokenizer.decode)
     with clear_errors():
         total_steps, length = count_steps(spec.steps, spec.epochs, len(rows), spec.prompts_per_step)
     if is_main:
@@ -250,7 +249,7 @@ def start_session(script: str, spec: TrainSpec, run: RunFlags, flags: tuple[dict
         torch.get_num_threads(), torch.cuda.get_device_name() if torch.cuda.is_available() else None
     )
     terms, custom = check_launch_and_rewards(spec.rewards, spec.reward_fn)
-    pre = check_before_loading(script, spec, run, values, resumable, terms)
+    pre = check_before_loading(script, spec, run, values, resumable, terms, custom)
     gpu, say0 = torch.cuda.is_available(), print if pre.is_main else lambda _: None
     precision = precision_for(run.precision, gpu)
     loads = "the policy" + ", the reference model" * spec.reference_model + f" and the {run.rollout} rollout engine"
@@ -288,7 +287,6 @@ class Checkpoints:
     save_steps: int  # 0: off
     save_minutes: float  # 0: off
     saved_step: int | None  # the newest checkpoint of this run (or the one it resumed from); None: none yet
-    stop: StopSignal | None = None  # told which checkpoint is being written, for a second signal's line
     last_save: float = field(default_factory=time.monotonic)
 
     def save_if_due(self, step: int, trainer, rollout, *, final: bool, stopping: bool, skipped: bool) -> None:
@@ -302,16 +300,10 @@ class Checkpoints:
         )
         if not due or (skipped and not (final or stopping)):
             return
-        if self.stop is not None:
-            self.stop.saving, self.stop.saved = f"checkpoint-{step}", self.saved_step
-        try:
-            saved = save_checkpoint(
-                trainer.accelerator, trainer.model, rollout.tokenizer, self.run_dir, step,
-                {"sampler": rollout.sampler.state_dict()}, self.keep_last, export=final,
-            )  # fmt: skip
-        finally:
-            if self.stop is not None:
-                self.stop.saving = None
+        saved = save_checkpoint(
+            trainer.accelerator, trainer.model, rollout.tokenizer, self.run_dir, step,
+            {"sampler": rollout.sampler.state_dict()}, self.keep_last, export=final,
+        )  # fmt: skip
         if saved is not None:
             self.saved_step, self.last_save = step, time.monotonic()
 
@@ -358,7 +350,7 @@ def open_run_io(script: str, run: RunFlags, pre, values: dict, accelerator, mode
         log_every=run.log_every, log_samples=run.log_samples,
     )  # fmt: skip
     stop = StopSignal()
-    checkpoints = Checkpoints(pre.run_dir, run.keep_last, run.save_steps, run.save_minutes, start_step or None, stop)
+    checkpoints = Checkpoints(pre.run_dir, run.keep_last, run.save_steps, run.save_minutes, start_step or None)
     return RunIO(
         pre.run_dir, pre.lock, logger, checkpoints, evaluation, SignalWatch(run.warn_flat_steps, say=logger.write),
         ScoreWatch(say=logger.write), stop, start_step, pre.total_steps, accelerator.is_main_process,

@@ -9,7 +9,7 @@ import pytest
 
 from common.math_data import load_prompts
 from common.models import SHIPPED_DIR
-from common.rewards import RewardFnError, load_reward_fn, probe_reward_fn
+from common.rewards import RewardFnError, probe_reward_fn
 from common.verifier import MathVerifier
 
 G = 4  # completions per prompt in the training calls below
@@ -126,26 +126,16 @@ def test_the_probe_passes_exactly_what_training_passes(fn, dataset, datasets, ve
     trained = training_outcome(fn, rows, tokenizer, verifier)
     assert (trained is None) == (dataset in FUNCTIONS[fn]), trained
     if trained is None:
-        assert probe_reward_fn(fn, rows, tokenizer.decode, per_step=8, say=print) is fn
+        assert probe_reward_fn(fn, rows, tokenizer.decode) is fn
         return
     with pytest.raises(RewardFnError) as probe:
-        probe_reward_fn(fn, rows, tokenizer.decode, per_step=8, say=print)
+        probe_reward_fn(fn, rows, tokenizer.decode)
     message = str(probe.value)
     assert message.startswith(fn.__name__) and "\n" not in message
     assert "called at start-up as training calls it" in message
     if m := re.search(r"(raised \w+: .*?) on (completion|the batch)", trained):  # the same error as training's
         assert m.group(1) in message, (trained, message)
     assert "question, gold, sol, difficulty" in message  # what it may take, named
-
-
-def test_a_spec_gives_the_same_function_each_time(tmp_path):
-    """The probe (check_before_loading) and training (check_launch_and_rewards) load the spec apart: one object."""
-    path = tmp_path / "mine.py"
-    path.write_text("CALLS = []\n\ndef r(completions, answers, verifier):\n    CALLS.append(1)\n    return [0.0]\n")
-    first = load_reward_fn(f"{path}:r")
-    assert load_reward_fn(f"{path}:r") is first
-    path.write_text("def r(completions, answers, verifier):\n    return [1.0]\n\n# edited\n")
-    assert load_reward_fn(f"{path}:r")(["x"], ["1"], None) == [1.0]  # an edited file is read again
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 nor wrong), and loading a reward function of your own."""
 
 import math
-import re
 import time
 
 import pytest
@@ -325,23 +324,9 @@ def test_a_custom_term_that_raises_names_the_completion_it_fails_on():
         custom_scores(raises_on_empty, ["a", "b", "", "c"], ["1"] * 4, None)
 
 
-def test_a_reward_fn_with_the_wrong_signature_is_refused_at_load():
-    with pytest.raises(ValueError, match=r"two_args\(completions, answers\) cannot be called as two_args\(completions"):
-        load_reward_fn("test_rewards:two_args")
-
-
 def test_the_probe_runs_the_function_before_any_model_loads():
     """The probe's stand-ins include an empty completion: a function that breaks on it stops the run at once."""
-    said, rows = [], [{"problem": "What is 3 + 4?", "answer": "7"}]
-    assert probe_reward_fn(brevity, rows, None, per_step=512, say=said.append) is brevity and said == []
+    rows = [{"problem": "What is 3 + 4?", "answer": "7"}]
+    assert probe_reward_fn(brevity, rows, None) is brevity
     with pytest.raises(RewardFnError, match="none_on_empty returned NoneType None for completion 3"):
-        probe_reward_fn(none_on_empty, rows, None, per_step=512, say=said.append)
-
-    def slow(completions, answers, verifier):
-        time.sleep(0.01 * len(completions))
-        return [0.0] * len(completions)
-
-    probe_reward_fn(slow, rows, None, per_step=5000, say=said.append)
-    assert len(said) == 1 and re.match(
-        r"note: --reward_fn .*slow took 0.0\d s a completion on a probe: about \d+ s", said[0]
-    )
+        probe_reward_fn(none_on_empty, rows, None)
