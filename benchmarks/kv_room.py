@@ -31,9 +31,9 @@ from recipe_memory import (  # noqa: E402
 )
 
 from benchmarks.stored_run import write_between  # noqa: E402
-from common.preflight import GIB, MARGIN_GIB, bytes_per_parameter, kv_bytes_per_token, model_shape  # noqa: E402
+from common.models import GIB, MARGIN_GIB, bytes_per_parameter, kv_bytes_per_token, model_shape  # noqa: E402
 
-BUDGET_BEGIN = "<!-- per-GPU budget: written by benchmarks/kv_room.py from recipes/ and common/preflight.py -->"
+BUDGET_BEGIN = "<!-- per-GPU budget: written by benchmarks/kv_room.py from recipes/ and common/models.py -->"
 BUDGET_END = "<!-- end of per-GPU budget -->"
 
 

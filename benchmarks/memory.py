@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import stored_run  # noqa: E402
 from common.batching import activation_bytes_per_token, micro_batches  # noqa: E402
 from common.logprobs import sequence_logprobs  # noqa: E402
-from common.preflight import GIB, bytes_per_parameter  # noqa: E402
+from common.models import GIB, bytes_per_parameter  # noqa: E402
 
 VOCAB = 151_936
 STORED = stored_run.BENCH / "memory.json"

@@ -10,7 +10,7 @@ from pathlib import Path
 from common.batching import select
 from common.logprobs import sequence_logprobs
 from common.metrics import UpdateGuard
-from common.models import Precision
+from common.models import Precision, check_memory
 from common.run_flags import RunFlags
 
 
@@ -196,7 +196,6 @@ def open_accelerator(
     """(accelerator, parallel mode), then the checks that need them before any weight loads: every rank sees the
     run directory, and the memory preflight (`device_gib` None: CPU, not planned)."""
     from common.distributed import make_accelerator, parallel_mode
-    from common.preflight import check_memory
     from common.run_dir import check_shared
 
     accelerator = make_accelerator(precision.mixed, grad_clip, run.micro_batch_size, run.report_to, str(run_dir))

@@ -14,7 +14,7 @@ import torch
 
 from common.cli import require
 from common.metrics import quiet_libraries
-from common.preflight import kv_bytes_per_token, model_shape
+from common.models import kv_bytes_per_token, model_shape
 from common.prompts import Completion, CutEngine, stop_at
 
 CPU_KV_CACHE_GIB = 2  # the most a run's own sizing gives vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE: any size)

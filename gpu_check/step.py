@@ -18,8 +18,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from benchmarks.memory import AllocationTracker, update_phases
 from common.logprobs import head_chunk_rows, sequence_logprobs
-from common.models import autocast_options, optimizer_options
-from common.preflight import preflight_memory
+from common.models import autocast_options, optimizer_options, preflight_memory
 from gpu_check.report import Findings
 
 # Qwen2.5-Math-1.5B's config.json (the fields that set the shape).

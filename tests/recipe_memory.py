@@ -12,15 +12,16 @@ from train_utils import ROOT
 from benchmarks.memory import update_phases
 from common.cli import parse_args
 from common.logprobs import head_chunk_rows
-from common.models import autocast_options, optimizer_options
-from common.preflight import (
+from common.models import (
     GIB,
     KV_BLOCK,
     MARGIN_GIB,
     ModelShape,
+    autocast_options,
     bytes_per_parameter,
     kv_bytes_per_token,
     model_shape,
+    optimizer_options,
     vllm_floor,
 )
 from common.run_flags import RunFlags
@@ -193,5 +194,5 @@ def kv_table(total_gib: float = H100_GIB) -> str:
 
 
 # docs/SCALING.md's markers around `kv_table` (benchmarks/kv_room.py --write)
-KV_TABLE_BEGIN = "<!-- KV room: written by benchmarks/kv_room.py from recipes/ and common/preflight.py -->"
+KV_TABLE_BEGIN = "<!-- KV room: written by benchmarks/kv_room.py from recipes/ and common/models.py -->"
 KV_TABLE_END = "<!-- end of KV room -->"

@@ -243,7 +243,7 @@ def memory_figures():
     from recipe_memory import MODELS
 
     from common.batching import activation_bytes_per_token as act
-    from common.preflight import GIB, bytes_per_parameter, kv_bytes_per_token, model_shape
+    from common.models import GIB, bytes_per_parameter, kv_bytes_per_token, model_shape
 
     (c15, p15), (c7, p7) = ((SimpleNamespace(**MODELS[m][0]), MODELS[m][1]) for m in (B15, B7))
     gib = lambda p, each: f"{p * each / GIB:.1f}"
@@ -284,7 +284,7 @@ def step_figures():
 
     from common.batching import activation_bytes_per_token as act
     from common.logprobs import head_chunk_rows
-    from common.preflight import GIB
+    from common.models import GIB
 
     cpu, gpu = head_chunk_rows(V, "cpu"), head_chunk_rows(V, "cuda", device_memory=80 * 10**9)
     ai = lambda rows, acc=False: " / ".join(f"{gemm_flop_per_byte(rows, D, V, acc):.0f}" for D in (1536, 3584))

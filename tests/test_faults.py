@@ -185,12 +185,12 @@ def test_a_damaged_exported_model_is_refused_where_model_points(finished_run, tm
 
 def test_a_run_s_model_is_hashed_once(finished_run, monkeypatch):
     """Every byte of the exported model is read once on the way to loading it (a 7B model is 15 GB)."""
-    import common.models
+    import common.checkpoint
 
     out, _ = finished_run
     calls = []
-    real = common.models.manifest_problem
-    monkeypatch.setattr(common.models, "manifest_problem", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = common.checkpoint.manifest_problem
+    monkeypatch.setattr(common.checkpoint, "manifest_problem", lambda *a, **k: calls.append(a) or real(*a, **k))
     assert model_to_load(str(out)) == (str(out / "model"), out)
     assert len(calls) == 1
 

@@ -1,4 +1,4 @@
-"""The memory preflight (common/preflight.py): the recipes' plans fit an 80 GB GPU, the issue's plan
+"""The memory preflight (common/models.py): the recipes' plans fit an 80 GB GPU, the issue's plan
 (FSDP2 + 7B + a reference model + vLLM at 0.7) is refused with its figures and the fix, vLLM's floor
 (weights, profile activations, one max_model_len sequence of KV, CUDA graphs) part by part at the
 recipes' models, GSPO's 30.5B refused at a 0.73 share, the session runs it, and the shared-filesystem
@@ -15,7 +15,7 @@ from recipe_memory import H100_GIB, MODELS, RECIPES, launch_plan, recipe_flags, 
 from train_utils import ROOT
 
 from common.cli import parse_args
-from common.preflight import check_plan, model_config, model_shape, vllm_floor
+from common.models import check_plan, model_config, model_shape, vllm_floor
 from common.run_flags import RunFlags
 
 SCRIPTS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo")
@@ -85,7 +85,6 @@ def test_session_checks_memory_and_the_shared_filesystem_before_any_weight_loads
     """start_session: the shared-filesystem check, then the preflight (given the model, layout and flags),
     both before the policy loads. The preflight is stopped here to show nothing loads after a refusal."""
     import common.models
-    import common.preflight
     import common.run_dir
     import grpo_base
     from common.session import spec_from
@@ -97,7 +96,7 @@ def test_session_checks_memory_and_the_shared_filesystem_before_any_weight_loads
         calls.append(("preflight", model_path, plan))
         raise SystemExit("error: memory: refused")
 
-    monkeypatch.setattr(common.preflight, "preflight_memory", refuse)
+    monkeypatch.setattr(common.models, "preflight_memory", refuse)
     monkeypatch.setattr(common.models, "load_policy", lambda *a: calls.append("load_policy"))
     args, run = parse_args(
         grpo_base.Args, RunFlags,
@@ -205,7 +204,7 @@ def test_the_session_plans_memory_on_a_gpu_only(tiny_random_dir):
     import dataclasses
 
     from common.distributed import ParallelMode
-    from common.preflight import check_memory
+    from common.models import check_memory
 
     run, mode = RunFlags(), ParallelMode("ddp", 2)
     assert check_memory(run, str(tiny_random_dir), mode, False, None) is None
@@ -288,7 +287,7 @@ def test_the_session_check_refuses_gspo_at_0_73_from_the_config(tmp_path):
     with the recipe's vLLM settings, passed at 0.85; without them, vLLM's defaults and the model's own 32,768-token
     context (3.0 GiB of KV for one sequence; 1,024 sequences' sampler, 2.7 GiB) make the floor 63.5 GiB, still
     under 0.85's 67.3."""
-    from common.preflight import preflight_memory
+    from common.models import preflight_memory
 
     (tmp_path / "config.json").write_text(json.dumps(MODELS["Qwen/Qwen3-30B-A3B-Base"][0]))
     plan = {"mode": "fsdp2", "world": 64, "precision": "auto", "reference_model": False, "total_gib": H100_GIB}
@@ -331,7 +330,7 @@ def test_vllms_batch_defaults_are_vllms(monkeypatch, gib, name, expected):
     import vllm.engine.arg_utils as arg_utils
     from vllm.usage.usage_lib import UsageContext
 
-    from common.preflight import vllm_batch
+    from common.models import vllm_batch
 
     gpu = SimpleNamespace(
         get_device_total_memory=lambda: gib * 2**30, get_device_name=lambda: name, is_tpu=lambda: False,

@@ -13,8 +13,7 @@ from train_utils import ROOT
 
 from benchmarks.memory import layer_backward_bytes, update_phases
 from common.batching import activation_bytes_per_token
-from common.models import autocast_options, optimizer_options, precision_for
-from common.preflight import GIB
+from common.models import GIB, autocast_options, optimizer_options, precision_for
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 

@@ -5,7 +5,7 @@
 
 The accelerator comes from the trainer's own step (`common.trainer.open_accelerator`, as `start_session`
 builds it on a GPU: bf16 mixed precision, whose engine settings are reported); then, for each plan of PLANS.json (a recipe's model config directory and flags), the parameter
-count and `common.preflight.check_memory` on a device of the stated GiB: the plan, or the one line it stops
+count and `common.models.check_memory` on a device of the stated GiB: the plan, or the one line it stops
 with. Under ZeRO-3 the accelerator leaves transformers' ZeRO-3 hook set (an HfDeepSpeedConfig alive): the
 count must neither crash in zero.Init nor see partitioned (empty) parameters, and the hook must stay set.
 """
@@ -18,8 +18,7 @@ from pathlib import Path
 from transformers.integrations import is_deepspeed_zero3_enabled
 
 from common.distributed import end_run
-from common.models import precision_for
-from common.preflight import check_memory, model_config
+from common.models import check_memory, model_config, precision_for
 from common.run_flags import RunFlags
 from common.trainer import open_accelerator
 
