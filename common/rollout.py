@@ -345,7 +345,7 @@ class HFEngine(CutEngine):
         self.model.eval()
         device = next(self.model.parameters()).device
         per_call = max(1, self.batch_size // n)  # whole groups: a prompt's n rows share one prefill
-        pairs = list(zip(prompts, seeds))
+        pairs = list(zip(prompts, seeds, strict=True))
         calls = math.ceil(len(pairs) / per_call)
         if self.synced:  # every rank makes the most calls any rank makes (an idle rank steps on a dummy row)
             count = torch.tensor(calls, device=device)

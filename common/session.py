@@ -316,7 +316,7 @@ class RunIO:
     checkpoints: Checkpoints
     evaluation: TrainingEval
     watch: SignalWatch  # flat rewards over --warn_flat_steps steps
-    score_watch: ScoreWatch  # what each scoring says: the first step's flat rewards, unchecked answers
+    score_watch: ScoreWatch  # answers each scoring left unchecked
     stop: StopSignal  # SIGTERM / Ctrl-C: stop after the step, once saved
     start_step: int
     total_steps: int

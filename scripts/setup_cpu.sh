@@ -16,7 +16,7 @@
 # --no-deps: their own dependencies are tools this project never runs.
 # Fallback: if uv cannot be installed or its run fails, the plain-pip install as before.
 # Idempotent: when scripts/check_installed.py finds every requirement (and dependency)
-# already satisfied, nothing is installed; only the import check runs again.
+# already satisfied, nothing is installed; only the import check (and SmolLM2's, below) runs again.
 # SETUP_CPU_INSTALLER=pip skips uv; SETUP_CPU_COMPILE=1/0 forces uv's bytecode compile
 # on/off (default: on only where PYTHONDONTWRITEBYTECODE is set; see below).
 set -euo pipefail
@@ -91,4 +91,4 @@ print('setup_cpu.sh: $result', __import__('sys').prefix, '| torch', torch.__vers
       '| vllm', vllm.__version__, '| transformers', transformers.__version__, '| deepspeed', deepspeed.__version__)
 " 2>"$TMP/import.log" | tail -n 1 || { cat "$TMP/import.log" >&2; exit 1; }
 # `--model smollm2`: the real model the tests and the comparison train, converted once (tools/smollm2.py).
-"$PY" -m tools.smollm2
+"$PY" -m tools.smollm2 || echo "setup_cpu.sh: SmolLM2 not converted; --model smollm2 says how" >&2

@@ -16,7 +16,7 @@ from common.cli import parse_args
 from common.run_flags import RunFlags
 
 SCRIPTS = ("grpo_base", "edge_grpo", "egpo", "cw_grpo", "pro_grpo", *(b.removesuffix(".py") for b in BASELINES))
-MODULES = ("tools.evaluate", "tools.plot", "tools.tiny_model", "data.prepare", "data.hard_subset")
+MODULES = ("tools.evaluate", "tools.plot", "tools.tiny_model", "tools.smollm2", "data.prepare", "data.hard_subset")
 DOCS = [ROOT / "README.md", ROOT / "data" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 

@@ -259,6 +259,9 @@ ROLLOUT = "vllm" if vllm_available() else "hf"
 def test_a_step_on_smollm2(tmp_path):
     """A real pretrained model with two worked examples: some groups are mixed, and the step trains on them. One
     step: the weight sync and the step after it on this model are GRPO's (tests/test_real_model.py)."""
+    from tools.smollm2 import ensure_smollm2
+
+    ensure_smollm2()  # converted once per machine (scripts/setup_cpu.sh does it)
     flags = ["--model", "smollm2", "--rollout", ROLLOUT, "--few_shot", "2", "--lr", "1e-5", *ONE_STEP]
     # 32 tokens: 16 would cut "a + b = c. The answer is \\boxed{c}." before its box closes.
     more = ("--max_completion_len", "32", "--max_gen_batches", "3", "--prompts_per_step", "4")

@@ -126,7 +126,7 @@ KILLED_WRITES = {
 COVERED = {
     "common/checkpoint.py:save_checkpoint": "checkpoint-N.tmp: the two Ctrl-Cs above, a real run",
     "common/checkpoint.py:_store_weights_once": "its .link sits inside checkpoint-N.tmp, removed with it",
-    "common/models.py:convert": "models/, not a run: the next conversion removes its .tmp first",
+    "tools/smollm2.py:convert": "models/, not a run: the next conversion removes its .tmp first",
     "tools/tiny_model.py:build_tiny_model": "a model folder, not a run: the next build removes its .tmp first",
 }
 

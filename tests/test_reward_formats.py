@@ -1,6 +1,6 @@
 """A reward reads an answer format; the prompt must ask for it (issue 33, item 4 and its class: a text
 format assumed, not checked). The table: template x reward x few-shot -> refused, warned, or fine; then
-the first step's flat-reward line, and reward functions of your own that take the prompt and columns."""
+reward functions of your own that take the prompt and columns."""
 
 import pytest
 

@@ -280,10 +280,6 @@ def raises_on_empty(completions, answers, verifier):
     return [1 / len(c) for c in completions]
 
 
-def two_args(completions, answers):
-    return [0.0 for _ in completions]
-
-
 def test_a_custom_term_may_return_numpy_or_torch_numbers():
     import numpy as np
     import torch

