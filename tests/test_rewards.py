@@ -320,6 +320,10 @@ def test_a_custom_term_that_raises_names_the_completion_it_fails_on():
         custom_scores(raises_on_empty, ["a", "b", "", "c"], ["1"] * 4, None)
 
 
+def two_args(completions, answers):  # a --reward_fn that cannot take the verifier (tests/test_train_e2e.py)
+    return [0.0 for _ in completions]
+
+
 def test_the_probe_runs_the_function_before_any_model_loads():
     """The probe's stand-ins include an empty completion: a function that breaks on it stops the run at once."""
     rows = [{"problem": "What is 3 + 4?", "answer": "7"}]

@@ -152,7 +152,7 @@ def test_two_steps(script, rollout, tiny_random_dir, tmp_path, request):
             "--reward_fn: none_on_empty returned NoneType None for completion 3",
         ),
         ({"reward_fn": "test_rewards:raises_on_empty"}, "--reward_fn: raises_on_empty raised ZeroDivisionError"),
-        ({"reward_fn": "test_rewards:two_args"}, r"--reward_fn: two_args\(completions, answers\) cannot be called"),
+        ({"reward_fn": "test_rewards:two_args"}, r"--reward_fn: two_args raised TypeError: .*positional argument"),
         (
             {"epochs": 1, "prompts_per_step": 128},
             "--epochs 1 of 100 prompts is less than one step of --prompts_per_step 128",
