@@ -315,8 +315,13 @@ class Completion:
 
 
 class CutEngine:
-    """What both rollout engines share: `stop` strings, `decode` (token ids -> text, the one every stop decision
-    uses), and `generate`: the engine's `sample`, each completion then cut at the stop strings."""
+    """A rollout engine, what the scripts, the session, evaluation and data selection use of one; both engines
+    (common/vllm_engine.py, common/rollout.py's HFEngine) share here `stop` strings, `decode` (token ids -> text,
+    the one every stop decision uses), and `generate`: the engine's `sample`, each completion then cut at the stop
+    strings."""
+
+    stop_token_ids: list[int]  # tokens that end a completion (kept in it)
+    weight_dtype: object  # the torch dtype `load_weights` is best given (None: any)
 
     def __init__(self, stop: Iterable[str], decode: Callable[[list[int]], str] | None):
         self.stop, self.decode = tuple(stop), decode
@@ -334,6 +339,17 @@ class CutEngine:
     ) -> list[list[Completion]]:
         """n completions for each prompt (a list of token ids); `seed`: one for the call or one per prompt."""
         return cut_groups(self.sample(prompts, n, max_tokens, temperature, top_p, seed), self.stop, self.decode)
+
+    def load_weights(self, named_tensors) -> None:
+        """Take the policy's new weights (HF names, tensors), consumed lazily."""
+        raise NotImplementedError
+
+    def sleep(self) -> None:
+        """Release what can be released during the update (it wakes by itself when used)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
 
 
 def stop_token_ids(tokenizer, model_path: str) -> list[int]:

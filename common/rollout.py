@@ -1,4 +1,4 @@
-"""Rollout engines behind one interface (`RolloutEngine`, built by `make_engine`): `VLLMEngine`
+"""Rollout engines behind one interface (`RolloutEngine`, common/prompts.py's `CutEngine`, built by `make_engine`): `VLLMEngine`
 (common/vllm_engine.py) or `HFEngine` (below); both return each sampled token's log-prob under logits / T.
 Then the rollout side of a session (`Rollout`, `open_rollout`).
 Each step's prompts come from `PromptSampler`: a seeded, resumable order, each rank's share of every step."""
@@ -7,7 +7,6 @@ import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -90,36 +89,7 @@ def count_steps(steps: int, epochs: float | None, num_rows: int, prompts_per_ste
     return total, why
 
 
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """What the scripts, the session, evaluation and data selection use of a rollout engine."""
-
-    stop: tuple[str, ...]  # stop strings: a completion ends before the first (`cut_at_stop`)
-    decode: Callable[[list[int]], str] | None  # token ids -> text, for the stop strings
-    stop_token_ids: list[int]  # tokens that end a completion (kept in it)
-    weight_dtype: torch.dtype | None  # the dtype `load_weights` is best given (None: any)
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        seed: int | list[int] | None = None,
-    ) -> list[list[Completion]]:
-        """n completions per prompt, each cut at the stop strings; `seed`: one for the call or one per prompt."""
-        ...
-
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Take the policy's new weights (HF names), consumed lazily."""
-        ...
-
-    def sleep(self) -> None:
-        """Release what can be released during the update (it wakes by itself when used)."""
-        ...
-
-    def close(self) -> None: ...
+RolloutEngine = CutEngine  # the interface both engines implement (common/prompts.py)
 
 
 def make_engine(
