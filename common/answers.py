@@ -1,5 +1,6 @@
 """The final answer of a completion (its last \\boxed{...}, else its last <answer>...</answer>), its canonical
-form, and the light normalisation of the exact-match fast path; symbolic equivalence is `common.verifier`'s.
+form, the light normalisation of the exact-match fast path, and math-verify's parse of an answer (symbolic
+equivalence is `common.verifier`'s, which runs math-verify in child processes).
 Everything runs on raw model output (up to a megabyte of repetition), so each function is one linear scan with
 no regex that can backtrack over model text (tests/test_answers.py fuzzes them up to 1M characters).
 """
@@ -243,3 +244,27 @@ def explicit_set(s: str) -> bool:
             continue
         i += 1
     return False
+
+
+def math_verify_parse(s: str, parse) -> list:
+    """math-verify's parse of an answer, wrapped in \\boxed{} (if balanced, so no brace closes it early) so
+    that its LaTeX extractor takes the whole string (bare "(1,2]" is not recognised); else plain text."""
+    s = s.strip().strip("$").strip()
+    wrapped = parse("\\boxed{" + s + "}", parsing_timeout=None) if balanced(s) else None
+    return wrapped or parse(s, parsing_timeout=None)
+
+
+def set_against_ordered(gold: str, gold_parsed: list, pred: str, pred_parsed: list) -> bool:
+    """Is one answer a set in set braces and the other an interval or a tuple? Never equal, though
+    math-verify pairs them up ("(1,2)" = {1,2}, and sorting a tuple, "(2,1)" = {1,2})."""
+    from sympy import FiniteSet, Interval, Tuple
+
+    def shape(text: str, parsed: list) -> str | None:
+        first = parsed[0] if parsed else None
+        if isinstance(first, (Interval, Tuple)):
+            return "ordered"
+        if isinstance(first, FiniteSet) and explicit_set(text):
+            return "set"
+        return None
+
+    return {shape(gold, gold_parsed), shape(pred, pred_parsed)} == {"set", "ordered"}

@@ -15,7 +15,7 @@ from test_answers import DIGIT_ZEROS, SUB_DIGITS, SUP_DIGITS, fuzz_texts, in_scr
 from train_utils import ROOT
 
 import common.verifier as verifier_module
-from common.verifier import MAX_PRED_CHARS, MathVerifier, default_workers
+from common.verifier import MAX_ANSWER_CHARS, MathVerifier, default_workers
 
 TIMEOUT_S = 1.0
 # A legal expression sympy never finishes with: comparing it to 1 evaluates a
@@ -169,7 +169,7 @@ VERDICTS += [
 def test_verdict_on_both_paths(judge, pred, gold, expected):
     """The verdict is right whichever path gives it: the exact-match fast path says it or defers
     (None), and math-verify on the canonical answers says it too."""
-    assert judge._fast(pred, gold) in (None, expected)
+    assert judge._triage(pred, gold)[0] in (None, expected)
     assert judge._slow(pred, gold) is expected
     assert judge.verify(pred, gold) is expected
 
@@ -222,11 +222,11 @@ def test_pathological_inputs_are_bounded(verifier, pred):
 
 
 def test_length_cap_skips_sympy(verifier):
-    long_but_right = "1" + " " * MAX_PRED_CHARS + "+0"
+    long_but_right = "1" + " " * MAX_ANSWER_CHARS + "+0"
     t0 = time.perf_counter()
     assert verifier.verify(long_but_right, "1") is False
     assert time.perf_counter() - t0 < 0.1
-    assert verifier.verify("1" + " " * MAX_PRED_CHARS, "1")  # exact match still counts
+    assert verifier.verify("1" + " " * MAX_ANSWER_CHARS, "1")  # exact match still counts
 
 
 @pytest.mark.parametrize("n", [1_000, 100_000, pytest.param(1_000_000, marks=pytest.mark.slow)])
@@ -237,7 +237,7 @@ def test_the_fast_path_is_linear(n):
     v = MathVerifier()
     t0 = time.perf_counter()
     for text in texts:
-        v._fast(text, "1")
+        v._triage(text, "1")
     per_char = (time.perf_counter() - t0) / sum(map(len, texts))
     assert per_char < 2e-6, f"{per_char * 1e6:.2f} us per character"  # linear: ~0.3 us; quadratic: seconds
     assert v._zygote is None and v._children == []
