@@ -143,25 +143,6 @@ class _ChunkedHead(torch.autograd.Function):
         return d_rows, None, d_w, d_b, None, None, None, None
 
 
-def token_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
-    chunk_rows: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """fp32 log pi(token_t | <t) and, optionally, H(pi(. | <t)) shaped like `tokens`, from logits [..., V] that
-    already exist; backward keeps nothing but the logits."""
-    if logits.shape[:-1] != tokens.shape:
-        raise ValueError(f"logits {tuple(logits.shape)} and tokens {tuple(tokens.shape)} do not line up")
-    V = logits.shape[-1]
-    out = _chunked(
-        lambda x, t: _logp_and_entropy(x, t, temperature, with_entropy),
-        logits.reshape(-1, V),
-        tokens.reshape(-1),
-        chunk_rows or head_chunk_rows(V, logits.device.type, _device_memory(logits.device)),
-    )
-    out = out.view(*tokens.shape, 2)
-    return out[..., 0], out[..., 1] if with_entropy else None
-
-
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The HF model inside DDP / DeepSpeed (`.module`) and torch.compile (`._orig_mod`) wrappers."""
     while True:

@@ -7,11 +7,30 @@ from train_utils import as_completions
 from common.logprobs import (
     CHUNK_BYTES,
     GPU_CHUNK_BYTES,
+    _chunked,
+    _device_memory,
+    _logp_and_entropy,
     head_chunk_rows,
     masked_mean,
     sequence_logprobs,
-    token_logprobs,
 )
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
+    chunk_rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """The chunked head's kernel (`_chunked` over `_logp_and_entropy`) on logits that already exist: fp32
+    log pi(token_t | <t) and, optionally, H(pi(. | <t)) shaped like `tokens`."""
+    V = logits.shape[-1]
+    out = _chunked(
+        lambda x, t: _logp_and_entropy(x, t, temperature, with_entropy),
+        logits.reshape(-1, V),
+        tokens.reshape(-1),
+        chunk_rows or head_chunk_rows(V, logits.device.type, _device_memory(logits.device)),
+    )
+    out = out.view(*tokens.shape, 2)
+    return out[..., 0], out[..., 1] if with_entropy else None
 
 
 def reference(logits, tokens, T):
