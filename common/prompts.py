@@ -314,7 +314,7 @@ class Completion:
     finished: bool  # ended on a stop token or a stop string (False: cut at max_tokens)
 
 
-class CutEngine:
+class RolloutEngine:
     """A rollout engine, what the scripts, the session, evaluation and data selection use of one; both engines
     (common/vllm_engine.py, common/rollout.py's HFEngine) share here `stop` strings, `decode` (token ids -> text,
     the one every stop decision uses), and `generate`: the engine's `sample`, each completion then cut at the stop

@@ -1,4 +1,4 @@
-"""Rollout engines behind one interface (`RolloutEngine`, common/prompts.py's `CutEngine`, built by `make_engine`): `VLLMEngine`
+"""Rollout engines behind one interface (common/prompts.py's `RolloutEngine`, built by `make_engine`): `VLLMEngine`
 (common/vllm_engine.py) or `HFEngine` (below); both return each sampled token's log-prob under logits / T.
 Then the rollout side of a session (`Rollout`, `open_rollout`).
 Each step's prompts come from `PromptSampler`: a seeded, resumable order, each rank's share of every step."""
@@ -12,7 +12,7 @@ import torch
 
 from common.logprobs import RolloutCorrection, rollout_correction
 from common.models import Precision
-from common.prompts import Completion, CutEngine, completion_seed, prompt_seeds, stop_at, stop_token_ids
+from common.prompts import Completion, RolloutEngine, completion_seed, prompt_seeds, stop_at, stop_token_ids
 from common.run_flags import RunFlags
 from common.vllm_engine import VLLMEngine
 
@@ -87,9 +87,6 @@ def count_steps(steps: int, epochs: float | None, num_rows: int, prompts_per_ste
     rounded = f", rounded up to whole steps: {covered:.2f} epochs" if abs(covered - epochs) > 1e-6 else ""
     why = f"{total} steps (--epochs {epochs:g} of {num_rows} prompts at --prompts_per_step {prompts_per_step}{rounded})"
     return total, why
-
-
-RolloutEngine = CutEngine  # the interface both engines implement (common/prompts.py)
 
 
 def make_engine(
@@ -274,8 +271,8 @@ class _StopStrings:
         return done
 
 
-class HFEngine(CutEngine):
-    """`common.rollout.RolloutEngine` on transformers' `generate`."""
+class HFEngine(RolloutEngine):
+    """`common.prompts.RolloutEngine` on transformers' `generate`."""
 
     weight_dtype = None  # load_weights takes nothing
 

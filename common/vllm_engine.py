@@ -15,7 +15,7 @@ import torch
 from common.cli import require
 from common.metrics import quiet_libraries
 from common.models import kv_bytes_per_token, model_shape
-from common.prompts import Completion, CutEngine, stop_at
+from common.prompts import Completion, RolloutEngine, stop_at
 
 CPU_KV_CACHE_GIB = 2  # the most a run's own sizing gives vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE: any size)
 VLLM_CPU_MAX_NUM_SEQS = 256  # vLLM 0.32's CPU default for `LLM` (engine/arg_utils.py, default_max_num_seqs)
@@ -121,8 +121,8 @@ def vllm_engine_args(
     )
 
 
-class VLLMEngine(CutEngine):
-    """`common.rollout.RolloutEngine` on vLLM, which stops each sequence once its text holds a stop string."""
+class VLLMEngine(RolloutEngine):
+    """`common.prompts.RolloutEngine` on vLLM, which stops each sequence once its text holds a stop string."""
 
     def __init__(
         self,

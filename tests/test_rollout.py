@@ -7,7 +7,8 @@ import torch
 import train_utils
 from transformers import AutoModelForCausalLM
 
-from common.rollout import HFEngine, RolloutEngine, make_engine
+from common.prompts import RolloutEngine
+from common.rollout import HFEngine, make_engine
 from common.run_flags import vllm_available
 from common.vllm_engine import VLLMEngine
 

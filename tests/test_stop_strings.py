@@ -6,8 +6,8 @@ those of sampling on and cutting afterwards, only sooner."""
 import pytest
 
 from common.cli import parse_args
-from common.prompts import Completion, cut_at_stop, format_few_shot_prompt, parse_stop, stop_strings
-from common.rollout import HFEngine, RolloutEngine, make_engine
+from common.prompts import Completion, RolloutEngine, cut_at_stop, format_few_shot_prompt, parse_stop, stop_strings
+from common.rollout import HFEngine, make_engine
 from common.run_flags import RunFlags, vllm_available
 
 
