@@ -33,8 +33,8 @@ import torch
 
 from common.batching import pack, rows_with_loss
 from common.cli import arg, flag_record, parse_args, require
-from common.distributed import global_sum
 from common.logprobs import CORRECTIONS, masked_mean
+from common.metrics import global_sum
 from common.prompts import TEMPLATE_CHOICES
 from common.rewards import Scores, without_unchecked_groups
 from common.run_flags import RunFlags, check_batch_split, check_correction, check_rollout_sampling, launch_world

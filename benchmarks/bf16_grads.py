@@ -25,10 +25,10 @@ from transformers.utils import logging as hf_logging
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import common.distributed as dist_utils  # noqa: E402
+import common.trainer as trainer_utils  # noqa: E402
 from benchmarks import stored_run  # noqa: E402
-from common.distributed import end_run, make_accelerator, micro_batch, parallel_mode  # noqa: E402
 from common.logprobs import _chunked, _logp_and_entropy, sequence_logprobs  # noqa: E402
+from common.trainer import end_run, make_accelerator, micro_batch, parallel_mode  # noqa: E402
 
 VOCAB, CHUNK, PROMPT, COMPLETION, ROWS, MICRO, WORLD = 4096, 3, 8, 248, 2, 8, 2
 TIED = "model.embed_tokens.weight"
@@ -125,7 +125,7 @@ def errors(grads: dict, reference: dict) -> dict:
 def worker(out: Path, seed: int, zero_defaults: bool) -> None:
     """One rank's part of the step under the engine accelerate was launched with; rank 0 writes the gradient."""
     if zero_defaults:  # DeepSpeed's own bf16 dtypes, as before
-        dist_utils.ZERO_BF16_GRADIENTS = {}
+        trainer_utils.ZERO_BF16_GRADIENTS = {}
     accelerator = make_accelerator("bf16", None, ROWS)
     mode = parallel_mode(accelerator)
     facts = {"mode": mode.kind, "world": accelerator.num_processes, "mixed_precision": accelerator.mixed_precision}

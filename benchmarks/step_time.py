@@ -163,9 +163,8 @@ def update_session(model, micro_batch_size: int, max_tokens: int = 0):
     accumulation, optimiser step), over `model`; AdamW at lr 0, so that every repeat sees the same model."""
     import torch
 
-    from common.distributed import make_accelerator, parallel_mode
     from common.metrics import UpdateGuard
-    from common.trainer import Trainer
+    from common.trainer import Trainer, make_accelerator, parallel_mode
 
     accelerator = make_accelerator("no", grad_clip=1.0)
     opt = torch.optim.AdamW(model.parameters(), lr=0.0)

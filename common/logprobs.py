@@ -365,7 +365,7 @@ class RolloutCorrection:
 
     def figures(self, accelerator, stats: dict) -> dict:
         """The step's figures over every rank, one wait for the device (docs/algorithms/grpo_base.md#metrics)."""
-        from common.distributed import global_sum
+        from common.metrics import global_sum
 
         sums = global_sum(accelerator, {k: v for k, v in stats.items() if k not in ("gap_p99", "raw_max")})
         tokens = max(sums["tokens"], 1.0)

@@ -1,6 +1,7 @@
 """What a run records and watches: metrics.jsonl and samples.jsonl, the progress bar and console lines, phase
 timings, the machine; and its health: bad updates skipped (`UpdateGuard`), flat rewards warned (`SignalWatch`,
-`ScoreWatch`), SIGTERM / Ctrl-C turned into a saved stop (`StopSignal`), an unsynced engine warned."""
+`ScoreWatch`), SIGTERM / Ctrl-C turned into a saved stop (`StopSignal`), an unsynced engine warned; and the
+figures summed or reduced over ranks (`global_sum`, `reduce_metrics`)."""
 
 import json
 import logging
@@ -409,3 +410,58 @@ def warn_rollout_gap(step: int, metrics: dict, previous: dict, say: Callable[[st
             "engine post-processes after loading (MoE experts, quantized layers: common/vllm_engine.py), or a stale "
             "prefix cache; --rollout hf samples the trained model itself"
         )
+
+
+# How reduce_metrics combines a metric over ranks (anything else: the mean).
+SUM_METRICS = {"time/tokens_per_s", "reward/timeouts", "train/skipped_rows"}
+MAX_METRICS = {"time/peak_mem_gb", "train/rollout_logp_gap_p99", "train/rollout_is_ratio_max"}  # the worst rank
+
+
+def global_sum(accelerator, value):
+    """Sum over ranks of a number, or of each value of a dict, in one collective; 0-dim device tensors are read
+    in one wait for the device."""
+    import torch
+
+    values = value if isinstance(value, dict) else {"": value}
+    if accelerator.num_processes == 1 and not any(torch.is_tensor(v) for v in values.values()):
+        out = {k: float(v) for k, v in values.items()}
+    else:
+        device = accelerator.device
+        t = torch.stack(
+            [torch.as_tensor(v, dtype=torch.float64, device=device).detach().reshape(()) for v in values.values()]
+        )
+        if accelerator.num_processes > 1:
+            t = accelerator.reduce(t, reduction="sum")
+        out = dict(zip(values, t.tolist()))
+    return out if isinstance(value, dict) else out[""]
+
+
+def reduce_metrics(accelerator, metrics: dict[str, float]) -> dict[str, float]:
+    """Each metric over ranks, on every rank: the mean, the sum for SUM_METRICS, the max for MAX_METRICS. A rank's
+    NaN (nothing to measure) is left out; all NaN stays NaN."""
+    if accelerator.num_processes == 1:
+        return metrics
+    import torch
+
+    keys = sorted(metrics)
+    t = torch.tensor([float(metrics[k]) for k in keys], device=accelerator.device, dtype=torch.float64)
+    gathered = accelerator.gather(t[None]).view(accelerator.num_processes, len(keys))
+    out = {}
+    for i, k in enumerate(keys):
+        column = gathered[:, i][~gathered[:, i].isnan()]
+        reduce = torch.sum if k in SUM_METRICS else torch.max if k in MAX_METRICS else torch.mean
+        out[k] = reduce(column).item() if column.numel() else float("nan")
+    return out
+
+
+def peak_memory_gb() -> float:
+    """Peak memory of this process in GiB: torch's GPU allocations (vLLM's included), or the max RSS on CPU."""
+    import resource
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / (2**30 if sys.platform == "darwin" else 2**20)

@@ -195,7 +195,7 @@ def precision_for(precision: str, gpu: bool) -> Precision:
 
 
 def autocast_options() -> dict:
-    """torch.autocast's options for the policy's forward (`common.distributed.make_accelerator`). The weight cache
+    """torch.autocast's options for the policy's forward (`common.trainer.make_accelerator`). The weight cache
     is off: it holds a bf16 copy of every weight (2 bytes a parameter) to the forward's end, and saves no cast, as
     each weight is cast once a forward."""
     return {"cache_enabled": False}
@@ -278,7 +278,7 @@ CUDA_GRAPHS_GIB = 1.0
 
 
 def bytes_per_parameter(mode: str, world: int, precision: str) -> float:
-    """Training-state bytes per policy parameter on one GPU (`mode`: `common.distributed.parallel_mode`'s).
+    """Training-state bytes per policy parameter on one GPU (`mode`: `common.trainer.parallel_mode`'s).
     torch AdamW: weights, gradients, both moments in the weights' dtype, whole or over `world` (FSDP2). DeepSpeed
     in bf16: bf16 weights (whole under ZeRO-2) beside sharded fp32 master weights, gradients and moments."""
     if mode in ("single", "ddp"):
@@ -467,7 +467,7 @@ def check_memory(
     run, model_path: str, mode, reference_model: bool, device_gib: float | None, engine_size=None
 ):  # fmt: skip
     """`preflight_memory` of this run's flags (`common.run_flags.RunFlags`) under `mode`
-    (`common.distributed.ParallelMode`; `engine_size` None: vLLM's defaults, which err high), after the one layout
+    (`common.trainer.ParallelMode`; `engine_size` None: vLLM's defaults, which err high), after the one layout
     no memory makes work. Returns the plan (GiB per item) or None."""
     if reference_model and mode.kind == "zero3":
         raise SystemExit(

@@ -1,11 +1,12 @@
 """Rollout engines behind one interface (common/prompts.py's `RolloutEngine`, built by `make_engine`): `VLLMEngine`
 (common/vllm_engine.py) or `HFEngine` (below); both return each sampled token's log-prob under logits / T.
-Then the rollout side of a session (`Rollout`, `open_rollout`).
+Then the rollout side of a session (`Rollout`, `open_rollout`), and the trainer's weights for its sync
+(`state_dict_for_sync`).
 Each step's prompts come from `PromptSampler`: a seeded, resumable order, each rank's share of every step."""
 
 import math
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -167,8 +168,6 @@ class Rollout:
 
     def sync_weights(self, trainer) -> None:
         """Wake the engine with the trainer's new weights (a no-op for the HF engine)."""
-        from common.distributed import state_dict_for_sync
-
         self.engine.load_weights(state_dict_for_sync(trainer.accelerator, trainer.model, self.engine.weight_dtype))
 
     def resume(self, state: dict, trainer) -> None:
@@ -394,3 +393,49 @@ class HFEngine(RolloutEngine):
 
     def close(self) -> None:
         pass
+
+
+# Module-name segments that wrappers insert (FSDP1, torch.compile, activation checkpointing), and DDP / DeepSpeed's
+# leading `module.`: none is in an HF checkpoint.
+_WRAPPER_SEGMENTS = {"_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module"}
+
+
+def hf_name(name: str) -> str:
+    """A parameter name without wrapper segments: the name in the HF checkpoint."""
+    parts = [p for p in name.split(".") if p not in _WRAPPER_SEGMENTS]
+    while parts and parts[0] == "module":
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor" and hasattr(t, "full_tensor")
+
+
+def state_dict_for_sync(
+    accelerator, model: torch.nn.Module, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, full tensor) pairs of the policy, one at a time, for the rollout engine's reload: the parameters
+    themselves (plain, DDP), or each gathered alone in `dtype` (ZeRO-3; FSDP2 casts its shards first, halving the
+    traffic to a bf16 engine). A collective under ZeRO-3 / FSDP2: every rank consumes it all, in order. A tied
+    weight comes under each name: vLLM 0.32 would put back its stale lm_head otherwise."""
+    module = accelerator.unwrap_model(model)
+    if type(module).__name__ == "FullyShardedDataParallel":
+        raise ValueError("FSDP1 is not supported for the weight sync: set `fsdp_version: 2` in the accelerate config")
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if hasattr(param, "ds_id"):  # ZeRO-3 partitioned
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                full = param.data.detach().to(dtype or param.dtype, copy=True)
+        elif _is_dtensor(param):  # FSDP2
+            full = param.detach().to(dtype or param.dtype).full_tensor()
+        else:
+            full = param.detach()
+        yield hf_name(name), full
+    # Persistent buffers are checkpoint tensors too; ZeRO-3 / FSDP2 leave them whole.
+    for mod_name, mod in module.named_modules():
+        for buf_name, buf in mod.named_buffers(recurse=False):
+            if buf is not None and buf_name not in mod._non_persistent_buffers_set:
+                full = buf.detach().full_tensor() if _is_dtensor(buf) else buf.detach()
+                yield hf_name(f"{mod_name}.{buf_name}" if mod_name else buf_name), full

@@ -27,7 +27,6 @@ import torch
 
 from common.checkpoint import ensure_export, save_checkpoint
 from common.cli import clear_errors, require
-from common.distributed import check_launch, end_rank, peak_memory_gb, reduce_metrics
 from common.evaluation import TrainingEval, load_benchmarks, write_results
 from common.math_data import load_prompts
 from common.metrics import (
@@ -37,7 +36,9 @@ from common.metrics import (
     SignalWatch,
     StopSignal,
     describe_machine,
+    peak_memory_gb,
     quiet_libraries,
+    reduce_metrics,
     warn_rollout_gap,
 )
 from common.models import (
@@ -53,7 +54,7 @@ from common.rewards import REWARD_FUNCS, Scorer, load_reward_fn, open_scorer, pr
 from common.rollout import Rollout, count_steps, engine_size, open_rollout
 from common.run_dir import RunLock, check_run_dir, check_writable, start_run_dir
 from common.run_flags import RunFlags, launch_world
-from common.trainer import Trainer, open_trainer
+from common.trainer import Trainer, check_launch, end_rank, open_trainer
 
 
 def check_launch_and_rewards(rewards: str, reward_fn: str | None) -> tuple[list[str], list]:

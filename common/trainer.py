@@ -1,16 +1,33 @@
 """The trainer of a session (`Trainer`, built by `open_trainer`): the accelerator, the policy (and the reference
 model), the optimiser and its learning-rate schedule, the micro-batches of a pass and the optimiser step. The
-scripts' one seam is `Trainer.micro_batches`, which cuts, lays out and (in training) accumulates each forward's rows."""
+scripts' one seam is `Trainer.micro_batches`, which cuts, lays out and (in training) accumulates each forward's rows.
 
+Then multi-process training with accelerate (docs/SCALING.md): one process per GPU, each owning whole prompt groups
+and its own colocated rollout engine; the parallel mode, gradient accumulation, and a rank's end. Process-wide
+change: under ZeRO-3, `confine_zero3_linear` gives F.linear back to the process.
+"""
+
+import atexit
+import contextlib
+import ctypes
+import functools
 import math
+import os
+import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
-from common.batching import select
+import torch
+from accelerate import Accelerator
+from accelerate.utils import AutocastKwargs, DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+from common.batching import micro_batches, select
 from common.logprobs import sequence_logprobs
-from common.metrics import UpdateGuard
-from common.models import Precision, check_memory
+from common.metrics import UpdateGuard, global_sum
+from common.models import Precision, autocast_options, check_memory
 from common.run_flags import RunFlags
 
 
@@ -43,7 +60,7 @@ class MicroBatch(dict):
 @dataclass
 class Trainer:
     accelerator: object  # accelerate.Accelerator
-    mode: object  # common.distributed.ParallelMode: how the policy is laid out over the ranks
+    mode: "ParallelMode"  # how the policy is laid out over the ranks
     model: object  # the policy, prepared by accelerate
     optimizer: object
     scheduler: object  # the learning-rate schedule, stepped once per optimiser step
@@ -71,9 +88,7 @@ class Trainer:
         return self.accelerator.num_processes
 
     def micro_batch_plan(self, batch: dict, rows: list[int]) -> list[list[int]]:
-        """The micro-batches of `rows` of `batch`, as many on every rank (`common.distributed.micro_batch_plan`)."""
-        from common.distributed import micro_batch_plan
-
+        """The micro-batches of `rows` of `batch`, as many on every rank (`micro_batch_plan`)."""
         return micro_batch_plan(
             self.accelerator, batch, rows, self.micro_batch_size, self.max_tokens_per_micro_batch, self.memory_tokens
         )
@@ -92,16 +107,12 @@ class Trainer:
 
     def accumulate(self, last: bool):
         """Context of one micro-batch's forward/backward; gradients are reduced over ranks on the `last`."""
-        from common.distributed import micro_batch
-
         return micro_batch(self.accelerator, self.model, self.mode, last)
 
     def optimizer_step(self, step: int, local_sums: dict) -> OptimizerStep:
         """Clip the gradient, apply the update unless `common.metrics.UpdateGuard` skips it, step the schedule and
         clear the gradients; every rank calls it. `local_sums`: this rank's sums ("loss", statistics), numbers or
         device tensors, summed over ranks and read with the gradient norm in one wait for the device."""
-        from common.distributed import global_sum
-
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         if grad_norm is None:  # DeepSpeed clips in its own step
             grad_norm = math.nan
@@ -147,11 +158,9 @@ def open_trainer(spec, run: RunFlags, model_path: str, precision: Precision, run
     """The trainer of `spec` (`common.session.TrainSpec`) under `run`'s flags: the accelerator and its checks, this
     rank's seed, the models, the passes' layout, the micro-batch token budget, and the optimiser with the schedule
     over `total_steps`; `engine_size` (`common.rollout.engine_size`) for the memory preflight."""
-    import torch
     from accelerate.utils import set_seed
 
     from common.batching import device_memory_gib, micro_batch_tokens, pass_layout, sliding
-    from common.distributed import confine_zero3_linear
     from common.models import load_policy, load_reference_model, optimizer_options
 
     # The schedule counts optimiser steps (--mu x --num_minibatches a step), as the scheduler is stepped.
@@ -195,7 +204,6 @@ def open_accelerator(
 ):  # fmt: skip
     """(accelerator, parallel mode), then the checks that need them before any weight loads: every rank sees the
     run directory, and the memory preflight (`device_gib` None: CPU, not planned)."""
-    from common.distributed import make_accelerator, parallel_mode
     from common.run_dir import check_shared
 
     accelerator = make_accelerator(precision.mixed, grad_clip, run.micro_batch_size, run.report_to, str(run_dir))
@@ -218,3 +226,181 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[i
         return 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
 
     return factor
+
+
+# NCCL's default is 10 minutes: ranks drift apart in long generations, and rank 0 writes checkpoints alone.
+COLLECTIVE_TIMEOUT = timedelta(hours=2)
+
+# DeepSpeed under bf16 accumulates and reduces gradients in bf16 unless told otherwise; fp32 costs 2 bytes per
+# parameter / ranks and twice the gradient traffic.
+ZERO_BF16_GRADIENTS = {"data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "fp32"}
+
+
+def check_launch(env: dict, argv: list[str]) -> None:
+    """Stop, with the command that works, when `accelerate launch` was asked for several processes and started one:
+    its --cpu launcher exports MASTER_ADDR then, but neither starts them nor sets WORLD_SIZE (torchrun does)."""
+    launched = any(k.startswith("ACCELERATE_") for k in env) and "MASTER_ADDR" in env
+    started = any(k in env for k in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"))
+    if launched and not started:
+        raise SystemExit(
+            "error: accelerate launch was asked for several processes but started one (its --cpu launcher needs "
+            "MPI); start them through torchrun: ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N "
+            f"{' '.join(argv)} (docs/SCALING.md). The traceback below is accelerate's own report of a failed "
+            "process (`accelerate launch -q` leaves it out)"
+        )
+
+
+def end_process_group() -> None:
+    """At exit with the process group still up (a run that did not end cleanly): abort it. A graceful destroy would
+    wait COLLECTIVE_TIMEOUT for collectives that may never be matched, instead of letting the launcher stop the rest."""
+    if torch.distributed.is_initialized():
+        torch.distributed.distributed_c10d._abort_process_group()
+
+
+def end_rank(code: int, num_processes: int) -> None:
+    """End a finished rank of a multi-process run with exit status `code`, skipping the interpreter's teardown; with
+    one process, return. gloo's threads outlive `destroy_process_group` (pytorch#107298), and tearing the C++ statics
+    down around them aborted finished ranks (exit -6). So the teardown's work is done here while the interpreter is
+    whole (threads, atexit handlers, Python's and C's streams), then os._exit."""
+    if num_processes <= 1:
+        return
+    threading._shutdown()  # what Py_Finalize does first; a bare join would wait forever on an idle pool's worker
+    atexit._run_exitfuncs()
+    with contextlib.suppress(Exception):  # a closed pipe must not turn the exit into a teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        ctypes.CDLL(None).fflush(None)  # C libraries' buffered stdio
+    os._exit(code)
+
+
+def end_run(accelerator) -> None:
+    """The end of a harness's or benchmark's run: every rank done, `end_training`, then `end_rank` (a training
+    script ends in `Session.close`)."""
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    end_rank(0, accelerator.num_processes)
+
+
+def make_accelerator(
+    mixed_precision: str = "no", grad_clip: float | None = None, micro_batch_size: int = 1, report_to: str = "none",
+    output_dir: str | None = None,
+) -> Accelerator:  # fmt: skip
+    """The Accelerator, with DeepSpeed told what the scripts do themselves: its micro-batch size, `--grad_clip` (it
+    clips in its own step), ZeRO-3's 16-bit weights for `get_state_dict`, fp32 gradients under bf16; FSDP2 reduces
+    in fp32 too. `report_to`: accelerate's trackers (comma-separated), logging under `output_dir`."""
+    handlers = [
+        DistributedDataParallelKwargs(gradient_as_bucket_view=True),
+        InitProcessGroupKwargs(timeout=COLLECTIVE_TIMEOUT),
+        AutocastKwargs(**autocast_options()),  # no bf16 copy of every weight held to the forward's end
+    ]
+    trackers = [] if report_to == "none" else report_to.split(",")
+    accelerator = Accelerator(
+        mixed_precision=mixed_precision, kwargs_handlers=handlers, log_with=trackers or None, project_dir=output_dir
+    )
+    if torch.distributed.is_initialized():  # torn down on every way out, an error's too (`end_process_group`)
+        atexit.register(end_process_group)
+    fsdp = getattr(accelerator.state, "fsdp_plugin", None)
+    if fsdp is not None and getattr(fsdp, "fsdp_version", 1) == 2 and mixed_precision == "bf16":
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        fsdp.mixed_precision_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    ds = getattr(accelerator.state, "deepspeed_plugin", None)
+    if ds is not None:
+        config = ds.deepspeed_config
+        # Bookkeeping only, but it must be consistent; `micro_batch` marks the accumulation boundary.
+        config["gradient_accumulation_steps"] = 1
+        config["train_micro_batch_size_per_gpu"] = micro_batch_size
+        config["train_batch_size"] = micro_batch_size * (
+            torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        )
+        if grad_clip is not None:
+            config["gradient_clipping"] = grad_clip
+        if ds.zero_stage == 3:
+            config.setdefault("zero_optimization", {})["stage3_gather_16bit_weights_on_model_save"] = True
+        if mixed_precision == "bf16":
+            for key, value in ZERO_BF16_GRADIENTS.items():
+                config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    return accelerator
+
+
+@dataclass(frozen=True)
+class ParallelMode:
+    """How the policy is laid out over the ranks, decided once from accelerate's state (not from a parameter's
+    type, which FSDP2 swaps between sharded and whole)."""
+
+    kind: str  # "single", "ddp", "fsdp2", "zero1", "zero2" or "zero3"
+    world: int
+
+    @property
+    def sharded(self) -> bool:
+        """Parameters split over ranks (FSDP2, ZeRO-3): every forward is a collective that all ranks run."""
+        return self.kind in ("fsdp2", "zero3")
+
+
+def parallel_mode(accelerator: Accelerator) -> ParallelMode:
+    """The layout accelerate was launched with. FSDP1 is refused: the sync and checkpoints need FSDP2's DTensors."""
+    from accelerate.utils import DistributedType
+
+    world = accelerator.num_processes
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        return ParallelMode(f"zero{accelerator.state.deepspeed_plugin.zero_stage}", world)
+    if accelerator.distributed_type == DistributedType.FSDP:
+        if getattr(accelerator.state.fsdp_plugin, "fsdp_version", 1) != 2:
+            raise SystemExit(
+                "error: FSDP1 is not supported: set `fsdp_version: 2` in the accelerate config (configs/accelerate/fsdp2.yaml)"
+            )
+        return ParallelMode("fsdp2", world)
+    return ParallelMode("ddp" if world > 1 else "single", world)
+
+
+@contextlib.contextmanager
+def micro_batch(accelerator: Accelerator, model: torch.nn.Module, mode: ParallelMode, last: bool):
+    """Gradient accumulation over one optimiser step's micro-batches; the `last` is its boundary (accelerate's
+    `sync_gradients`, DeepSpeed's step). Only DDP defers its all-reduce (no_sync): FSDP2 (deferring would keep
+    unsharded gradients) and ZeRO-2/3 reduce every backward, so every rank runs as many (`micro_batch_plan`).
+    """
+    accelerator.sync_gradients = last
+    try:
+        with accelerator.no_sync(model) if mode.kind == "ddp" and not last else contextlib.nullcontext():
+            yield
+    finally:
+        accelerator.sync_gradients = True
+
+
+def micro_batch_plan(
+    accelerator: Accelerator, batch: dict, rows: list[int], micro_batch_size: int, max_tokens: int,
+    memory_tokens: int = 0,
+) -> list[list[int]]:  # fmt: skip
+    """`common.batching.micro_batches` of `rows`, at least one (empty: the optimiser still steps, as the full pass
+    would), and as many on every rank as the most any has: under FSDP2 and ZeRO-2/3 unequal counts would hang."""
+    lens = batch["prompt_lens"], batch["completion_lens"]
+    plan = micro_batches(*lens, rows, micro_batch_size, max_tokens, memory_tokens=memory_tokens)
+    count = len(plan)
+    if accelerator.num_processes > 1:
+        count = int(accelerator.reduce(torch.tensor(count, device=accelerator.device), reduction="max"))
+    if len(plan) < max(1, count):
+        plan = micro_batches(*lens, rows, micro_batch_size, max_tokens, max(1, count), memory_tokens)
+    return plan
+
+
+def confine_zero3_linear(model: torch.nn.Module) -> bool:
+    """Give torch.nn.functional.linear back to the rest of the process (the rollout engine's layers), keeping
+    DeepSpeed's ZeRO-3 version, which saves the parameter rather than the gathered weight for backward, for
+    `model`'s own Linear layers. zero.Init replaces it process-wide, for good. Call it after `accelerator.prepare`
+    and before the engine exists. Returns whether anything changed."""
+    try:
+        from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as init
+    except ImportError:
+        return False
+    original, current = getattr(init, "linear_bk", None), torch.nn.functional.linear
+    if original is None or current is original:
+        return False
+    torch.nn.functional.linear = original
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:  # its forward is F.linear(input, weight, bias), nothing else
+            module.forward = functools.partial(_zero3_linear, current, module)
+    return True
+
+
+def _zero3_linear(linear_fn, module: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
+    return linear_fn(input, module.weight, module.bias)

@@ -5,8 +5,9 @@ model's trainer-vs-engine log-prob gap per sampled token in the GPU's precision.
 import torch
 
 from common.batching import Packed, SharedPrefix, device_memory_bytes, device_memory_gib, pack, select, to_device
-from common.distributed import make_accelerator, peak_memory_gb
 from common.logprobs import GPU_CHUNK_BYTES, _device_memory, head_chunk_rows
+from common.metrics import peak_memory_gb
+from common.trainer import make_accelerator
 from gpu_check.kernels import grouped_batch
 from gpu_check.report import Findings
 from gpu_check.sync_guard import SyncLog

@@ -47,7 +47,7 @@ def bf16_accelerator():
     the first mixed-precision mode a process asked for."""
     from accelerate.state import AcceleratorState
 
-    from common.distributed import make_accelerator
+    from common.trainer import make_accelerator
 
     AcceleratorState._reset_state()
     yield make_accelerator("bf16", grad_clip=1e9)
@@ -63,9 +63,8 @@ def test_the_first_update_decides_the_fp32_sum_without_running_anything(bf16_acc
 
     import common.logprobs as lp
     import grpo_base
-    from common.distributed import parallel_mode
     from common.metrics import UpdateGuard
-    from common.trainer import Trainer
+    from common.trainer import Trainer, parallel_mode
 
     asked, ran = [], Counter()
     decide = lp._fp32_out_addmm.__wrapped__  # uncached: decided afresh, as in a new process
@@ -179,7 +178,7 @@ ENGINES = [  # config, the mode the run must report
 @pytest.mark.parametrize("config, mode", ENGINES)
 def test_two_steps_in_bf16_mixed_under_each_engine(config, mode, tiny_random_dir, tmp_path):
     """2 gloo processes under the shipped config, bf16 autocast: FSDP2's bf16 parameters with fp32 reduction, ZeRO-2's
-    bf16 optimiser with fp32 accumulation (common/distributed.py make_accelerator), DDP's autocast over fp32."""
+    bf16 optimiser with fp32 accumulation (common/trainer.py make_accelerator), DDP's autocast over fp32."""
     out = tmp_path / "run"
     rc, log = launch(
         CONFIGS / config, ROOT / "grpo_base.py", "--model", str(tiny_random_dir), "--rollout", "hf", *TWO_STEPS, *MODE,

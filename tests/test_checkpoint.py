@@ -229,7 +229,7 @@ import json, sys
 from pathlib import Path
 from accelerate import Accelerator
 import common.checkpoint as ck
-from common.distributed import end_run
+from common.trainer import end_run
 
 root, out = Path(sys.argv[1]), Path(sys.argv[2])
 acc = Accelerator()

@@ -12,9 +12,9 @@ from scaling_utils import ROOT, _free_port, baseline_run, checkpoint_weights, co
 from train_utils import max_logp_error
 from transformers import AutoModelForCausalLM
 
-from common.distributed import hf_name, peak_memory_gb, state_dict_for_sync
+from common.metrics import peak_memory_gb
 from common.prompts import prompt_seeds
-from common.rollout import HFEngine
+from common.rollout import HFEngine, hf_name, state_dict_for_sync
 from common.run_flags import vllm_available
 from common.vllm_engine import VLLMEngine, tensor_batches
 
@@ -253,7 +253,7 @@ def test_a_launch_of_one_process_asked_for_two_stops_with_the_command_that_works
 
 
 def test_check_launch_lets_real_launches_through():
-    from common.distributed import check_launch
+    from common.trainer import check_launch
 
     accelerate = {"ACCELERATE_USE_CPU": "True", "ACCELERATE_MIXED_PRECISION": "no"}
     check_launch({}, ["grpo_base.py"])  # python grpo_base.py
@@ -269,7 +269,7 @@ import atexit, os, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import torch, torch.distributed as dist
-from common.distributed import end_rank
+from common.trainer import end_rank
 
 out, code, rank = Path(sys.argv[1]), int(sys.argv[2]), os.environ.get("RANK", "0")
 if os.environ.get("WORLD_SIZE"):  # under torchrun; alone: only the ending
@@ -295,7 +295,7 @@ def test_a_rank_ends_with_its_work_done_though_gloo_threads_outlive_the_process_
     once the process group is destroyed (torch's; if this assertion fails, a torch upgrade has fixed it and end_rank
     may go); the rank then ends with its exit status, its atexit handlers run, its threads joined and its output
     flushed, an idle thread pool's workers stopped. With one process end_rank returns."""
-    from common.distributed import end_rank
+    from common.trainer import end_rank
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port())]
     script = tmp_path / "rank_end.py"
@@ -316,7 +316,9 @@ def test_a_rank_ends_with_its_work_done_though_gloo_threads_outlive_the_process_
 
 
 GROUP_END = """
+import atexit
 import sys
+import time
 from pathlib import Path
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
@@ -329,7 +331,12 @@ def spy(name, real):  # the real function still runs
     return call
 for module, name in ((dist, "destroy_process_group"), (c10d, "destroy_process_group"), (c10d, "_abort_process_group")):
     setattr(module, name, spy(name, getattr(c10d, name)))
-from common.distributed import end_run, make_accelerator
+def both_ended():  # runs after the exit hook (atexit is last in, first out): torchrun kills the peers of a failed rank
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len((out / "calls").read_text().split() if (out / "calls").exists() else []) < 2:
+        time.sleep(0.05)
+atexit.register(both_ended)
+from common.trainer import end_run, make_accelerator
 accelerator = make_accelerator()
 accelerator.wait_for_everyone()
 if fail:

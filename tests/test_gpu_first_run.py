@@ -28,7 +28,7 @@ SITE = "/usr/lib/python3/site-packages"
     [
         (  # the optimiser step's one read: intended, wherever below it the read is made
             [frame(f"{ROOT}/grpo_base.py", "update"), frame(f"{ROOT}/common/trainer.py", "optimizer_step", 85),
-             frame(f"{ROOT}/common/distributed.py", "global_sum"), frame(f"{SITE}/torch/_tensor.py", "tolist")],
+             frame(f"{ROOT}/common/metrics.py", "global_sum"), frame(f"{SITE}/torch/_tensor.py", "tolist")],
             "intended", "common/trainer.py:optimizer_step:85",
         ),
         (  # transformers' SDPA mask check

@@ -182,9 +182,8 @@ def update_session(model, micro_batch_size: int = 3, layout: str = "padded"):
     """A one-process trainer holding what update() uses: the real accelerator, micro-batch plan,
     accumulation and optimiser step. SGD at lr 0 leaves the model as it is; a hook keeps each
     optimiser step's gradients."""
-    from common.distributed import make_accelerator, parallel_mode
     from common.metrics import UpdateGuard
-    from common.trainer import Trainer
+    from common.trainer import Trainer, make_accelerator, parallel_mode
 
     accelerator = make_accelerator("no", grad_clip=1e9)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)

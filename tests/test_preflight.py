@@ -162,7 +162,7 @@ def test_the_preflight_under_each_real_engine(mode, tmp_path):
     assert sorted(r["rank"] for r in rows) == [0, 1], out[-3000:]
     for r in rows:
         assert r["mode"] == mode and r["world"] == 2 and r["mixed"] == "bf16"
-        if mode == "fsdp2":  # gradients reduced in fp32, as DDP's (common.distributed.make_accelerator)
+        if mode == "fsdp2":  # gradients reduced in fp32, as DDP's (common.trainer.make_accelerator)
             assert r["fsdp_dtypes"] == ["torch.bfloat16", "torch.float32"]
         if mode.startswith("zero"):
             ds = r["ds_config"]
@@ -203,8 +203,8 @@ def test_the_session_plans_memory_on_a_gpu_only(tiny_random_dir):
     """check_memory: the plan on a device of the stated GiB, refused past it; nothing planned on CPU (None)."""
     import dataclasses
 
-    from common.distributed import ParallelMode
     from common.models import check_memory
+    from common.trainer import ParallelMode
 
     run, mode = RunFlags(), ParallelMode("ddp", 2)
     assert check_memory(run, str(tiny_random_dir), mode, False, None) is None

@@ -4,14 +4,14 @@
 
 - finite: `common.checkpoint.weights_are_finite` before and after a NaN is planted in one parameter
   (under ZeRO-3 every partitioned parameter has numel() == 0: a check of `p` itself sees nothing).
-- sharded_grads: after a non-last micro-batch's backward inside `common.distributed.micro_batch`, does
+- sharded_grads: after a non-last micro-batch's backward inside `common.trainer.micro_batch`, does
   every gradient exist as a shard (FSDP2 reduce-scatters each micro-batch; no_sync would keep them whole)?
-- sync: `common.distributed.state_dict_for_sync` (each parameter gathered alone) against accelerate's
+- sync: `common.rollout.state_dict_for_sync` (each parameter gathered alone) against accelerate's
   gathered state dict: every tensor, full and equal, under its HF name.
 - sync_bf16: the same gather for a bf16 rollout engine: every tensor bf16, the weights rounded once; under
   FSDP2 the all-gathers themselves carry bf16 (half the bytes of the fp32 shards).
 - linear: under ZeRO-3, zero.Init has replaced torch.nn.functional.linear process-wide; after
-  `common.distributed.confine_zero3_linear` F.linear is torch's again (what vLLM's layers call) and
+  `common.trainer.confine_zero3_linear` F.linear is torch's again (what vLLM's layers call) and
   only the policy's own Linear layers run DeepSpeed's version.
 - shared: `common.run_dir.check_shared` when rank 1 looks at another directory (a node that does not
   mount the run directory), as the one line it stops with.
@@ -25,15 +25,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
 from common.checkpoint import weights_are_finite
-from common.distributed import (
-    confine_zero3_linear,
-    end_run,
-    make_accelerator,
-    micro_batch,
-    parallel_mode,
-    state_dict_for_sync,
-)
+from common.rollout import state_dict_for_sync
 from common.run_dir import check_shared
+from common.trainer import confine_zero3_linear, end_run, make_accelerator, micro_batch, parallel_mode
 
 model_dir, out_dir = sys.argv[1], sys.argv[2]
 

@@ -17,10 +17,9 @@ from pathlib import Path
 
 from transformers.integrations import is_deepspeed_zero3_enabled
 
-from common.distributed import end_run
 from common.models import check_memory, model_config, precision_for
 from common.run_flags import RunFlags
-from common.trainer import open_accelerator
+from common.trainer import end_run, open_accelerator
 
 plans, run_dir = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
 first = next(iter(plans.values()))

@@ -350,7 +350,7 @@ def main():
     from accelerate.utils import InitProcessGroupKwargs
     from transformers import AutoModelForCausalLM
 
-    from common.distributed import end_run
+    from common.trainer import end_run
 
     handlers = []
     if args.collective_timeout:
