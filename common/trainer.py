@@ -228,6 +228,8 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[i
     return factor
 
 
+# --- Multi-process training with accelerate (docs/SCALING.md) ---------------------------------------------------
+
 # NCCL's default is 10 minutes: ranks drift apart in long generations, and rank 0 writes checkpoints alone.
 COLLECTIVE_TIMEOUT = timedelta(hours=2)
 
