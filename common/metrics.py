@@ -8,8 +8,10 @@ import logging
 import math
 import os
 import platform
+import resource
 import signal
 import statistics
+import sys
 import time
 import warnings
 from collections import deque
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 
@@ -368,8 +371,6 @@ class StopSignal:
         """Has any rank received a signal? Every rank gets the same answer, so all stop after the same step."""
         flag = float(self.received is not None)
         if accelerator.num_processes > 1:
-            import torch
-
             flag = accelerator.reduce(torch.tensor(flag, device=accelerator.device), reduction="sum").item()
         self.stopped = self.stopped or flag > 0
         return self.stopped
@@ -420,8 +421,6 @@ MAX_METRICS = {"time/peak_mem_gb", "train/rollout_logp_gap_p99", "train/rollout_
 def global_sum(accelerator, value):
     """Sum over ranks of a number, or of each value of a dict, in one collective; 0-dim device tensors are read
     in one wait for the device."""
-    import torch
-
     values = value if isinstance(value, dict) else {"": value}
     if accelerator.num_processes == 1 and not any(torch.is_tensor(v) for v in values.values()):
         out = {k: float(v) for k, v in values.items()}
@@ -441,8 +440,6 @@ def reduce_metrics(accelerator, metrics: dict[str, float]) -> dict[str, float]:
     NaN (nothing to measure) is left out; all NaN stays NaN."""
     if accelerator.num_processes == 1:
         return metrics
-    import torch
-
     keys = sorted(metrics)
     t = torch.tensor([float(metrics[k]) for k in keys], device=accelerator.device, dtype=torch.float64)
     gathered = accelerator.gather(t[None]).view(accelerator.num_processes, len(keys))
@@ -456,11 +453,6 @@ def reduce_metrics(accelerator, metrics: dict[str, float]) -> dict[str, float]:
 
 def peak_memory_gb() -> float:
     """Peak memory of this process in GiB: torch's GPU allocations (vLLM's included), or the max RSS on CPU."""
-    import resource
-    import sys
-
-    import torch
-
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**30
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS

@@ -88,10 +88,18 @@ class Trainer:
         return self.accelerator.num_processes
 
     def micro_batch_plan(self, batch: dict, rows: list[int]) -> list[list[int]]:
-        """The micro-batches of `rows` of `batch`, as many on every rank (`micro_batch_plan`)."""
-        return micro_batch_plan(
-            self.accelerator, batch, rows, self.micro_batch_size, self.max_tokens_per_micro_batch, self.memory_tokens
-        )
+        """`common.batching.micro_batches` of `rows` of `batch`, at least one (empty: the optimiser still steps, as
+        the full pass would), and as many on every rank as the most any has: under FSDP2 and ZeRO-2/3 unequal counts
+        would hang."""
+        lens = batch["prompt_lens"], batch["completion_lens"]
+        size, tokens = self.micro_batch_size, self.max_tokens_per_micro_batch
+        plan = micro_batches(*lens, rows, size, tokens, memory_tokens=self.memory_tokens)
+        count = len(plan)
+        if self.world > 1:
+            count = int(self.accelerator.reduce(torch.tensor(count, device=self.device), reduction="max"))
+        if len(plan) < max(1, count):
+            plan = micro_batches(*lens, rows, size, tokens, max(1, count), self.memory_tokens)
+        return plan
 
     def micro_batches(self, batch: dict, rows: Iterable[int], train: bool = False) -> Iterator[MicroBatch]:
         """The micro-batches of `rows` of `batch`, each cut to its own lengths in the passes' layout; with `train`,
@@ -359,7 +367,7 @@ def parallel_mode(accelerator: Accelerator) -> ParallelMode:
 def micro_batch(accelerator: Accelerator, model: torch.nn.Module, mode: ParallelMode, last: bool):
     """Gradient accumulation over one optimiser step's micro-batches; the `last` is its boundary (accelerate's
     `sync_gradients`, DeepSpeed's step). Only DDP defers its all-reduce (no_sync): FSDP2 (deferring would keep
-    unsharded gradients) and ZeRO-2/3 reduce every backward, so every rank runs as many (`micro_batch_plan`).
+    unsharded gradients) and ZeRO-2/3 reduce every backward, so every rank runs as many (`Trainer.micro_batch_plan`).
     """
     accelerator.sync_gradients = last
     try:
@@ -367,22 +375,6 @@ def micro_batch(accelerator: Accelerator, model: torch.nn.Module, mode: Parallel
             yield
     finally:
         accelerator.sync_gradients = True
-
-
-def micro_batch_plan(
-    accelerator: Accelerator, batch: dict, rows: list[int], micro_batch_size: int, max_tokens: int,
-    memory_tokens: int = 0,
-) -> list[list[int]]:  # fmt: skip
-    """`common.batching.micro_batches` of `rows`, at least one (empty: the optimiser still steps, as the full pass
-    would), and as many on every rank as the most any has: under FSDP2 and ZeRO-2/3 unequal counts would hang."""
-    lens = batch["prompt_lens"], batch["completion_lens"]
-    plan = micro_batches(*lens, rows, micro_batch_size, max_tokens, memory_tokens=memory_tokens)
-    count = len(plan)
-    if accelerator.num_processes > 1:
-        count = int(accelerator.reduce(torch.tensor(count, device=accelerator.device), reduction="max"))
-    if len(plan) < max(1, count):
-        plan = micro_batches(*lens, rows, micro_batch_size, max_tokens, max(1, count), memory_tokens)
-    return plan
 
 
 def confine_zero3_linear(model: torch.nn.Module) -> bool:
