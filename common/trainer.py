@@ -193,7 +193,7 @@ def open_trainer(spec, run: RunFlags, model_path: str, precision: Precision, run
         max_tokens_per_micro_batch=run.max_tokens_per_micro_batch, gradient_checkpointing=run.gradient_checkpointing,
         say=say, residual_bytes=precision.residual_bytes,
     )  # fmt: skip
-    opt = spec.optimizer(policy.parameters(), **optimizer_options(accelerator.device.type))  # fused on CUDA
+    opt = spec.optimizer(policy.parameters(), **optimizer_options(accelerator.device.type))  # fused
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     policy, opt = accelerator.prepare(policy, opt)
     confine_zero3_linear(policy)  # DeepSpeed's F.linear for the policy only, not the rollout engine's layers

@@ -150,6 +150,7 @@ BLOCKS = {
     "update overhead": bench("step_time", "update_overhead"),
     "real_step": bench("real_step", "real_step", "benchmarks/real_step_render.py"),
     "stop_strings": bench("stop_strings", "stop_strings"),
+    "profile_step": bench("profile_step", "profile_step"),
     "real_step memory": bench("real_step", "real_step_memory", "benchmarks/real_step_render.py", "memory_block",
                               ("MEMORY_BEGIN", "MEMORY_END")),
 }  # fmt: skip
