@@ -26,7 +26,7 @@ MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "_C::onednn_mm")  # with_flop
 
 
 def context(event) -> str:
-    """Where an op ran, from its enclosing ranges: " (in backward of X)", " (in the optimiser)", or "" (forward)."""
+    """Where an op ran, from its enclosing ranges: " (backward of X)", " (optimiser)", or "" (forward)."""
     parent = event.cpu_parent
     while parent is not None:
         if parent.name.startswith("autograd::engine::evaluate_function: "):
@@ -35,6 +35,11 @@ def context(event) -> str:
             return " (optimiser)"
         parent = parent.cpu_parent
     return ""
+
+
+def is_matmul(op: str) -> bool:
+    """Is `op` (a name `phase_ops` keeps, its context after " (") a matmul?"""
+    return op.split(" (")[0] in MATMULS
 
 
 def phase_ops(events) -> dict:
@@ -99,9 +104,8 @@ def render(result: dict, top: int = 5) -> str:
     ]
     for phase in PHASES:
         p = result["phases"][phase]
-        is_mm = lambda op: op.split(" (")[0] in MATMULS  # noqa: E731
-        mm = sum(v for k, v in p["ops"].items() if is_mm(k))
-        rest = sorted(((v, k) for k, v in p["ops"].items() if not is_mm(k)), reverse=True)[:top]
+        mm = sum(v for k, v in p["ops"].items() if is_matmul(k))
+        rest = sorted(((v, k) for k, v in p["ops"].items() if not is_matmul(k)), reverse=True)[:top]
         rest_text = ", ".join(f"{k.removeprefix('aten::')} {v:.2f}" for v, k in rest)
         achieved = p["matmul_gflop"] / mm if p["matmul_gflop"] else 0.0  # vLLM's onednn_mm counts no FLOPs
         speed = f"{achieved:.0f} ({achieved / rate:.0%})" if achieved else "not counted"
