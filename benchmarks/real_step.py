@@ -45,8 +45,8 @@ def write_data(path: Path) -> None:
 
 
 def ours(a, data: Path, config: str, out: Path) -> dict:
-    """grpo_base.py on smollm2 for --steps steps: mean phase seconds over steps 2.., peak RSS, and the log-prob gap
-    at step 1 and at the last step. `config`: engine[:padded]@precision."""
+    """grpo_base.py on smollm2 for --steps steps: mean phase seconds over steps 2.., peak RSS, the share of rows the
+    update trained, and the log-prob gap at step 1 and at the last step. `config`: engine[:padded]@precision."""
     engine, _, precision = config.partition("@")
     rollout, _, layout = engine.partition(":")
     cmd = [
@@ -66,6 +66,7 @@ def ours(a, data: Path, config: str, out: Path) -> dict:
     t = {k: sum(r.get(f"time/{k}", 0.0) for r in timed) / len(timed) for k in PHASES}
     t["peak_mem_gb"] = max(r["time/peak_mem_gb"] for r in rows)
     t["tokens"] = sum(r["train/response_len"] for r in timed) / len(timed) * a.prompts * a.group
+    t["trained"] = 1 - sum(r["train/skipped_rows"] for r in timed) / len(timed) / (a.prompts * a.group)
     gap = lambda r: {"mean": r["train/rollout_logp_gap"], "p99": r["train/rollout_logp_gap_p99"]}  # noqa: E731
     t["gap"] = {"step 1": gap(rows[0]), f"step {rows[-1]['step']}": gap(rows[-1])}
     return t

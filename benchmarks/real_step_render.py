@@ -69,16 +69,17 @@ def precision_table(result: dict) -> list[str]:
 
 
 def floor_flops(body: float, head: float, prompts: float, prompt_tokens: float, shared: float, samples: float,
-                tokens: float) -> dict:  # fmt: skip
+                tokens: float, trained: float = 1.0) -> dict:  # fmt: skip
     """FLOPs each phase must compute (2 a weight a token forward, 6 forward and backward), attention left out (a few
     percent at these lengths). Sampling: each prompt's prefill once (the prefix all prompts share, once), a forward
     of the body a sampled token after each completion's first (which the prefill's last position gives), the head
     a sampled token. Scoring (pi_old) and the update: the prompt once per group (the shared-prompt layout) and each
-    completion token, the head on completion tokens only."""
+    completion token, the head on completion tokens only. The update trains only the rows with a non-zero
+    advantage (`train/skipped_rows` counts the rest): its floor is their share `trained` of the rows."""
     prefill = prompt_tokens - (prompts - 1) * shared
     sampling = 2 * body * (prefill + tokens - samples) + 2 * head * tokens
     forward = 2 * body * (prompt_tokens + tokens) + 2 * head * tokens
-    return {"rollout_s": sampling, "old_logp_s": forward, "update_s": 3 * forward}
+    return {"rollout_s": sampling, "old_logp_s": forward, "update_s": 3 * forward * trained}
 
 
 def best_rate(result: dict, precision: str) -> float:
@@ -91,7 +92,7 @@ def run_floors(result: dict, config: str) -> dict:
     r, args, m, p = result["ours"][config], result["args"], result["model"], result["prompt_len"]
     prompts = args["prompts"]
     flops = floor_flops(m["body"], m["head"], prompts, prompts * p["mean"], p["shared"], prompts * args["group"],
-                        r["tokens"])  # fmt: skip
+                        r["tokens"], r.get("trained", 1.0))  # fmt: skip
     rate = best_rate(result, "bf16" if config.endswith("bf16-mixed") else "fp32")
     floors = {k: f / rate for k, f in flops.items()}
     return floors | {"step_s": sum(floors.values())}

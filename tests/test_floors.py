@@ -51,3 +51,13 @@ def test_a_prefix_shared_by_every_prompt_is_computed_once():
     one = floor_flops(1, 0, prompts=1, prompt_tokens=10, shared=6, samples=1, tokens=1)["rollout_s"]
     three = floor_flops(1, 0, prompts=3, prompt_tokens=30, shared=6, samples=3, tokens=3)["rollout_s"]
     assert three - one == 2 * 2 * (10 - 6)  # each further prompt adds its own 4 tokens, a body forward each
+
+
+def test_the_update_counts_only_the_rows_it_trains(model_and_weights):
+    model, body, head = model_and_weights
+    P, T = 11, 7  # two prompts of one completion each, alike in length; the second's advantage is 0: left out
+    ids = torch.randint(0, 100, (1, P + T))
+    floor = floor_flops(body, head, prompts=2, prompt_tokens=2 * P, shared=0, samples=2, tokens=2 * T, trained=0.5)
+    update = matmul_flops(lambda: model(ids, logits_to_keep=T).logits.float().logsumexp(-1).sum().backward())
+    assert update == floor["update_s"]
+    assert floor["old_logp_s"] == 2 * matmul_flops(lambda: model(ids, logits_to_keep=T))  # scoring takes every row
