@@ -70,16 +70,12 @@ def profile(steps: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity
 
-    from benchmarks.real_step import matmul, write_data
+    from benchmarks.real_step import matmul, parser, step_flags, write_data
 
     with tempfile.TemporaryDirectory() as tmp:
         write_data(Path(tmp) / "sums.jsonl")
-        sys.argv = [
-            "grpo_base.py", "--model", "smollm2", "--dataset", f"{tmp}/sums.jsonl", "--few_shot", "2",
-            "--steps", str(steps), "--prompts_per_step", "4", "--group_size", "8", "--max_completion_len", "32",
-            "--lr", "1e-5", "--rollout", "vllm", "--micro_batch_size", "8", "--output_dir", f"{tmp}/run",
-            "--save_minutes", "0", "--precision", "fp32", "--rollout_correction", "none",
-        ]  # fmt: skip
+        a = parser().parse_args(["--steps", str(steps)])
+        sys.argv = ["grpo_base.py", *step_flags(a, Path(tmp) / "sums.jsonl", "vllm@fp32", Path(tmp) / "run")]
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         with torch.profiler.profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
             runpy.run_path(str(ROOT / "grpo_base.py"), run_name="__main__")

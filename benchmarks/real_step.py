@@ -44,19 +44,23 @@ def write_data(path: Path) -> None:
             f.write(json.dumps(r) + "\n")
 
 
+def step_flags(a, data: Path, config: str, out: Path) -> list[str]:
+    """grpo_base.py's flags for the step measured: `a`'s batch and lengths, `config` engine[:padded]@precision."""
+    engine, _, precision = config.partition("@")
+    rollout, _, layout = engine.partition(":")
+    return [
+        "--model", "smollm2", "--dataset", str(data), "--few_shot", "2", "--steps", str(a.steps),
+        "--prompts_per_step", str(a.prompts), "--group_size", str(a.group), "--max_completion_len",
+        str(a.max_completion_len), "--lr", "1e-5", "--rollout", rollout, "--micro_batch_size", str(a.micro_batch_size),
+        "--output_dir", str(out), "--save_minutes", "0", "--share_prompts", str(layout != "padded").lower(),
+        "--precision", precision or "fp32", "--rollout_correction", "none",  # measure the gap; correct nothing
+    ]  # fmt: skip
+
+
 def ours(a, data: Path, config: str, out: Path) -> dict:
     """grpo_base.py on smollm2 for --steps steps: mean phase seconds over steps 2.., peak RSS, the share of rows the
     update trained, and the log-prob gap at step 1 and at the last step. `config`: engine[:padded]@precision."""
-    engine, _, precision = config.partition("@")
-    rollout, _, layout = engine.partition(":")
-    cmd = [
-        sys.executable, str(ROOT / "grpo_base.py"), "--model", "smollm2", "--dataset", str(data), "--few_shot", "2",
-        "--steps", str(a.steps), "--prompts_per_step", str(a.prompts), "--group_size", str(a.group),
-        "--max_completion_len", str(a.max_completion_len), "--lr", "1e-5", "--rollout", rollout,
-        "--micro_batch_size", str(a.micro_batch_size), "--output_dir", str(out), "--save_minutes", "0",
-        "--share_prompts", str(layout != "padded").lower(), "--precision", precision or "fp32",
-        "--rollout_correction", "none",  # measure the gap; correct nothing
-    ]  # fmt: skip
+    cmd = [sys.executable, str(ROOT / "grpo_base.py"), *step_flags(a, data, config, out)]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode:
@@ -280,7 +284,8 @@ def run(a) -> dict:
     return result
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The flags; benchmarks/profile_step.py takes its step's from their defaults."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=4, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
@@ -298,7 +303,11 @@ def main() -> None:
     p.add_argument("--out", default=None, help=f"where the run is stored (default {STORED.relative_to(ROOT)})")
     p.add_argument("--doc", default=str(DOC), help="the page whose block is written ('' for none)")
     p.add_argument("--render_only", action="store_true", help="write the page's block from the stored run")
-    a = p.parse_args()
+    return p
+
+
+def main() -> None:
+    a = parser().parse_args()
     stored = Path(a.out) if a.out else STORED_MEMORY if a.memory else STORED
     if not a.render_only:
         if a.memory:
