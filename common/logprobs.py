@@ -69,6 +69,34 @@ def _logp_and_entropy(
         return torch.stack([logp, ent], -1)
 
 
+def _logits_grad(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, grad: torch.Tensor, with_entropy: bool
+) -> torch.Tensor:
+    """The gradient in `logits` [n, V] of grad[:, 0] log pi(target) (+ grad[:, 1] H(pi)), pi = softmax(logits / T),
+    in closed form, without an autograd graph (two [n, V] fp32 temporaries; `logits`' dtype at the end):
+        d log pi(y) / dz = onehot(y) - pi,    dH / dz = -pi (log pi + H),    z = logits / T."""
+    dtype = logits.dtype
+    with torch.autocast(logits.device.type, enabled=False):
+        z = logits.float() if dtype != torch.float32 else logits  # `logits` is this call's own: changed in place
+        del logits
+        if temperature != 1.0:
+            z.div_(temperature)
+        logp = F.log_softmax(z, dim=-1)
+        del z
+        g_logp = grad[:, :1].float()
+        pi = logp.exp()
+        if with_entropy:  # -pi (g_logp + g_H (log pi + H)), in logp's buffer
+            ent = -torch.bmm(pi.unsqueeze(1), logp.unsqueeze(2)).view(-1, 1)
+            factor = logp.add_(ent).mul_(grad[:, 1:].float()).add_(g_logp)
+        else:
+            factor = g_logp
+        d = pi.mul_(factor).neg_().scatter_add_(-1, targets[:, None], g_logp)
+        del logp, factor
+        if temperature != 1.0:
+            d.div_(temperature)
+    return d.to(dtype)
+
+
 def _chunked(fn, rows: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
     """fn(rows[i:j], targets[i:j]) over row chunks, concatenated; recomputed per chunk in backward."""
     grad = torch.is_grad_enabled()
@@ -128,10 +156,9 @@ class _ChunkedHead(torch.autograd.Function):
         with torch.autocast(rows.device.type, enabled=False):
             for i in range(0, rows.shape[0], chunk):
                 h = rows[i : i + chunk].to(w.dtype)
-                with torch.enable_grad():
-                    logits = F.linear(h, w, b).requires_grad_()
-                    out = _logp_and_entropy(logits, targets[i : i + chunk], temperature, with_entropy)
-                    (d_logits,) = torch.autograd.grad(out, logits, grad_out[i : i + chunk])
+                d_logits = _logits_grad(  # the chunk's logits, recomputed: freed inside
+                    F.linear(h, w, b), targets[i : i + chunk], temperature, grad_out[i : i + chunk], with_entropy
+                )
                 if need_rows:
                     d_rows[i : i + chunk] = d_logits @ w
                 if need_w:
