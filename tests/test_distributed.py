@@ -1,5 +1,6 @@
 """Scaling out: 2 processes = 1 process, weight sync under FSDP2 / ZeRO-3 / vLLM, rank-invariant sampling."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -445,7 +446,6 @@ def test_vllm_engine_arguments_on_a_gpu_and_on_cpu():
 def test_vllm_samples_without_torch_compile_on_cpu_only():
     """vLLM's sampler compiles its rank count at a process's first sampling call (seconds on CPU): off on CPU,
     vLLM's own way on a GPU. That a real engine then compiles nothing: tests/test_rollout.py."""
-    import torch
     from vllm.v1.sample.ops import logprobs
 
     from common.vllm_engine import sampling_context
@@ -463,8 +463,6 @@ def test_vllm_samples_without_torch_compile_on_cpu_only():
 def test_vllm_takes_every_engine_argument(tiny_random_dir):
     """Each name is one vllm.LLM (0.32) passes on to its EngineArgs, or one of LLM's own; EngineArgs builds from
     them (no engine is started)."""
-    import dataclasses
-
     from vllm import EngineArgs
 
     from common.vllm_engine import vllm_engine_args
