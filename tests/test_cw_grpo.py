@@ -47,6 +47,28 @@ def random_batch(groups=5, G=6, C=12, seed=0):
     return rewards, logp, mask, G
 
 
+def test_random_uneven_batches_match_the_papers_equations_token_by_token():
+    """Sec. 2.3 in plain Python, one group at a time over its valid tokens: c = (logp - mean logp)(A - mean A),
+    sigma^2 their unbiased variance, w = exp(-c^2 / 2 sigma^2), w~ = w N / sum w, token advantage w~ A_i."""
+    for seed in range(3):
+        rewards, logp, mask, G = random_batch(seed=seed)
+        rewards, logp = rewards.double(), logp.double()
+        adv, _ = kernel_weighted_advantages(rewards, logp, mask.double(), G, Args())
+        want = torch.zeros_like(adv)
+        for grp in range(len(rewards) // G):
+            tokens = [(i, t) for i in range(grp * G, (grp + 1) * G) for t in range(int(mask[i].sum()))]
+            r = rewards[grp * G : (grp + 1) * G]
+            a = {i: float(rewards[i] - r.mean()) / (float(r.std()) + 1e-6) for i, _ in tokens}  # GRPO's A_i
+            n = len(tokens)
+            mean_logp, mean_a = sum(float(logp[i, t]) for i, t in tokens) / n, sum(a[i] for i, _ in tokens) / n
+            c = [(float(logp[i, t]) - mean_logp) * (a[i] - mean_a) for i, t in tokens]
+            var = sum((x - sum(c) / n) ** 2 for x in c) / (n - 1)
+            w = [math.exp(-(x**2) / (2 * var)) for x in c]
+            for (i, t), wi in zip(tokens, w):
+                want[i, t] = wi * n / sum(w) * a[i]
+        torch.testing.assert_close(adv, want, rtol=1e-9, atol=1e-12)
+
+
 def test_weights_have_mean_one_over_each_groups_tokens():
     rewards, logp, mask, G = random_batch()
     _, info = kernel_weighted_advantages(rewards, logp, mask, G, Args())
