@@ -108,6 +108,30 @@ def test_eda_ratio_bound_caps_the_injected_solutions_advantage_at_bound_times_A(
     torch.testing.assert_close(out, torch.tensor([0.1, -10.0]))
 
 
+def test_random_uneven_batches_match_eqs_3_6_7_completion_by_completion():
+    """Eqs. 3, 6, 7 in plain Python on pi_old's token entropies: P_i the mean entropy over o_i's valid tokens,
+    P_hat_i = P_i / mean_group(P), A_hat_i = A_i / P_hat_i with GRPO's A_i (unbiased std, eps 1e-6)."""
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        G, n, C = 6, 30, 12
+        rewards = (torch.rand(n, generator=g) > 0.5).double()
+        rewards[::G], rewards[:G] = 1 - rewards[1::G], 1.0  # every group mixed but the first, all correct
+        entropy = torch.rand(n, C, generator=g, dtype=torch.float64) * 3 + 1e-3
+        lengths = torch.randint(1, C + 1, (n,), generator=g).tolist()
+        mask = torch.tensor([[1.0] * k + [0.0] * (C - k) for k in lengths], dtype=torch.float64)
+        batch = {"completion_mask": mask, "rollout_logp": torch.zeros(n, C, dtype=torch.float64)}
+        args = SimpleNamespace(eda=True, eda_ratio_bound=0.0)
+        adv, _ = edge_advantages(rewards, {"entropy": entropy}, batch, G, args)
+        r, want = rewards.tolist(), []
+        for grp in range(0, n, G):
+            P = [sum(entropy[i, t].item() for t in range(lengths[i])) / lengths[i] for i in range(grp, grp + G)]
+            mean_r = sum(r[grp : grp + G]) / G
+            std = math.sqrt(sum((x - mean_r) ** 2 for x in r[grp : grp + G]) / (G - 1))
+            for i in range(G):
+                want.append((r[grp + i] - mean_r) / (std + 1e-6) / (P[i] / (sum(P) / G)))
+        torch.testing.assert_close(adv, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize(
     "argv, says",
     [

@@ -60,6 +60,32 @@ def test_every_table2_variant_on_hand_computed_groups(variant):
     assert info["nsr"].tolist() == [False] * 4 + [True] * 4
 
 
+def test_random_uneven_batches_match_eqs_5_7_8_13_completion_by_completion():
+    """The EGPO row in plain Python: H_i the mean NLL over o_i's valid tokens (eq. 5), w_i = mean_group(H) / (H_i +
+    1e-6) (eq. 7), clamped to [1, 2] if r_i > 0 else [0.5, 1] (eq. 8; lambda_max 2, lambda_min 0.5: the authors'
+    defaults, docs/algorithms/egpo.md), times GRPO's A_i, or -1 in an entirely-incorrect group (eq. 13)."""
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        G, n, C = 6, 36, 12
+        rewards = (torch.rand(n, generator=g) > 0.5).double()
+        rewards[::G], rewards[:G], rewards[G : 2 * G] = 1 - rewards[1::G], 1.0, 0.0  # mixed, all right, all wrong
+        logp = -((torch.rand(n, C, generator=g, dtype=torch.float64) * 3) ** 2)  # raw w far outside the bounds too
+        lengths = torch.randint(1, C + 1, (n,), generator=g).tolist()
+        mask = torch.tensor([[1.0] * k + [0.0] * (C - k) for k in lengths], dtype=torch.float64)
+        adv, _ = calibrated_advantages(rewards, logp, mask, G, Args())
+        r, want = rewards.tolist(), []
+        for grp in range(0, n, G):
+            rg = r[grp : grp + G]
+            H = [-sum(logp[i, t].item() for t in range(lengths[i])) / lengths[i] for i in range(grp, grp + G)]
+            mean_r = sum(rg) / G
+            std = math.sqrt(sum((x - mean_r) ** 2 for x in rg) / (G - 1))
+            for x, h in zip(rg, H):
+                w = sum(H) / G / (h + 1e-6)
+                w = min(max(w, 1.0), 2.0) if x > 0 else min(max(w, 0.5), 1.0)
+                want.append(w * (-1.0 if max(rg) == 0 else (x - mean_r) / (std + 1e-6)))
+        torch.testing.assert_close(adv, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-14)
+
+
 def test_entropy_proxy_is_the_mean_nll_of_valid_tokens_only():
     _, info = run(MIXED_R, MIXED_H)
     torch.testing.assert_close(info["H"], torch.tensor(MIXED_H))  # the -50 padding is ignored

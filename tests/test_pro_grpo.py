@@ -202,6 +202,40 @@ def test_group_mean_baseline_of_the_appendix_hand_computed():
     assert Args().confidence_baseline == "prompt"  # eq. 4 is the default
 
 
+def low_set_confidence(values):
+    """exp of the mean of the ceil(20%) (at least one) lowest log-probs among `values` (eqs. 5, 6, 12)."""
+    low = sorted(values)[: max(1, math.ceil(len(values) / 5))]
+    return math.exp(sum(low) / len(low))
+
+
+def test_random_uneven_batches_match_eqs_4_5_6_completion_by_completion():
+    """Eqs. 4-6 in plain Python, one group at a time: c(q) over the prompt's real tokens but the first (left padding,
+    prompt_logp column j predicts token j + 1), c(o_i) over o_i's valid tokens, alpha 0.3, the bonus only in mixed
+    groups (Algorithm 1: all-right and all-wrong groups keep A_i, docs/algorithms/pro_grpo.md)."""
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        G, n, C, P = 6, 36, 14, 16
+        rewards = (torch.rand(n, generator=g) > 0.5).double()
+        rewards[::G], rewards[:G], rewards[G : 2 * G] = 1 - rewards[1::G], 1.0, 0.0  # mixed, all right, all wrong
+        logp = -torch.rand(n, C, generator=g, dtype=torch.float64) * 4
+        lengths = torch.randint(1, C + 1, (n,), generator=g).tolist()
+        mask = torch.tensor([[1.0] * k + [0.0] * (C - k) for k in lengths], dtype=torch.float64)
+        q_len = torch.randint(2, P + 1, (n // G,), generator=g).repeat_interleave(G).tolist()
+        prompt_mask = torch.tensor([[0.0] * (P - k) + [1.0] * k for k in q_len], dtype=torch.float64)
+        prompt_logp = (-torch.rand(n // G, P - 1, generator=g, dtype=torch.float64) * 4).repeat_interleave(G, 0)
+        old, batch = {"logp": logp, "prompt_logp": prompt_logp}, {"completion_mask": mask, "prompt_mask": prompt_mask}
+        adv, _ = pro_grpo.pro_advantages(rewards, old, batch, G, Args())
+        r, want = rewards.tolist(), []
+        for grp in range(0, n, G):
+            rg, mean_r = r[grp : grp + G], sum(r[grp : grp + G]) / G
+            std = math.sqrt(sum((x - mean_r) ** 2 for x in rg) / (G - 1))
+            c_q = low_set_confidence([prompt_logp[grp, j].item() for j in range(P - q_len[grp], P - 1)])
+            for i in range(grp, grp + G):
+                c_o = low_set_confidence([logp[i, t].item() for t in range(lengths[i])])
+                want.append((r[i] - mean_r) / (std + 1e-6) + (ALPHA * (c_q - c_o) if 0 < sum(rg) < G else 0.0))
+        torch.testing.assert_close(adv, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-14)
+
+
 def test_confidence_is_the_geometric_mean_probability_of_the_low_set():
     logp = torch.log(torch.tensor([[0.9, 0.1, 0.5, 0.8, 0.2, 0.7, 0.6, 0.95, 0.3, 0.4], [0.5] + [1.0] * 9]))
     mask = torch.ones_like(logp)
