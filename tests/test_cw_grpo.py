@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from train_utils import grpo_advantage
 
 from common.run_flags import RunFlags
 from cw_grpo import Args, covariance_stats, kernel_weighted_advantages, policy_loss, validate
@@ -57,8 +58,7 @@ def test_random_uneven_batches_match_the_papers_equations_token_by_token():
         want = torch.zeros_like(adv)
         for grp in range(len(rewards) // G):
             tokens = [(i, t) for i in range(grp * G, (grp + 1) * G) for t in range(int(mask[i].sum()))]
-            r = rewards[grp * G : (grp + 1) * G]
-            a = {i: float(rewards[i] - r.mean()) / (float(r.std()) + 1e-6) for i, _ in tokens}  # GRPO's A_i
+            a = dict(zip(range(grp * G, (grp + 1) * G), grpo_advantage(rewards[grp * G : (grp + 1) * G].tolist())))
             n = len(tokens)
             mean_logp, mean_a = sum(float(logp[i, t]) for i, t in tokens) / n, sum(a[i] for i, _ in tokens) / n
             c = [(float(logp[i, t]) - mean_logp) * (a[i] - mean_a) for i, t in tokens]

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from train_utils import TWO_STEPS, run_cli, run_script
+from train_utils import TWO_STEPS, grpo_advantage, run_cli, run_script, uneven_mask
 
 from common.cli import parse_args
 from common.logprobs import sequence_logprobs
@@ -118,17 +118,15 @@ def test_random_uneven_batches_match_eqs_3_6_7_completion_by_completion():
         rewards[::G], rewards[:G] = 1 - rewards[1::G], 1.0  # every group mixed but the first, all correct
         entropy = torch.rand(n, C, generator=g, dtype=torch.float64) * 3 + 1e-3
         lengths = torch.randint(1, C + 1, (n,), generator=g).tolist()
-        mask = torch.tensor([[1.0] * k + [0.0] * (C - k) for k in lengths], dtype=torch.float64)
+        mask = uneven_mask(lengths, C)
         batch = {"completion_mask": mask, "rollout_logp": torch.zeros(n, C, dtype=torch.float64)}
         args = SimpleNamespace(eda=True, eda_ratio_bound=0.0)
         adv, _ = edge_advantages(rewards, {"entropy": entropy}, batch, G, args)
         r, want = rewards.tolist(), []
         for grp in range(0, n, G):
             P = [sum(entropy[i, t].item() for t in range(lengths[i])) / lengths[i] for i in range(grp, grp + G)]
-            mean_r = sum(r[grp : grp + G]) / G
-            std = math.sqrt(sum((x - mean_r) ** 2 for x in r[grp : grp + G]) / (G - 1))
-            for i in range(G):
-                want.append((r[grp + i] - mean_r) / (std + 1e-6) / (P[i] / (sum(P) / G)))
+            for a, p in zip(grpo_advantage(r[grp : grp + G]), P):
+                want.append(a / (p / (sum(P) / G)))
         torch.testing.assert_close(adv, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-14)
 
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from train_utils import as_completions
+from train_utils import as_completions, grpo_advantage, uneven_mask
 
 import egpo
 from common.batching import pack
@@ -71,18 +71,16 @@ def test_random_uneven_batches_match_eqs_5_7_8_13_completion_by_completion():
         rewards[::G], rewards[:G], rewards[G : 2 * G] = 1 - rewards[1::G], 1.0, 0.0  # mixed, all right, all wrong
         logp = -((torch.rand(n, C, generator=g, dtype=torch.float64) * 3) ** 2)  # raw w far outside the bounds too
         lengths = torch.randint(1, C + 1, (n,), generator=g).tolist()
-        mask = torch.tensor([[1.0] * k + [0.0] * (C - k) for k in lengths], dtype=torch.float64)
+        mask = uneven_mask(lengths, C)
         adv, _ = calibrated_advantages(rewards, logp, mask, G, Args())
         r, want = rewards.tolist(), []
         for grp in range(0, n, G):
             rg = r[grp : grp + G]
             H = [-sum(logp[i, t].item() for t in range(lengths[i])) / lengths[i] for i in range(grp, grp + G)]
-            mean_r = sum(rg) / G
-            std = math.sqrt(sum((x - mean_r) ** 2 for x in rg) / (G - 1))
-            for x, h in zip(rg, H):
+            for x, h, a in zip(rg, H, grpo_advantage(rg)):
                 w = sum(H) / G / (h + 1e-6)
                 w = min(max(w, 1.0), 2.0) if x > 0 else min(max(w, 0.5), 1.0)
-                want.append(w * (-1.0 if max(rg) == 0 else (x - mean_r) / (std + 1e-6)))
+                want.append(w * (-1.0 if max(rg) == 0 else a))
         torch.testing.assert_close(adv, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-14)
 
 

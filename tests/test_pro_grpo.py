@@ -5,7 +5,7 @@ import re
 
 import pytest
 import torch
-from train_utils import as_completions, scoring_session
+from train_utils import as_completions, grpo_advantage, scoring_session, uneven_mask
 
 import grpo_base
 import pro_grpo
@@ -219,7 +219,7 @@ def test_random_uneven_batches_match_eqs_4_5_6_completion_by_completion():
         rewards[::G], rewards[:G], rewards[G : 2 * G] = 1 - rewards[1::G], 1.0, 0.0  # mixed, all right, all wrong
         logp = -torch.rand(n, C, generator=g, dtype=torch.float64) * 4
         lengths = torch.randint(1, C + 1, (n,), generator=g).tolist()
-        mask = torch.tensor([[1.0] * k + [0.0] * (C - k) for k in lengths], dtype=torch.float64)
+        mask = uneven_mask(lengths, C)
         q_len = torch.randint(2, P + 1, (n // G,), generator=g).repeat_interleave(G).tolist()
         prompt_mask = torch.tensor([[0.0] * (P - k) + [1.0] * k for k in q_len], dtype=torch.float64)
         prompt_logp = (-torch.rand(n // G, P - 1, generator=g, dtype=torch.float64) * 4).repeat_interleave(G, 0)
@@ -227,12 +227,11 @@ def test_random_uneven_batches_match_eqs_4_5_6_completion_by_completion():
         adv, _ = pro_grpo.pro_advantages(rewards, old, batch, G, Args())
         r, want = rewards.tolist(), []
         for grp in range(0, n, G):
-            rg, mean_r = r[grp : grp + G], sum(r[grp : grp + G]) / G
-            std = math.sqrt(sum((x - mean_r) ** 2 for x in rg) / (G - 1))
+            rg = r[grp : grp + G]
             c_q = low_set_confidence([prompt_logp[grp, j].item() for j in range(P - q_len[grp], P - 1)])
-            for i in range(grp, grp + G):
+            for i, a in zip(range(grp, grp + G), grpo_advantage(rg)):
                 c_o = low_set_confidence([logp[i, t].item() for t in range(lengths[i])])
-                want.append((r[i] - mean_r) / (std + 1e-6) + (ALPHA * (c_q - c_o) if 0 < sum(rg) < G else 0.0))
+                want.append(a + (ALPHA * (c_q - c_o) if 0 < sum(rg) < G else 0.0))
         torch.testing.assert_close(adv, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-14)
 
 

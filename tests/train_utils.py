@@ -71,6 +71,20 @@ def max_logp_error(model, prompts, groups, temperature: float) -> float:
     return worst
 
 
+def grpo_advantage(group: list[float]) -> list[float]:
+    """GRPO's A_i in plain Python, for the methods' oracles: (r_i - mean r) / (unbiased std of r + 1e-6)."""
+    mean = sum(group) / len(group)
+    std = math.sqrt(sum((x - mean) ** 2 for x in group) / (len(group) - 1))
+    return [(x - mean) / (std + 1e-6) for x in group]
+
+
+def uneven_mask(lengths: list[int], width: int):
+    """[len(lengths), width] float64: ones on each completion's first `lengths[i]` tokens."""
+    import torch
+
+    return torch.tensor([[1.0] * k + [0.0] * (width - k) for k in lengths], dtype=torch.float64)
+
+
 def as_completions(token_lists: list[list[int]], finished: bool = True) -> list:
     """Token lists as the rollout engine's completions (log-prob 0 for every token)."""
     from common.prompts import Completion
